@@ -1,0 +1,48 @@
+# apd: `make sample distill evaluate` runs the pipeline, `make test` the tests.
+# Every target builds .venv itself; it is rebuilt only when pyproject.toml changes.
+PIPELINE ?= pipelines/digits.toml
+ARGS ?=
+VENV := .venv
+PY := $(VENV)/bin/python
+APD := $(VENV)/bin/apd
+STAMP := $(VENV)/.installed
+
+.PHONY: install sample distill evaluate report info test test-slow lint bench clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+sample: $(STAMP)
+	$(APD) sample --config $(PIPELINE) $(ARGS)
+
+distill: $(STAMP)
+	$(APD) distill --config $(PIPELINE) $(ARGS)
+
+evaluate: $(STAMP)
+	$(APD) evaluate --config $(PIPELINE) $(ARGS)
+
+report: $(STAMP)
+	$(APD) report --config $(PIPELINE) $(ARGS)
+
+info: $(STAMP)
+	$(APD) info --config $(PIPELINE) $(ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check apd tests benchmarks
+
+test: lint
+	$(PY) -m pytest
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -m slow
+
+bench: $(STAMP)
+	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

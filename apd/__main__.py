@@ -1,0 +1,3 @@
+from apd.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,82 @@
+"""Artifact layout and stage manifests.
+
+Each stage writes its outputs under ``ROOT/NAME/`` and then a JSON manifest, written last by atomic
+rename, so an existing manifest means the stage completed. A manifest records the stage's config hash
+and the hashes of the manifests of its inputs; a stage whose manifest still matches is reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from apd import __version__
+from apd.errors import ArtifactError
+
+log = logging.getLogger(__name__)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to a temporary file beside ``path`` and rename it over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """Read a JSON artifact; a missing or corrupt one is an :class:`ArtifactError`."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ArtifactError(f"{path}: not found") from None
+    except (OSError, ValueError) as exc:
+        raise ArtifactError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ArtifactError(f"{path}: expected a JSON object")
+    return data
+
+
+def manifest_digest(path: Path) -> str:
+    """Hash of a manifest's bytes: what a downstream stage records as its input's identity."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except FileNotFoundError:
+        raise ArtifactError(f"{path}: not found") from None
+
+
+def write_manifest(path: Path, stage: str, config_hash: str, inputs: dict[str, str],
+                   **details: Any) -> None:
+    """Mark a stage complete: its config hash, its inputs' manifest digests, version, time, details."""
+    write_json_atomic(path, {
+        "stage": stage,
+        "config_hash": config_hash,
+        "inputs": inputs,
+        "version": __version__,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **details,
+    })
+
+
+def is_complete(path: Path, config_hash: str, inputs: dict[str, str]) -> bool:
+    """True when ``path`` is a manifest for this config hash and these inputs."""
+    if not path.is_file():
+        return False
+    try:
+        manifest = read_json(path)
+    except ArtifactError as exc:
+        log.warning("ignoring unreadable manifest: %s", exc)
+        return False
+    return manifest.get("config_hash") == config_hash and manifest.get("inputs", {}) == inputs

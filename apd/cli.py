@@ -1,0 +1,86 @@
+"""Command line: ``apd sample|distill|evaluate|report|info --config PIPELINE.toml`` (or ``python -m apd``).
+
+User errors (bad config, missing data, bad artifacts, divergence) end in one line on stderr and exit
+code 2; Ctrl-C exits with 130 and leaves every artifact resumable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+from pathlib import Path
+
+from apd import __version__
+from apd.config import config_hash, load_config
+from apd.errors import ApdError
+from apd.runtime import RunContext, setup_logging
+
+log = logging.getLogger("apd")
+
+# Stage commands: name → (module, function, help). Modules are imported only when their command runs.
+STAGES = {
+    "sample": ("apd.sampling", "run_sample", "SGLD posterior samples into HDF5, plus SGD and MC-dropout"),
+    "distill": ("apd.distill", "run_distill", "train the APD generator on the samples (WGAN-GP)"),
+    "evaluate": ("apd.evaluate", "run_evaluate", "compare every method; write tables and figures"),
+    "report": ("apd.report", "run_report", "re-render tables and figures from results.json"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="apd", description="Adversarial Posterior Distillation pipeline.")
+    parser.add_argument("--version", action="version", version=f"apd {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", default="pipelines/digits.toml", help="pipeline TOML file")
+    common.add_argument("--data-dir", help="directory with the dataset's IDX files (overrides the config)")
+    common.add_argument("--device", help="cpu, cuda, cuda:N or auto (overrides the config)")
+    common.add_argument("--artifacts", default="artifacts", help="root directory for artifacts")
+    common.add_argument("--force", action="store_true", help="redo the stage even if it is complete")
+    common.add_argument("--quiet", action="store_true", help="no progress bars, warnings only")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (_, _, help_text) in STAGES.items():
+        sub.add_parser(name, parents=[common], help=help_text)
+    sub.add_parser("info", parents=[common], help="print the resolved config, data sizes and artifacts")
+    return parser
+
+
+def info(ctx: RunContext) -> None:
+    """Print the resolved config, dataset sizes and shapes, the target net's size and artifacts present."""
+    from apd.nets import ParamSpec, mlp
+
+    cfg, data = ctx.cfg, ctx.data
+    sizes = [data.num_features, *cfg.net.hidden, data.num_classes]
+    spec = ParamSpec.from_module(mlp(sizes))
+    print(f"pipeline   {cfg.name}  ({cfg.source}, config hash {config_hash(cfg)})")
+    print(f"device     {ctx.device}")
+    print(f"dataset    {data.name}: " + ", ".join(f"{k} {v:,}" for k, v in data.sizes().items())
+          + f"; images {data.image_shape[0]}×{data.image_shape[1]}, {data.num_classes} classes, "
+          f"fingerprint {data.fingerprint()}")
+    print(f"network    {'-'.join(map(str, sizes))}: {spec.numel:,} parameters")
+    present = sorted(p for p in ctx.out_dir.rglob("*") if p.is_file()) if ctx.out_dir.is_dir() else []
+    print(f"artifacts  {ctx.out_dir}: " + ("none yet" if not present else f"{len(present)} files"))
+    for path in present:
+        print(f"           {path.relative_to(ctx.out_dir)}  ({path.stat().st_size:,} bytes)")
+    print("config     " + json.dumps(cfg.to_dict(), indent=2).replace("\n", "\n           "))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.quiet)
+    try:
+        ctx = RunContext(cfg=load_config(args.config), artifacts_root=Path(args.artifacts),
+                         data_dir=args.data_dir, device_name=args.device, force=args.force, quiet=args.quiet)
+        if args.command == "info":
+            info(ctx)
+        else:
+            module, function, _ = STAGES[args.command]
+            getattr(importlib.import_module(module), function)(ctx)
+    except ApdError as exc:
+        print(f"apd {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"apd {args.command}: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+    return 0

@@ -1,0 +1,292 @@
+"""Pipeline configuration: typed dataclasses loaded from TOML and validated field by field.
+
+A pipeline file has top-level ``name``, ``seed`` and ``device`` and one table per section below. Every
+field has a default, so a file states only what differs. Unknown keys, wrong types and out-of-range
+values raise :class:`ConfigError` naming the file and the key. :func:`config_hash` gives a stable hash
+of the resolved configuration (or of chosen sections, so a stage is redone only when what it depends on
+changes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from apd.errors import ConfigError
+
+
+def _f(default: Any, **bounds: float) -> Any:
+    """A dataclass field with a default and optional bounds: gt, ge, lt, le (checked on load)."""
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: type(default)(default), metadata=bounds)
+    return field(default=default, metadata=bounds)
+
+
+@dataclass
+class DataConfig:
+    """Which dataset, how it is split, and which out-of-distribution sets evaluation uses.
+
+    Split sizes: ``0`` means "what remains" for ``train_size``, and "the dataset's own test split"
+    (IDX datasets) or "what remains after train and val" (digits) for ``test_size``.
+    """
+
+    dataset: Literal["digits", "fashion-mnist", "mnist"] = "digits"
+    data_dir: str = ""
+    train_size: int = _f(0, ge=0)
+    val_size: int = _f(300, ge=1)
+    test_size: int = _f(0, ge=0)
+    ood: list[str] = _f(["gaussian", "uniform", "photos"])
+    ood_dirs: dict[str, str] = _f({})
+
+
+@dataclass
+class NetConfig:
+    """The target MLP: input size and classes come from the data, ``hidden`` lists the hidden widths."""
+
+    hidden: list[int] = _f([100])
+
+
+@dataclass
+class SGLDConfig:
+    """SGLD sampling (DESIGN.md): step ε = lr/N, prior N(0, prior_var·I), burn-in and thinning in
+    iterations. Schedules: constant; polynomial a·(b+t)^(−γ) with a = lr; cyclical cosine (cSGLD)
+    sampling only in the last ``1 − explore_fraction`` of each of ``cycles`` cycles."""
+
+    lr: float = _f(0.05, gt=0)
+    prior_var: float = _f(0.02, gt=0)
+    temperature: float = _f(1.0, gt=0)
+    batch_size: int = _f(100, ge=1)
+    iterations: int = _f(200_000, ge=1)
+    burn_in: int = _f(500, ge=0)
+    thin: int = _f(20, ge=1)
+    chains: int = _f(1, ge=1)
+    schedule: Literal["constant", "polynomial", "cyclical"] = "constant"
+    poly_b: float = _f(1.0, gt=0)
+    poly_gamma: float = _f(0.55, ge=0, le=1)
+    cycles: int = _f(4, ge=1)
+    explore_fraction: float = _f(0.8, ge=0, lt=1)
+    eval_every: int = _f(2000, ge=1)
+    checkpoint_every: int = _f(5000, ge=1)
+    compression: Literal["none", "lzf", "gzip"] = "none"
+
+
+@dataclass
+class BaselineConfig:
+    """SGD and MC-dropout baselines: minibatch SGD with weight decay on the mean loss, the checkpoint
+    with the best validation accuracy kept (for MC dropout, of the MC predictive over ``mc_passes``)."""
+
+    lr: float = _f(0.05, gt=0)
+    weight_decay: float = _f(0.001, ge=0)
+    momentum: float = _f(0.0, ge=0, lt=1)
+    batch_size: int = _f(100, ge=1)
+    epochs: int = _f(20, ge=1)
+    dropout: float = _f(0.5, ge=0, lt=1)
+    mc_passes: int = _f(200, ge=1)
+
+
+@dataclass
+class DistillConfig:
+    """GAN distillation of the samples into a generator over flat weight vectors (DESIGN.md)."""
+
+    mode: Literal["offline", "online"] = "offline"
+    generator: Literal["dense", "subspace"] = "dense"
+    loss: Literal["wgan-gp", "wgan", "gan"] = "wgan-gp"
+    z_dim: int = _f(32, ge=1)
+    gen_hidden: list[int] = _f([100, 100, 100])
+    critic_hidden: list[int] = _f([100, 100, 100])
+    gp_weight: float = _f(10.0, ge=0)
+    clip: float = _f(0.01, gt=0)
+    n_critic: int = _f(5, ge=1)
+    lr: float = _f(1e-4, gt=0)
+    beta1: float = _f(0.5, ge=0, lt=1)
+    beta2: float = _f(0.9, ge=0, lt=1)
+    batch_size: int = _f(100, ge=1)
+    steps: int = _f(100_000, ge=1)
+    standardize: bool = False
+    subspace_rank: int = _f(20, ge=1)
+    subspace_residual: bool = True
+    eval_every: int = _f(500, ge=1)
+    eval_networks: int = _f(100, ge=1)
+    checkpoint_every: int = _f(1000, ge=1)
+    buffer_size: int = _f(2000, ge=1)
+    t_sgld: int = _f(100, ge=1)
+    t_gan: int = _f(10, ge=1)
+    restart_every: int = _f(0, ge=0)
+
+
+@dataclass
+class EvaluateConfig:
+    """Evaluation protocol (DESIGN.md): R runs of fresh draws per method, OOD and adversarial parts."""
+
+    runs: int = _f(10, ge=1)
+    networks: int = _f(100, ge=1)
+    sgld_samples: int = _f(100, ge=1)
+    sgld_alone_samples: int = _f(200, ge=1)
+    mc_passes: int = _f(200, ge=1)
+    ood_size: int = _f(2000, ge=1)
+    ood_scale: float = _f(1.0, gt=0)
+    scores: list[str] = _f(["variation_ratio", "bald", "entropy", "max_prob", "model_variance"])
+    mog_components: list[int] = _f([1, 5, 10, 20, 60])
+    mog_fit_samples: int = _f(2000, ge=2)
+    adversarial: bool = False
+    adv_examples: int = _f(6000, ge=1)
+    adv_samples: int = _f(1000, ge=1)
+    pgd_eps: float = _f(0.3, gt=0)
+    pgd_steps: int = _f(40, ge=0)
+    pgd_step_size: float = _f(0.02, gt=0)
+
+
+@dataclass
+class PipelineConfig:
+    """One experiment: data, target net, sampler, baselines, distiller and evaluation."""
+
+    name: str = "digits"
+    seed: int = _f(0, ge=0)
+    device: str = "auto"
+    data: DataConfig = field(default_factory=DataConfig)
+    net: NetConfig = field(default_factory=NetConfig)
+    sgld: SGLDConfig = field(default_factory=SGLDConfig)
+    baselines: BaselineConfig = field(default_factory=BaselineConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    source: str = field(default="", compare=False, metadata={"internal": True})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved configuration as plain JSON-able data (without the file it came from)."""
+        out = dataclasses.asdict(self)
+        out.pop("source")
+        return out
+
+
+# Which sections each stage's outputs depend on: a change elsewhere does not redo the stage.
+STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
+    "sample": ("seed", "data", "net", "sgld"),
+    "baselines": ("seed", "data", "net", "baselines"),
+    "distill": ("seed", "data", "net", "sgld", "distill"),
+    "evaluate": ("seed", "data", "net", "sgld", "baselines", "distill", "evaluate"),
+}
+
+
+def config_hash(cfg: PipelineConfig, stage: str | None = None) -> str:
+    """SHA-256 (first 16 hex digits) of the canonical JSON of the config, or of a stage's sections."""
+    data = cfg.to_dict()
+    if stage is not None:
+        data = {key: data[key] for key in STAGE_SECTIONS[stage]}
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def load_config(path: str | Path) -> PipelineConfig:
+    """Read and validate a pipeline TOML file; every problem is a one-line :class:`ConfigError`."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such pipeline file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    cfg = from_dict(raw, where=str(path))
+    cfg.source = str(path)
+    return cfg
+
+
+def from_dict(raw: dict[str, Any], where: str = "<config>") -> PipelineConfig:
+    """Build a validated :class:`PipelineConfig` from nested dicts (as TOML gives)."""
+    cfg = _build(PipelineConfig, raw, where, prefix="")
+    _check_consistency(cfg, where)
+    return cfg
+
+
+def _build(cls: type, raw: Any, where: str, prefix: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: {prefix.rstrip('.') or 'top level'}: expected a table")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        known = ", ".join(sorted(fields))
+        raise ConfigError(f"{where}: unknown key '{prefix}{unknown[0]}' (known here: {known})")
+    values = {}
+    for name, value in raw.items():
+        key = prefix + name
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            values[name] = _build(hint, value, where, prefix=key + ".")
+        else:
+            values[name] = _coerce(hint, value, where, key)
+            _check_bounds(fields[name].metadata, values[name], where, key)
+    return cls(**values)
+
+
+def _coerce(hint: Any, value: Any, where: str, key: str) -> Any:
+    """Check ``value`` against a type hint (int, float, str, bool, Literal, list[...], dict[str, str])."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+
+    def fail(expected: str) -> typing.NoReturn:
+        raise ConfigError(f"{where}: '{key}' must be {expected}, got {value!r}")
+
+    if origin is Literal:
+        if value not in args:
+            fail("one of " + ", ".join(repr(a) for a in args))
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            fail("true or false")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            fail("an integer")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            fail("a number")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            fail("a string")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            fail(f"a list of {args[0].__name__}")
+        items = [_coerce(args[0], item, where, f"{key}[{i}]") for i, item in enumerate(value)]
+        if args[0] is int and any(item < 1 for item in items):
+            fail("a list of positive integers")
+        return items
+    if origin is dict:
+        if not isinstance(value, dict):
+            fail("a table of strings")
+        return {k: _coerce(args[1], v, where, f"{key}.{k}") for k, v in value.items()}
+    raise TypeError(f"unsupported config type {hint}")  # a programming error, not a user's
+
+
+def _check_bounds(bounds: typing.Mapping[str, float], value: Any, where: str, key: str) -> None:
+    checks = {
+        "gt": (lambda v, b: v > b, "greater than"),
+        "ge": (lambda v, b: v >= b, "at least"),
+        "lt": (lambda v, b: v < b, "less than"),
+        "le": (lambda v, b: v <= b, "at most"),
+    }
+    for name, bound in bounds.items():
+        ok, words = checks[name]
+        if not ok(value, bound):
+            raise ConfigError(f"{where}: '{key}' must be {words} {bound}, got {value!r}")
+
+
+def _check_consistency(cfg: PipelineConfig, where: str) -> None:
+    """Constraints that span fields."""
+    if cfg.sgld.burn_in >= cfg.sgld.iterations:
+        raise ConfigError(f"{where}: 'sgld.burn_in' ({cfg.sgld.burn_in}) must be less than "
+                          f"'sgld.iterations' ({cfg.sgld.iterations})")
+    if cfg.device != "auto" and cfg.device != "cpu" and not cfg.device.startswith("cuda"):
+        raise ConfigError(f"{where}: 'device' must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {cfg.device!r}")
+    if cfg.evaluate.mog_fit_samples < max(cfg.evaluate.mog_components):
+        raise ConfigError(f"{where}: 'evaluate.mog_fit_samples' must be at least the largest "
+                          f"'evaluate.mog_components'")

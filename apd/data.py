@@ -1,0 +1,339 @@
+"""Datasets and out-of-distribution (OOD) sets, all in one normalisation.
+
+Every image, in distribution or not, is first brought to pixel values in [0, 1] and then mapped to
+[-1, 1] by x ↦ 2x − 1 (:data:`INPUT_RANGE`), so attack budgets are in the paper's units (PGD ε 0.3 in
+[-1, 1]). Images are flattened to [N, H·W] float32 tensors; ``Dataset.image_shape`` restores them.
+
+Sources: ``digits`` (scikit-learn, 8×8, embedded); ``fashion-mnist`` (the Debian package
+``dataset-fashion-mnist`` or any directory with the four IDX files); ``mnist`` (a directory with the
+four IDX files, from ``data_dir`` or ``$APD_DATA_DIR``). OOD sets: see :func:`ood_set`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from sklearn.model_selection import train_test_split
+from torch import Tensor
+
+from apd.config import DataConfig
+from apd.errors import DataError
+
+INPUT_RANGE = (-1.0, 1.0)
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+IDX_FILES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+HOW_TO_GET = {
+    "fashion-mnist": "install it with `apt-get install dataset-fashion-mnist`, or pass --data-dir DIR "
+                     "with the four Fashion-MNIST IDX files",
+    "mnist": "pass --data-dir DIR (or set APD_DATA_DIR) to a directory with the four MNIST IDX files "
+             "(train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], t10k-…)",
+}
+BUILTIN_OOD = ("gaussian", "uniform", "photos")
+DIRECTORY_OOD = ("notmnist", "omniglot", "cifar10")
+
+
+def normalise(pixels: np.ndarray | Tensor) -> Tensor:
+    """Pixels in [0, 1], any shape [N, ...] → float32 [N, prod(...)] in :data:`INPUT_RANGE`."""
+    x = torch.as_tensor(np.asarray(pixels, dtype=np.float32))
+    return (2.0 * x - 1.0).reshape(x.shape[0], -1)
+
+
+@dataclass
+class Dataset:
+    """Normalised, flattened splits of one classification dataset."""
+
+    name: str
+    x_train: Tensor
+    y_train: Tensor
+    x_val: Tensor
+    y_val: Tensor
+    x_test: Tensor
+    y_test: Tensor
+    image_shape: tuple[int, int]
+    num_classes: int
+
+    @property
+    def num_features(self) -> int:
+        return self.image_shape[0] * self.image_shape[1]
+
+    def fingerprint(self) -> str:
+        """SHA-256 (16 hex digits) of every split's bytes: identifies the exact data a run saw."""
+        digest = hashlib.sha256()
+        for t in (self.x_train, self.y_train, self.x_val, self.y_val, self.x_test, self.y_test):
+            digest.update(t.numpy().tobytes())
+        return digest.hexdigest()[:16]
+
+    def sizes(self) -> dict[str, int]:
+        return {"train": len(self.y_train), "val": len(self.y_val), "test": len(self.y_test)}
+
+
+def load_dataset(cfg: DataConfig, seed: int, data_dir: str | None = None) -> Dataset:
+    """Load and split the configured dataset; ``data_dir`` (e.g. from ``--data-dir``) overrides
+    ``cfg.data_dir``. A missing or malformed dataset raises a one-line :class:`DataError`."""
+    if cfg.dataset == "digits":
+        return _load_digits(cfg, seed)
+    directory = resolve_data_dir(cfg.dataset, data_dir or cfg.data_dir)
+    images, labels, test_images, test_labels = read_idx_dataset(directory, cfg.dataset)
+    return _split_official(cfg, seed, images, labels, test_images, test_labels)
+
+
+def resolve_data_dir(dataset: str, given: str) -> Path:
+    """Where an IDX dataset lives: the given directory, else ``$APD_DATA_DIR``, else the Debian path."""
+    if given:
+        return Path(given).expanduser()
+    if os.environ.get("APD_DATA_DIR"):
+        return Path(os.environ["APD_DATA_DIR"]).expanduser()
+    if dataset == "fashion-mnist":
+        return Path(FASHION_MNIST_DIR)
+    raise DataError(f"{dataset}: no data directory given; {HOW_TO_GET[dataset]}")
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read one IDX file (plain or gzipped): magic 0x0000 08 ndim, big-endian int32 dims, uint8 data."""
+    try:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rb") as fh:
+            raw = fh.read()
+    except (OSError, EOFError) as exc:
+        raise DataError(f"{path}: cannot read IDX file: {exc}") from None
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08 or not 1 <= raw[3] <= 4:
+        raise DataError(f"{path}: not an unsigned-byte IDX file (bad magic number)")
+    ndim = raw[3]
+    if len(raw) < 4 + 4 * ndim:
+        raise DataError(f"{path}: truncated IDX header")
+    dims = struct.unpack(f">{ndim}I", raw[4:4 + 4 * ndim])
+    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+    if data.size != int(np.prod(dims)):
+        raise DataError(f"{path}: IDX header says {dims} ({int(np.prod(dims))} bytes), file has {data.size}")
+    return data.reshape(dims)
+
+
+def _find_idx(directory: Path, stem: str) -> Path | None:
+    for name in (stem, stem + ".gz", stem.replace("-idx", ".idx"), stem.replace("-idx", ".idx") + ".gz"):
+        if (directory / name).is_file():
+            return directory / name
+    return None
+
+
+def read_idx_dataset(directory: Path, dataset: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The four IDX arrays (train images, train labels, test images, test labels) of a directory."""
+    if not directory.is_dir():
+        raise DataError(f"{dataset}: directory {directory} does not exist; {HOW_TO_GET[dataset]}")
+    arrays = {}
+    for key, stem in IDX_FILES.items():
+        path = _find_idx(directory, stem)
+        if path is None:
+            raise DataError(f"{dataset}: {directory} has no {stem}[.gz]; {HOW_TO_GET[dataset]}")
+        arrays[key] = read_idx(path)
+    for split in ("train", "test"):
+        images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
+        if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
+            raise DataError(f"{dataset}: {split} images {images.shape} and labels {labels.shape} do not match")
+    return arrays["train_images"], arrays["train_labels"], arrays["test_images"], arrays["test_labels"]
+
+
+def _load_digits(cfg: DataConfig, seed: int) -> Dataset:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    pixels = (bunch.images / 16.0).astype(np.float32)
+    labels = bunch.target.astype(np.int64)
+    n = len(labels)
+    train_size = cfg.train_size or n - cfg.val_size - (cfg.test_size or 0)
+    test_size = cfg.test_size or n - train_size - cfg.val_size
+    if train_size < 10 or test_size < 10 or train_size + cfg.val_size + test_size > n:
+        raise DataError(f"digits has {n} images: train {train_size} + val {cfg.val_size} + test "
+                        f"{test_size} does not fit (each needs at least 10)")
+    index = np.arange(n)
+    rest, test = train_test_split(index, test_size=test_size, stratify=labels, random_state=seed)
+    train, val = train_test_split(rest, train_size=train_size, test_size=cfg.val_size,
+                                  stratify=labels[rest], random_state=seed + 1)
+    return _make_dataset("digits", pixels, labels, train, val, pixels[test], labels[test])
+
+
+def _split_official(cfg: DataConfig, seed: int, images: np.ndarray, labels: np.ndarray,
+                    test_images: np.ndarray, test_labels: np.ndarray) -> Dataset:
+    """Validation set carved (stratified, seeded) from the official training set; test is official."""
+    n = len(labels)
+    train_size = cfg.train_size or n - cfg.val_size
+    if train_size + cfg.val_size > n:
+        raise DataError(f"{cfg.dataset}: train {train_size} + val {cfg.val_size} exceeds the {n} "
+                        f"training images")
+    train, val = train_test_split(np.arange(n), train_size=train_size, test_size=cfg.val_size,
+                                  stratify=labels, random_state=seed)
+    if cfg.test_size:
+        if cfg.test_size > len(test_labels):
+            raise DataError(f"{cfg.dataset}: test_size {cfg.test_size} exceeds {len(test_labels)}")
+        keep = np.random.default_rng(seed).permutation(len(test_labels))[:cfg.test_size]
+        test_images, test_labels = test_images[np.sort(keep)], test_labels[np.sort(keep)]
+    pixels = images.astype(np.float32) / 255.0
+    return _make_dataset(cfg.dataset, pixels, labels.astype(np.int64), train, val,
+                         test_images.astype(np.float32) / 255.0, test_labels.astype(np.int64))
+
+
+def _make_dataset(name: str, pixels: np.ndarray, labels: np.ndarray, train: np.ndarray, val: np.ndarray,
+                  test_pixels: np.ndarray, test_labels: np.ndarray) -> Dataset:
+    train, val = np.sort(train), np.sort(val)
+    return Dataset(
+        name=name,
+        x_train=normalise(pixels[train]), y_train=torch.from_numpy(labels[train]),
+        x_val=normalise(pixels[val]), y_val=torch.from_numpy(labels[val]),
+        x_test=normalise(test_pixels), y_test=torch.from_numpy(test_labels),
+        image_shape=(pixels.shape[1], pixels.shape[2]),
+        num_classes=int(labels.max()) + 1,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Out-of-distribution sets
+
+
+def available_ood(cfg: DataConfig, dataset: Dataset) -> list[str]:
+    """OOD set names that can be built for this dataset with what is installed or configured."""
+    names = list(BUILTIN_OOD)
+    if dataset.name != "digits":
+        names.append("digits")
+    if dataset.name != "fashion-mnist" and Path(FASHION_MNIST_DIR).is_dir():
+        names.append("fashion")
+    if dataset.name != "mnist" and ("mnist" in cfg.ood_dirs or os.environ.get("APD_DATA_DIR")):
+        names.append("mnist")
+    names.extend(name for name in DIRECTORY_OOD if name in cfg.ood_dirs)
+    return names
+
+
+def ood_set(name: str, dataset: Dataset, n: int, seed: int, ood_dirs: dict[str, str] | None = None) -> Tensor:
+    """``n`` OOD images for ``dataset``, seeded, resized to its image shape, normalised like it.
+
+    - ``gaussian``: pixels N(m, s²) with the training pixels' mean and std, clipped to [0, 1];
+    - ``uniform``: pixels U[0, 1];
+    - ``photos``: grey square crops of scikit-learn's bundled sample photographs, resized;
+    - ``digits``: scikit-learn's 8×8 digits, upscaled (for 28×28 datasets);
+    - ``fashion``: Fashion-MNIST test images from the Debian package, resized; ``mnist``: MNIST test
+      images from ``ood_dirs['mnist']`` or ``$APD_DATA_DIR``;
+    - ``notmnist`` (letter folders of PNGs), ``omniglot`` (``images_background`` alphabet folders of
+      PNGs, inverted so strokes are bright like MNIST's), ``cifar10`` (the binary version's ``*.bin``
+      batches, to grey): read from ``ood_dirs[name]``.
+    """
+    ood_dirs = ood_dirs or {}
+    rng = np.random.default_rng([seed, _name_seed(name)])
+    h, w = dataset.image_shape
+    if name == "gaussian":
+        pixels01 = (dataset.x_train + 1.0) / 2.0
+        mean, std = float(pixels01.mean()), float(pixels01.std())
+        pixels = np.clip(rng.normal(mean, std, size=(n, h, w)), 0.0, 1.0)
+    elif name == "uniform":
+        pixels = rng.uniform(0.0, 1.0, size=(n, h, w))
+    elif name == "photos":
+        pixels = _photo_patches(n, (h, w), rng)
+    elif name == "digits":
+        from sklearn.datasets import load_digits
+
+        pixels = _resize(_draw(load_digits().images / 16.0, n, rng), (h, w))
+    elif name in ("fashion", "mnist"):
+        dataset_name = "fashion-mnist" if name == "fashion" else "mnist"
+        directory = resolve_data_dir(dataset_name, ood_dirs.get(name, ""))
+        test_images = read_idx_dataset(directory, dataset_name)[2]
+        pixels = _resize(_draw(test_images / 255.0, n, rng), (h, w))
+    elif name in DIRECTORY_OOD:
+        if name not in ood_dirs:
+            raise DataError(f"OOD set {name!r} needs a directory: set data.ood_dirs.{name} in the pipeline")
+        reader = {"notmnist": _read_notmnist, "omniglot": _read_omniglot, "cifar10": _read_cifar10}[name]
+        pixels = _resize(reader(Path(ood_dirs[name]).expanduser(), n, rng), (h, w))
+    else:
+        known = ", ".join(BUILTIN_OOD + ("digits", "fashion", "mnist") + DIRECTORY_OOD)
+        raise DataError(f"unknown OOD set {name!r} (known: {known})")
+    return normalise(pixels)
+
+
+def _name_seed(name: str) -> int:
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
+
+
+def _draw(images: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` images drawn without replacement (with replacement when there are fewer than ``n``)."""
+    index = rng.choice(len(images), size=n, replace=n > len(images))
+    return np.asarray(images)[index]
+
+
+def _resize(images: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """Resize [N, h, w] images in [0, 1] to ``shape`` (bilinear, antialiased when shrinking)."""
+    images = np.asarray(images, dtype=np.float32)
+    if images.shape[1:] == shape:
+        return images
+    out = np.empty((len(images), *shape), dtype=np.float32)
+    for i, img in enumerate(images):
+        resized = Image.fromarray(img, mode="F").resize((shape[1], shape[0]), Image.Resampling.BILINEAR)
+        out[i] = np.asarray(resized)
+    return np.clip(out, 0.0, 1.0)
+
+
+def _grey(rgb: np.ndarray) -> np.ndarray:
+    """ITU-R BT.601 luma of [..., 3] RGB values in [0, 255], scaled to [0, 1]."""
+    return (rgb[..., :3] @ np.array([0.299, 0.587, 0.114], dtype=np.float32)) / 255.0
+
+
+def _photo_patches(n: int, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
+    from sklearn.datasets import load_sample_images
+
+    photos = [_grey(np.asarray(img, dtype=np.float32)) for img in load_sample_images().images]
+    patches = np.empty((n, *shape), dtype=np.float32)
+    for i in range(n):
+        photo = photos[rng.integers(len(photos))]
+        size = int(rng.integers(min(shape) * 2, min(photo.shape) // 2))
+        top = int(rng.integers(photo.shape[0] - size))
+        left = int(rng.integers(photo.shape[1] - size))
+        patches[i] = _resize(photo[None, top:top + size, left:left + size], shape)[0]
+    return patches
+
+
+def _load_pngs(paths: list[Path], n: int, rng: np.random.Generator, what: str) -> np.ndarray:
+    if not paths:
+        raise DataError(f"{what}: no PNG images found")
+    chosen = _draw(np.array(paths, dtype=object), n, rng)
+    images = []
+    for path in chosen:
+        try:
+            with Image.open(path) as img:
+                images.append(np.asarray(img.convert("L").resize((28, 28), Image.Resampling.BILINEAR),
+                                         dtype=np.float32) / 255.0)
+        except OSError as exc:
+            raise DataError(f"{what}: cannot read {path}: {exc}") from None
+    return np.stack(images)
+
+
+def _read_notmnist(directory: Path, n: int, rng: np.random.Generator) -> np.ndarray:
+    return _load_pngs(sorted(directory.glob("*/*.png")), n, rng, f"notMNIST ({directory}, letter folders)")
+
+
+def _read_omniglot(directory: Path, n: int, rng: np.random.Generator) -> np.ndarray:
+    root = directory / "images_background" if (directory / "images_background").is_dir() else directory
+    paths = sorted(root.glob("*/*/*.png"))
+    return 1.0 - _load_pngs(paths, n, rng, f"Omniglot ({root}, alphabet/character folders)")
+
+
+def _read_cifar10(directory: Path, n: int, rng: np.random.Generator) -> np.ndarray:
+    """CIFAR-10 binary version: records of 1 label byte + 3·1024 channel-planar bytes (32×32 RGB)."""
+    files = sorted(directory.glob("*.bin"))
+    if not files:
+        raise DataError(f"CIFAR-10 ({directory}): no *.bin batches (the binary version) found")
+    records = []
+    for path in files:
+        raw = np.fromfile(path, dtype=np.uint8)
+        if raw.size % 3073:
+            raise DataError(f"CIFAR-10: {path} is not a whole number of 3073-byte records")
+        records.append(raw.reshape(-1, 3073)[:, 1:])
+    planar = _draw(np.concatenate(records), n, rng).reshape(-1, 3, 32, 32).astype(np.float32)
+    return _grey(planar.transpose(0, 2, 3, 1))

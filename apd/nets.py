@@ -1,0 +1,200 @@
+"""Target networks, the flat weight-vector layout, and batched prediction over many weight vectors.
+
+Every posterior method in the project is, in the end, a set of flat weight vectors θ ∈ R^D for one MLP
+architecture. :class:`ParamSpec` maps between a module's parameters and θ; :func:`predict_probs`
+evaluates K vectors on N inputs at once, p_k(y | x) = softmax(f(x; θ_k)), returning [K, N, C].
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from apd.errors import ArtifactError
+
+# Elements of the largest activation tensor [k, N, width] in one chunk of predict_probs: 32 M floats
+# (128 MB) keeps peak memory bounded for any K and N while leaving chunks large enough to batch well.
+_CHUNK_ELEMENTS = 32 * 2**20
+_MAX_CHUNK = 128
+
+
+def mlp(sizes: list[int], dropout: float = 0.0) -> nn.Sequential:
+    """Linear+ReLU stack ``sizes[0] → … → sizes[-1]`` with biases, dropout after each hidden ReLU
+    (never on the input), linear output (logits)."""
+    if len(sizes) < 2 or any(s < 1 for s in sizes):
+        raise ValueError(f"mlp needs at least two positive layer sizes, got {sizes}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    layers: list[nn.Module] = []
+    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        layers.append(nn.Linear(n_in, n_out))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+            if dropout > 0:
+                layers.append(nn.Dropout(dropout))
+    return nn.Sequential(*layers)
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """Ordered names and shapes of a module's floating-point parameters; θ is their concatenation."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def from_module(cls, module: nn.Module) -> ParamSpec:
+        pairs = [(n, tuple(p.shape)) for n, p in module.named_parameters() if p.is_floating_point()]
+        return cls(tuple(n for n, _ in pairs), tuple(s for _, s in pairs))
+
+    @property
+    def sizes(self) -> list[int]:
+        return [math.prod(shape) for shape in self.shapes]
+
+    @property
+    def numel(self) -> int:
+        return sum(self.sizes)
+
+    def offsets(self) -> list[tuple[str, int, int, tuple[int, ...]]]:
+        """(name, start, stop, shape) of each parameter inside θ."""
+        out, start = [], 0
+        for name, shape, size in zip(self.names, self.shapes, self.sizes, strict=True):
+            out.append((name, start, start + size, shape))
+            start += size
+        return out
+
+    def flatten(self, module: nn.Module) -> Tensor:
+        """θ of ``module`` as a new 1-D tensor (a copy, detached)."""
+        params = dict(module.named_parameters())
+        missing = [n for n in self.names if n not in params]
+        if missing:
+            raise ValueError(f"module has no parameter {missing[0]!r} named in the spec")
+        return torch.cat([params[n].detach().reshape(-1) for n in self.names])
+
+    def unflatten(self, vec: Tensor) -> dict[str, Tensor]:
+        """Named views into ``vec`` (shape [D], or [K, D] giving [K, *shape] views)."""
+        if vec.shape[-1] != self.numel:
+            raise ValueError(f"weight vector has {vec.shape[-1]} entries, the spec needs {self.numel}")
+        lead = vec.shape[:-1]
+        return {name: vec[..., a:b].reshape(*lead, *shape) for name, a, b, shape in self.offsets()}
+
+    def load_into(self, module: nn.Module, vec: Tensor) -> None:
+        """Copy ``vec`` into ``module``'s parameters (the caller's own module, changed in place)."""
+        params = dict(module.named_parameters())
+        with torch.no_grad():
+            for name, value in self.unflatten(vec).items():
+                params[name].copy_(value)
+
+    def linear_layers(self) -> list[tuple[int, int, int, int]]:
+        """For an :func:`mlp` spec: (weight start, bias start, out, in) per Linear layer, in order.
+
+        Raises ``ValueError`` if the spec is not an alternating weight/bias chain with matching sizes.
+        """
+        entries = self.offsets()
+        if len(entries) % 2 or not entries:
+            raise ValueError("spec is not an MLP: expected (weight, bias) pairs")
+        layers = []
+        for (w_name, w_start, _, w_shape), (b_name, b_start, _, b_shape) in zip(
+            entries[::2], entries[1::2], strict=True
+        ):
+            if len(w_shape) != 2 or b_shape != (w_shape[0],):
+                raise ValueError(f"spec is not an MLP: {w_name} {w_shape} / {b_name} {b_shape}")
+            if layers and layers[-1][2] != w_shape[1]:
+                raise ValueError(f"spec is not an MLP: {w_name} takes {w_shape[1]} inputs, "
+                                 f"the previous layer gives {layers[-1][2]}")
+            layers.append((w_start, b_start, w_shape[0], w_shape[1]))
+        return layers
+
+    @property
+    def layer_sizes(self) -> list[int]:
+        """``[in, hidden…, out]`` of an :func:`mlp` spec."""
+        layers = self.linear_layers()
+        return [layers[0][3]] + [out for _, _, out, _ in layers]
+
+    def to_json(self) -> str:
+        return json.dumps({"names": list(self.names), "shapes": [list(s) for s in self.shapes]})
+
+    @classmethod
+    def from_json(cls, text: str) -> ParamSpec:
+        try:
+            data = json.loads(text)
+            return cls(tuple(data["names"]), tuple(tuple(int(d) for d in s) for s in data["shapes"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ArtifactError(f"malformed parameter spec: {exc}") from None
+
+
+def auto_chunk(n_inputs: int, max_width: int, n_networks: int) -> int:
+    """Networks per chunk so the largest activation tensor stays near ``_CHUNK_ELEMENTS`` floats."""
+    by_memory = _CHUNK_ELEMENTS // max(1, n_inputs * max_width)
+    return int(max(1, min(n_networks, _MAX_CHUNK, by_memory)))
+
+
+def predict_logits(
+    spec_or_module: ParamSpec | nn.Module,
+    weights: Tensor,
+    x: Tensor,
+    chunk: int | None = None,
+    compute_dtype: torch.dtype | None = None,
+) -> Tensor:
+    """Logits f(x; θ_k) of an MLP for K weight vectors: weights [K, D], x [N, ...] → [K, N, C].
+
+    The first layer of a chunk of k networks is one matmul x · [W₁⁽¹⁾ … W₁⁽ᵏ⁾]ᵀ ([N, k·h]); later
+    layers are batched ``baddbmm``. Chunks of ``chunk`` networks (default :func:`auto_chunk`) bound
+    peak memory. Computes on ``weights.device``; ``compute_dtype`` (e.g. ``torch.bfloat16``) casts
+    weights and inputs for the matmuls; the result is float32. Differentiable in ``x`` and ``weights``;
+    never writes into a module.
+    """
+    spec = spec_or_module if isinstance(spec_or_module, ParamSpec) else ParamSpec.from_module(spec_or_module)
+    if weights.dim() == 1:
+        weights = weights.unsqueeze(0)
+    if weights.dim() != 2 or weights.shape[1] != spec.numel:
+        raise ValueError(f"weights must be [K, {spec.numel}], got {list(weights.shape)}")
+    layers = spec.linear_layers()
+    x = x.reshape(x.shape[0], -1).to(device=weights.device)
+    if x.shape[1] != layers[0][3]:
+        raise ValueError(f"inputs have {x.shape[1]} features, the network takes {layers[0][3]}")
+    dtype = compute_dtype or weights.dtype
+    x = x.to(dtype)
+    n_nets, n_inputs = weights.shape[0], x.shape[0]
+    if chunk is None:
+        chunk = auto_chunk(n_inputs, max(out for _, _, out, _ in layers), n_nets)
+    elif chunk < 1:
+        raise ValueError(f"chunk must be positive, got {chunk}")
+    outputs = []
+    for start in range(0, n_nets, chunk):
+        block = weights[start:start + chunk].to(dtype)
+        outputs.append(_mlp_forward(layers, block, x).float())
+    return torch.cat(outputs)
+
+
+def _mlp_forward(layers: list[tuple[int, int, int, int]], block: Tensor, x: Tensor) -> Tensor:
+    """Forward pass of k networks (rows of ``block``) on shared inputs x [N, in] → [k, N, C]."""
+    k, n_inputs = block.shape[0], x.shape[0]
+    w_start, b_start, n_out, n_in = layers[0]
+    w1 = block[:, w_start:w_start + n_out * n_in].reshape(k * n_out, n_in)
+    b1 = block[:, b_start:b_start + n_out].reshape(1, k * n_out)
+    h = torch.addmm(b1, x, w1.t()).view(n_inputs, k, n_out).transpose(0, 1)  # [k, N, h]
+    for w_start, b_start, n_out, n_in in layers[1:]:
+        h = torch.relu(h)
+        w = block[:, w_start:w_start + n_out * n_in].view(k, n_out, n_in)
+        b = block[:, b_start:b_start + n_out].view(k, 1, n_out)
+        h = torch.baddbmm(b, h, w.transpose(1, 2))
+    return h
+
+
+def predict_probs(
+    spec_or_module: ParamSpec | nn.Module,
+    weights: Tensor,
+    x: Tensor,
+    chunk: int | None = None,
+    compute_dtype: torch.dtype | None = None,
+) -> Tensor:
+    """Class probabilities softmax(f(x; θ_k)) for K weight vectors: [K, D] × [N, ...] → [K, N, C].
+
+    See :func:`predict_logits` for batching, chunking, devices and ``compute_dtype``.
+    """
+    return torch.softmax(predict_logits(spec_or_module, weights, x, chunk, compute_dtype), dim=-1)

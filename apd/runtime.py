@@ -1,0 +1,67 @@
+"""What every stage needs besides the config: device, paths, data, progress bars, logging."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from apd.config import PipelineConfig
+from apd.data import Dataset, load_dataset
+from apd.errors import ConfigError
+
+log = logging.getLogger("apd")
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` → CUDA when available, else CPU; an unavailable CUDA request is a config error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {name!r} requested but no CUDA device is available")
+    return device
+
+
+@dataclass
+class RunContext:
+    """One invocation of a stage: the config plus command-line choices."""
+
+    cfg: PipelineConfig
+    artifacts_root: Path = Path("artifacts")
+    data_dir: str | None = None
+    device_name: str | None = None
+    force: bool = False
+    quiet: bool = False
+    _data: Dataset | None = field(default=None, repr=False)
+
+    @functools.cached_property
+    def device(self) -> torch.device:
+        return resolve_device(self.device_name or self.cfg.device)
+
+    @property
+    def out_dir(self) -> Path:
+        return self.artifacts_root / self.cfg.name
+
+    @property
+    def data(self) -> Dataset:
+        """The dataset, loaded once per run (on the CPU; stages move what they need)."""
+        if self._data is None:
+            self._data = load_dataset(self.cfg.data, self.cfg.seed, self.data_dir)
+        return self._data
+
+    def progress(self, iterable: Iterable | None = None, **kwargs) -> tqdm:
+        """A tqdm bar, shown only on a terminal and without ``--quiet``."""
+        disable = self.quiet or not sys.stderr.isatty()
+        return tqdm(iterable, disable=disable, dynamic_ncols=True, leave=False, **kwargs)
+
+
+def setup_logging(quiet: bool) -> None:
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s",
+                        stream=sys.stderr, force=True)
