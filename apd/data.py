@@ -141,7 +141,8 @@ def read_idx_dataset(directory: Path, dataset: str) -> tuple[np.ndarray, np.ndar
     for split in ("train", "test"):
         images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
         if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
-            raise DataError(f"{dataset}: {split} images {images.shape} and labels {labels.shape} do not match")
+            raise DataError(f"{dataset}: {split} images {images.shape} and labels {labels.shape} "
+                            "do not match")
     return arrays["train_images"], arrays["train_labels"], arrays["test_images"], arrays["test_labels"]
 
 
