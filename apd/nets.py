@@ -20,6 +20,10 @@ from apd.errors import ArtifactError
 # (128 MB) keeps peak memory bounded for any K and N while leaving chunks large enough to batch well.
 _CHUNK_ELEMENTS = 32 * 2**20
 _MAX_CHUNK = 128
+# From this many inputs on, layer 1 of a chunk is one matmul against the chunk's first-layer weights
+# copied side by side; below it, copying the weights costs more than the matmul saves, and a broadcast
+# batched matmul reads them in place (measured in benchmarks/bench_predict.py).
+_CONCAT_MIN_INPUTS = 2048
 
 
 def mlp(sizes: list[int], dropout: float = 0.0) -> nn.Sequential:
@@ -142,10 +146,11 @@ def predict_logits(
 ) -> Tensor:
     """Logits f(x; θ_k) of an MLP for K weight vectors: weights [K, D], x [N, ...] → [K, N, C].
 
-    The first layer of a chunk of k networks is one matmul x · [W₁⁽¹⁾ … W₁⁽ᵏ⁾]ᵀ ([N, k·h]); later
-    layers are batched ``baddbmm``. Chunks of ``chunk`` networks (default :func:`auto_chunk`) bound
-    peak memory. Computes on ``weights.device``; ``compute_dtype`` (e.g. ``torch.bfloat16``) casts
-    weights and inputs for the matmuls; the result is float32. Differentiable in ``x`` and ``weights``;
+    For many inputs the first layer of a chunk of k networks is one matmul x · [W₁⁽¹⁾ … W₁⁽ᵏ⁾]ᵀ
+    ([N, k·h]); for few, a broadcast batched matmul; later layers are batched ``baddbmm``. Chunks of
+    ``chunk`` networks (default :func:`auto_chunk`) bound peak memory. Computes on
+    ``weights.device``; ``compute_dtype`` (e.g. ``torch.bfloat16``) casts weights and inputs for the
+    matmuls; the result is float32. Differentiable in ``x`` and ``weights``;
     never writes into a module.
     """
     spec = spec_or_module if isinstance(spec_or_module, ParamSpec) else ParamSpec.from_module(spec_or_module)
@@ -175,9 +180,13 @@ def _mlp_forward(layers: list[tuple[int, int, int, int]], block: Tensor, x: Tens
     """Forward pass of k networks (rows of ``block``) on shared inputs x [N, in] → [k, N, C]."""
     k, n_inputs = block.shape[0], x.shape[0]
     w_start, b_start, n_out, n_in = layers[0]
-    w1 = block[:, w_start:w_start + n_out * n_in].reshape(k * n_out, n_in)
-    b1 = block[:, b_start:b_start + n_out].reshape(1, k * n_out)
-    h = torch.addmm(b1, x, w1.t()).view(n_inputs, k, n_out).transpose(0, 1)  # [k, N, h]
+    w1 = block[:, w_start:w_start + n_out * n_in].view(k, n_out, n_in)
+    b1 = block[:, b_start:b_start + n_out]
+    if n_inputs >= _CONCAT_MIN_INPUTS:
+        h = torch.addmm(b1.reshape(1, k * n_out), x, w1.reshape(k * n_out, n_in).t())
+        h = h.view(n_inputs, k, n_out).transpose(0, 1)  # [k, N, h]
+    else:
+        h = torch.matmul(x, w1.transpose(1, 2)) + b1.unsqueeze(1)
     for w_start, b_start, n_out, n_in in layers[1:]:
         h = torch.relu(h)
         w = block[:, w_start:w_start + n_out * n_in].view(k, n_out, n_in)

@@ -1,0 +1,122 @@
+"""Per-input uncertainty scores from the class probabilities of K posterior members.
+
+**Convention: for every score, HIGHER means MORE UNCERTAIN.** A score can therefore be handed
+straight to :func:`apd.metrics.detection`, where out-of-distribution or adversarial inputs are the
+positive class. ``max_prob`` follows the convention too: it is 1 − max_c p̄_c, not the confidence.
+
+Input is ``probs[K, N, C]``: p_k(c | x_n) for member k (a weight sample, a dropout mask, ...), input n
+and class c. The predictive distribution is the member average p̄(c | x_n) = (1/K) Σ_k p_k(c | x_n).
+Every function returns a tensor [N] on the device and in the dtype of ``probs`` (float32 in,
+float32 out). Entropies use the natural logarithm and treat 0·log 0 as 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+
+def _check_member_probs(probs: Tensor) -> None:
+    if probs.ndim != 3 or not probs.is_floating_point():
+        raise ValueError(f"probs must be a floating-point tensor [K, N, C], got {probs.dtype} "
+                         f"{list(probs.shape)}")
+    if probs.shape[0] == 0 or probs.shape[2] == 0:
+        raise ValueError(f"probs needs at least one member and one class, got {list(probs.shape)}")
+
+
+def _entropy(p: Tensor) -> Tensor:
+    """Shannon entropy along the last axis, H[p] = −Σ_c p_c log p_c, with 0·log 0 = 0 (via xlogy)."""
+    return -torch.special.xlogy(p, p).sum(-1)
+
+
+def _mutual_information(predictive_entropy: Tensor, probs: Tensor) -> Tensor:
+    """H[p̄] − mean_k H[p_k], clamped at 0 (the difference is ≥ 0 by concavity; rounding can dip below)."""
+    return (predictive_entropy - _entropy(probs).mean(0)).clamp_min(0.0)
+
+
+def _one_minus_max(mean_probs: Tensor) -> Tensor:
+    return 1.0 - mean_probs.amax(-1)
+
+
+def predictive_entropy(probs: Tensor) -> Tensor:
+    """Entropy of the predictive distribution, H[p̄] = −Σ_c p̄_c log p̄_c with p̄ = mean_k p_k.
+
+    Total uncertainty, aleatoric plus epistemic (Gal, "Uncertainty in Deep Learning",
+    PhD thesis, 2016). Ranges over [0, log C]; log C for a uniform predictive.
+    """
+    _check_member_probs(probs)
+    return _entropy(probs.mean(0))
+
+
+def variation_ratio(probs: Tensor) -> Tensor:
+    """True variation ratio of the members' votes, 1 − f_m / K (Freeman, 1965; Gal, 2016).
+
+    Each member votes for its argmax class (ties inside one member go to the lowest class index);
+    f_m is the number of votes for the modal class. 0 when all members agree; at most 1 − ⌈K/C⌉/K.
+    This is not 1 − max_c p̄_c, which is :func:`max_prob`.
+    """
+    _check_member_probs(probs)
+    n_members, _, n_classes = probs.shape
+    member_votes = probs.argmax(-1).T  # [N, K]
+    vote_counts = probs.new_zeros(member_votes.shape[0], n_classes)
+    vote_counts.scatter_add_(1, member_votes, torch.ones_like(member_votes, dtype=probs.dtype))  # [N, C]
+    modal_count = vote_counts.amax(-1)
+    return 1.0 - modal_count / n_members
+
+
+def max_prob(probs: Tensor) -> Tensor:
+    """One minus the largest predictive probability, 1 − max_c p̄_c (the maximum-softmax-probability
+    baseline of Hendrycks & Gimpel, 2017, negated so that higher = more uncertain)."""
+    _check_member_probs(probs)
+    return _one_minus_max(probs.mean(0))
+
+
+def bald(probs: Tensor) -> Tensor:
+    """Mutual information between the prediction and the weights (BALD; Houlsby et al., 2011):
+
+        I[y; θ | x] = H[p̄] − (1/K) Σ_k H[p_k],
+
+    the epistemic part of the predictive entropy. Zero when all members agree; tiny negative values
+    from rounding are clamped to 0.
+    """
+    _check_member_probs(probs)
+    return _mutual_information(_entropy(probs.mean(0)), probs)
+
+
+def model_variance(probs: Tensor) -> Tensor:
+    """Class-averaged variance of the member probabilities (Smith & Gal, 2018; the "model variance"
+    of Wang et al., 2018):
+
+        σ²(x) = (1/C) Σ_c (1/K) Σ_k (p_k(c | x) − p̄(c | x))²,
+
+    the population variance over members (divisor K, so one member gives 0), averaged over classes.
+    Feinman et al. (2017) sum over classes instead, which is C·σ²(x) and ranks inputs identically.
+    """
+    _check_member_probs(probs)
+    return probs.var(0, correction=0).mean(-1)
+
+
+SCORE_FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "entropy": predictive_entropy,
+    "variation_ratio": variation_ratio,
+    "max_prob": max_prob,
+    "bald": bald,
+    "model_variance": model_variance,
+}
+
+
+def scores(probs: Tensor) -> dict[str, Tensor]:
+    """All scores of :data:`SCORE_FUNCTIONS` for ``probs[K, N, C]``, each a tensor [N] where higher
+    means more uncertain. The predictive p̄ and its entropy are computed once and shared."""
+    _check_member_probs(probs)
+    mean_probs = probs.mean(0)
+    entropy = _entropy(mean_probs)
+    return {
+        "entropy": entropy,
+        "variation_ratio": variation_ratio(probs),
+        "max_prob": _one_minus_max(mean_probs),
+        "bald": _mutual_information(entropy, probs),
+        "model_variance": model_variance(probs),
+    }

@@ -1,0 +1,31 @@
+"""Shared fixtures: the small digits dataset and a skip for CUDA-only tests."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `from tests.helpers import …`
+
+from apd.config import DataConfig  # noqa: E402
+from apd.data import load_dataset  # noqa: E402
+
+FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA device")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def digits():
+    """The default pipeline's digits split (1000 / 300 / 497)."""
+    return load_dataset(DataConfig(dataset="digits", train_size=1000, val_size=300), seed=0)

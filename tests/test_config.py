@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from apd.config import PipelineConfig, config_hash, from_dict, load_config
+from apd.errors import ConfigError
+
+PIPELINES = sorted(Path("pipelines").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", PIPELINES, ids=lambda p: p.stem)
+def test_shipped_pipelines_load(path):
+    cfg = load_config(path)
+    assert cfg.name == path.stem
+    assert cfg.source == str(path)
+
+
+def test_paper_settings_in_fashion_fc1():
+    cfg = load_config("pipelines/fashion-fc1.toml")
+    assert (cfg.sgld.lr, cfg.sgld.prior_var, cfg.sgld.batch_size) == (0.05, 0.02, 100)
+    assert (cfg.sgld.iterations, cfg.sgld.burn_in, cfg.sgld.thin) == (200_000, 500, 20)
+    assert cfg.net.hidden == [100]
+    assert load_config("pipelines/fashion-fc2.toml").net.hidden == [400, 400]
+
+
+def test_defaults_fill_missing_sections():
+    cfg = from_dict({"name": "x"})
+    assert cfg.sgld == PipelineConfig().sgld
+    assert cfg.distill.gen_hidden == [100, 100, 100]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"sgld": {"lrr": 0.1}}, "unknown key 'sgld.lrr'"),
+        ({"colour": "red"}, "unknown key 'colour'"),
+        ({"sgld": {"lr": "fast"}}, "'sgld.lr' must be a number"),
+        ({"sgld": {"iterations": 1.5}}, "'sgld.iterations' must be an integer"),
+        ({"sgld": {"iterations": True}}, "'sgld.iterations' must be an integer"),
+        ({"sgld": {"lr": -0.1}}, "'sgld.lr' must be greater than 0"),
+        ({"baselines": {"dropout": 1.0}}, "'baselines.dropout' must be less than 1"),
+        ({"data": {"dataset": "cifar"}}, "'data.dataset' must be one of"),
+        ({"net": {"hidden": [100, 0]}}, "'net.hidden' must be a list of positive integers"),
+        ({"net": {"hidden": 100}}, "'net.hidden' must be a list of int"),
+        ({"sgld": 3}, "sgld: expected a table"),
+        ({"sgld": {"burn_in": 10, "iterations": 10}}, "'sgld.burn_in' (10) must be less than"),
+        ({"device": "tpu"}, "'device' must be"),
+        ({"distill": {"standardize": 1}}, "'distill.standardize' must be true or false"),
+    ],
+)
+def test_invalid_values_name_key_and_file(raw, message):
+    with pytest.raises(ConfigError) as err:
+        from_dict(raw, where="p.toml")
+    assert str(err.value).startswith("p.toml: ")
+    assert message in str(err.value)
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="no such pipeline file"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = [\n")
+    with pytest.raises(ConfigError, match=r"bad.toml: invalid TOML"):
+        load_config(bad)
+
+
+def test_hash_is_stable_and_sensitive():
+    a = from_dict({"name": "x", "sgld": {"lr": 0.1}})
+    b = from_dict({"sgld": {"lr": 0.1}, "name": "x"})
+    assert config_hash(a) == config_hash(b)
+    assert len(config_hash(a)) == 16
+    c = from_dict({"name": "x", "sgld": {"lr": 0.2}})
+    assert config_hash(a) != config_hash(c)
+    # An evaluation setting does not change the sampling stage's hash, but does change evaluation's.
+    d = from_dict({"name": "x", "sgld": {"lr": 0.1}, "evaluate": {"runs": 3}})
+    assert config_hash(a, "sample") == config_hash(d, "sample")
+    assert config_hash(a, "evaluate") != config_hash(d, "evaluate")
+
+
+def test_int_accepted_for_float():
+    assert from_dict({"sgld": {"lr": 1}}).sgld.lr == 1.0

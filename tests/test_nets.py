@@ -1,0 +1,129 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn.utils import vector_to_parameters
+
+from apd.errors import ArtifactError
+from apd.nets import ParamSpec, mlp, predict_logits, predict_probs
+
+
+def test_mlp_layout():
+    net = mlp([784, 100, 10], dropout=0.5)
+    assert ParamSpec.from_module(net).numel == 79_510
+    assert ParamSpec.from_module(mlp([784, 400, 400, 10])).numel == 478_410
+    kinds = [type(m).__name__ for m in net]
+    assert kinds == ["Linear", "ReLU", "Dropout", "Linear"]  # no dropout on the input or the output
+    assert [type(m).__name__ for m in mlp([5, 3])] == ["Linear"]
+    with pytest.raises(ValueError, match="dropout"):
+        mlp([5, 3], dropout=1.0)
+
+
+def test_paramspec_round_trip():
+    torch.manual_seed(0)
+    net = mlp([6, 5, 4, 3])
+    spec = ParamSpec.from_module(net)
+    vec = spec.flatten(net)
+    assert vec.shape == (spec.numel,)
+    torch.testing.assert_close(vec, torch.nn.utils.parameters_to_vector(net.parameters()))
+    views = spec.unflatten(vec)
+    for name, param in net.named_parameters():
+        assert torch.equal(views[name], param.detach())
+    other = mlp([6, 5, 4, 3])
+    spec.load_into(other, vec)
+    assert torch.equal(spec.flatten(other), vec)
+    assert ParamSpec.from_json(spec.to_json()) == spec
+    assert spec.layer_sizes == [6, 5, 4, 3]
+    batch = torch.randn(7, spec.numel)
+    assert spec.unflatten(batch)["0.weight"].shape == (7, 5, 6)
+    with pytest.raises(ValueError, match="entries"):
+        spec.unflatten(torch.zeros(spec.numel + 1))
+    with pytest.raises(ArtifactError, match="malformed"):
+        ParamSpec.from_json('{"names": ["a"]}')
+
+
+def test_paramspec_skips_integer_buffers():
+    net = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    spec = ParamSpec.from_module(net)
+    assert spec.numel == 3 * 2 + 2 + 2 + 2  # linear + batchnorm affine; no num_batches_tracked
+
+
+def test_paramspec_rejects_non_mlp():
+    spec = ParamSpec(("w", "b"), ((3, 4), (2,)))
+    with pytest.raises(ValueError, match="not an MLP"):
+        spec.linear_layers()
+    chain = ParamSpec(("a.w", "a.b", "b.w", "b.b"), ((3, 4), (3,), (2, 5), (2,)))
+    with pytest.raises(ValueError, match="takes 5 inputs"):
+        chain.linear_layers()
+
+
+def loop_reference(net: torch.nn.Module, weights: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Per-network loop: vector_to_parameters + forward, the obvious implementation."""
+    out = []
+    with torch.no_grad():
+        for w in weights:
+            vector_to_parameters(w, net.parameters())
+            out.append(torch.softmax(net(x), dim=-1))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("k", [1, 7, 100])
+@pytest.mark.parametrize("chunk", [None, 1, 3, 64])
+def test_predict_probs_matches_loop(k, chunk):
+    torch.manual_seed(k)
+    sizes = [64, 30, 20, 10]
+    spec = ParamSpec.from_module(mlp(sizes))
+    weights = torch.randn(k, spec.numel) * 0.3
+    x = torch.randn(50, 64)
+    probs = predict_probs(spec, weights, x, chunk=chunk)
+    assert probs.shape == (k, 50, 10)
+    torch.testing.assert_close(probs, loop_reference(mlp(sizes), weights, x), atol=1e-5, rtol=1e-4)
+
+
+def test_predict_probs_leaves_module_untouched_and_accepts_images():
+    net = mlp([16, 8, 3])
+    before = ParamSpec.from_module(net).flatten(net)
+    weights = torch.randn(4, before.numel())
+    probs = predict_probs(net, weights, torch.randn(5, 4, 4))  # images are flattened
+    assert probs.shape == (4, 5, 3)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(4, 5))
+    assert torch.equal(ParamSpec.from_module(net).flatten(net), before)
+    assert predict_probs(net, weights[0], torch.randn(5, 16)).shape == (1, 5, 3)
+
+
+def test_predict_probs_shape_errors():
+    spec = ParamSpec.from_module(mlp([16, 8, 3]))
+    with pytest.raises(ValueError, match=r"weights must be \[K, 163\]"):
+        predict_probs(spec, torch.zeros(2, 10), torch.zeros(1, 16))
+    with pytest.raises(ValueError, match="inputs have 15 features"):
+        predict_probs(spec, torch.zeros(2, 163), torch.zeros(1, 15))
+    with pytest.raises(ValueError, match="chunk"):
+        predict_probs(spec, torch.zeros(2, 163), torch.zeros(1, 16), chunk=0)
+
+
+def test_predict_is_differentiable_in_inputs():
+    spec = ParamSpec.from_module(mlp([8, 6, 3]))
+    x = torch.randn(4, 8, requires_grad=True)
+    predict_logits(spec, torch.randn(2, spec.numel), x).sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
+
+
+def test_bfloat16_compute_is_close():
+    torch.manual_seed(0)
+    spec = ParamSpec.from_module(mlp([64, 100, 10]))
+    weights, x = torch.randn(20, spec.numel) * 0.1, torch.randn(200, 64)
+    exact = predict_probs(spec, weights, x)
+    fast = predict_probs(spec, weights, x, compute_dtype=torch.bfloat16)
+    assert fast.dtype == torch.float32
+    assert (fast - exact).abs().max() < 2e-2
+
+
+@pytest.mark.cuda
+def test_predict_probs_on_cuda_matches_cpu():
+    torch.manual_seed(0)
+    spec = ParamSpec.from_module(mlp([784, 100, 10]))
+    weights, x = torch.randn(50, spec.numel) * 0.05, torch.randn(300, 784)
+    cpu = predict_probs(spec, weights, x)
+    gpu = predict_probs(spec, weights.cuda(), x.cuda())
+    assert gpu.device.type == "cuda"
+    torch.testing.assert_close(gpu.cpu(), cpu, atol=1e-4, rtol=1e-3)
