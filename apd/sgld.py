@@ -1,0 +1,329 @@
+"""Stochastic gradient Langevin dynamics (Welling & Teh, ICML 2011) as a ``torch.optim.Optimizer``,
+and the step-size schedules used with it.
+
+The user backpropagates the **mean** minibatch negative log-likelihood, exactly as for SGD. With N
+training points, prior N(0, prior_std²·I) and the energy
+
+    U(θ) = N·mean_nll(θ) + ‖θ‖² / (2·prior_std²),
+
+one step with ε = lr / N is
+
+    θ ← θ − (ε/2)·∇U(θ) + 𝒩(0, ε·T)
+      = θ·(1 − lr / (2·N·prior_std²)) − (lr/2)·∇mean_nll(θ) + √(lr·T/N)·ξ,   ξ ~ 𝒩(0, I),
+
+so T = 1 samples the posterior, T < 1 a tempered ("cold") one and T = 0 is plain gradient descent.
+With lr 0.05, N 50,000 and prior_std² 0.02 this is the reference run of Wang et al. (ICML 2018).
+
+The noise ξ comes from a dedicated ``torch.Generator``, one flat draw per noisy step, so a seed fixes the
+whole trajectory. With ``prefetch_noise`` the next step's ξ is drawn on a worker thread while the caller
+runs forward and backward; the draws happen in the same order, so the trajectory is bit-identical with
+or without it, and ``state_dict`` carries the generator state as of the last *consumed* draw, so a
+resumed run continues exactly where the interrupted one stopped.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+
+from apd.config import SGLDConfig
+
+# Whether the next step's noise is drawn on a worker thread by default. On the shared 2-core development
+# CPU (benchmarks/bench_sgld.py, one intra-op thread, both cores busy with other work) prefetching made a
+# step 10-20 % slower: the worker only competes for a core. It pays where a core is idle during
+# forward/backward (a laptop with spare cores); on CUDA the draw is already asynchronous.
+PREFETCH_NOISE_DEFAULT = False
+
+_STATE_KEY = "sgld_noise_generator"
+
+
+def _check_hyperparameters(group: dict[str, Any]) -> None:
+    """Raise ``ValueError`` naming the first SGLD hyperparameter of ``group`` that is out of range."""
+    lr, num_data = group["lr"], group["num_data"]
+    prior_std, temperature = group["prior_std"], group["temperature"]
+    if not lr > 0:
+        raise ValueError(f"SGLD lr must be positive, got {lr!r}")
+    if not num_data >= 1:
+        raise ValueError(f"SGLD num_data must be at least 1, got {num_data!r}")
+    if not prior_std > 0:
+        raise ValueError(f"SGLD prior_std must be positive, got {prior_std!r}")
+    if not temperature >= 0:
+        raise ValueError(f"SGLD temperature must be non-negative, got {temperature!r}")
+
+
+class _GaussianNoise:
+    """Flat standard-normal vectors of a fixed length from one generator, optionally drawn one ahead.
+
+    With ``prefetch`` the draw for the next call runs on a single worker thread into a second buffer,
+    so the buffer returned by :meth:`next` stays valid until the following call.
+    """
+
+    def __init__(self, numel: int, like: Tensor, generator: torch.Generator, prefetch: bool) -> None:
+        self.generator = generator
+        copies = 2 if prefetch else 1
+        self._buffers = [torch.empty(numel, dtype=like.dtype, device=like.device) for _ in range(copies)]
+        self._turn = 0
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="sgld-noise") if prefetch else None
+        self._pending: Future[Tensor] | None = None
+        self._state_before_pending: Tensor | None = None
+
+    def _draw(self, buffer: Tensor) -> Tensor:
+        return buffer.normal_(generator=self.generator)
+
+    def next(self) -> Tensor:
+        """The next ξ ~ 𝒩(0, I) of the generator's sequence."""
+        buffer = self._buffers[self._turn]
+        noise = self._draw(buffer) if self._pending is None else self._pending.result()
+        if self._executor is not None:
+            self._turn = 1 - self._turn
+            self._state_before_pending = self.generator.get_state()
+            self._pending = self._executor.submit(self._draw, self._buffers[self._turn])
+        return noise
+
+    def consumed_state(self) -> Tensor:
+        """Generator state after the last draw handed out by :meth:`next` (a prefetch not counted)."""
+        if self._pending is not None:
+            return self._state_before_pending.clone()
+        return self.generator.get_state()
+
+    def rewind(self, state: Tensor | None = None) -> None:
+        """Drop any prefetched draw and set the generator to ``state`` (default: the consumed state)."""
+        state = self.consumed_state() if state is None else state
+        if self._pending is not None:
+            self._pending.result()
+            self._pending = None
+        self.generator.set_state(state)
+
+
+class SGLD(Optimizer):
+    """SGLD sampler, a drop-in ``torch.optim.Optimizer`` for a loss that is the mean minibatch NLL.
+
+    Step (Welling & Teh, 2011, with ε = lr/N and U(θ) = N·mean_nll(θ) + ‖θ‖²/(2·prior_std²)):
+    θ ← θ − (ε/2)·∇U(θ) + 𝒩(0, ε·temperature).
+
+    ``lr``, ``num_data``, ``prior_std`` and ``temperature`` are read from each param group at every step,
+    so a schedule may change ``group["lr"]`` or ``group["temperature"]`` between steps. Noise comes from
+    ``generator`` (owned by the optimizer from then on) or a new one seeded with ``seed``; with neither,
+    the seed is drawn from torch's global generator, so ``torch.manual_seed`` fixes it. All parameters
+    must share one device and dtype.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float,
+        num_data: int,
+        prior_std: float = 1.0,
+        temperature: float = 1.0,
+        *,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        prefetch_noise: bool = PREFETCH_NOISE_DEFAULT,
+    ) -> None:
+        if seed is not None and generator is not None:
+            raise ValueError("SGLD takes either a seed or a generator, not both")
+        self._noise: _GaussianNoise | None = None
+        self._prefetch = prefetch_noise
+        defaults = {"lr": lr, "num_data": num_data, "prior_std": prior_std, "temperature": temperature}
+        super().__init__(params, defaults)
+        like = self.param_groups[0]["params"][0]
+        if generator is None:
+            if seed is None:
+                seed = int(torch.randint(0, 2**62, (1,)).item())
+            generator = torch.Generator(device=like.device).manual_seed(seed)
+        elif generator.device.type != like.device.type:
+            raise ValueError(f"SGLD generator is on {generator.device}, the parameters on {like.device}")
+        self.generator = generator
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group (validated); the flat noise layout is rebuilt at the next step."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        first = self.param_groups[0]["params"][0]
+        try:
+            _check_hyperparameters(group)
+            for p in group["params"]:
+                if p.device != first.device or p.dtype != first.dtype:
+                    raise ValueError(f"SGLD parameters must share one device and dtype: found {p.dtype} on "
+                                     f"{p.device} besides {first.dtype} on {first.device}")
+        except ValueError:
+            self.param_groups.pop()
+            raise
+        if self._noise is not None:
+            self._noise.rewind()
+            self._noise = None
+
+    def _next_noise(self) -> list[list[Tensor]]:
+        """ξ for every parameter of every group (views into one flat draw), in param-group order."""
+        sizes = [p.numel() for group in self.param_groups for p in group["params"]]
+        if self._noise is None:
+            self._noise = _GaussianNoise(sum(sizes), self.param_groups[0]["params"][0], self.generator,
+                                         self._prefetch)
+        flat = self._noise.next().split(sizes)
+        views, start = [], 0
+        for group in self.param_groups:
+            stop = start + len(group["params"])
+            views.append([x.view_as(p) for x, p in zip(flat[start:stop], group["params"], strict=True)])
+            start = stop
+        return views
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """One SGLD update of every parameter that has a gradient (see the class docstring)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        noise = None
+        for index, group in enumerate(self.param_groups):
+            _check_hyperparameters(group)
+            with_grad = [(i, p) for i, p in enumerate(group["params"]) if p.grad is not None]
+            if not with_grad:
+                continue
+            params = [p for _, p in with_grad]
+            lr, num_data, temperature = group["lr"], group["num_data"], group["temperature"]
+            torch._foreach_mul_(params, 1.0 - lr / (2.0 * num_data * group["prior_std"] ** 2))
+            torch._foreach_add_(params, [p.grad for p in params], alpha=-lr / 2.0)
+            if temperature > 0:
+                noise = self._next_noise() if noise is None else noise
+                group_noise = [noise[index][i] for i, _ in with_grad]
+                torch._foreach_add_(params, group_noise, alpha=math.sqrt(lr * temperature / num_data))
+        return loss
+
+    def state_dict(self) -> dict[str, Any]:
+        """The usual optimizer state plus the noise generator's state as of the last consumed draw."""
+        state = super().state_dict()
+        consumed = self.generator.get_state() if self._noise is None else self._noise.consumed_state()
+        state[_STATE_KEY] = consumed
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore hyperparameters and the noise generator, dropping any prefetched draw."""
+        state_dict = dict(state_dict)
+        if _STATE_KEY not in state_dict:
+            raise ValueError(f"not an SGLD state_dict: it has no {_STATE_KEY!r} entry")
+        generator_state = state_dict.pop(_STATE_KEY)
+        super().load_state_dict(state_dict)
+        if self._noise is None:
+            self.generator.set_state(generator_state)
+        else:
+            self._noise.rewind(generator_state)
+
+
+class StepSchedule(ABC):
+    """A step-size schedule t ↦ lr_t for :class:`SGLD` (t counts optimizer steps from 0)."""
+
+    @abstractmethod
+    def lr(self, t: int) -> float:
+        """The step size ``lr`` (ε·N) at iteration t."""
+
+    def is_sampling(self, t: int) -> bool:
+        """Whether iteration t's parameters are posterior samples (burn-in is the caller's business)."""
+        return True
+
+    def noise_on(self, t: int) -> bool:
+        """Whether iteration t injects Langevin noise (off means a plain gradient step)."""
+        return True
+
+    def apply(self, optimizer: Optimizer, t: int, temperature: float = 1.0) -> None:
+        """Set every param group's ``lr`` to lr_t and its ``temperature`` to ``temperature``, or to 0
+        where :meth:`noise_on` says the step injects no noise."""
+        lr = self.lr(t)
+        step_temperature = temperature if self.noise_on(t) else 0.0
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+            group["temperature"] = step_temperature
+
+
+@dataclass(frozen=True)
+class ConstantSchedule(StepSchedule):
+    """lr_t = lr (the paper's reference run)."""
+
+    step_size: float
+
+    def __post_init__(self) -> None:
+        if not self.step_size > 0:
+            raise ValueError(f"constant schedule needs lr > 0, got {self.step_size!r}")
+
+    def lr(self, t: int) -> float:
+        return self.step_size
+
+
+@dataclass(frozen=True)
+class PolynomialSchedule(StepSchedule):
+    """lr_t = a·(b + t)^(−γ), the decaying step of Welling & Teh (2011); they need γ ∈ (0.5, 1] for
+    the SGLD chain to converge, γ = 0 gives a constant step a·b⁰ = a."""
+
+    a: float
+    b: float
+    gamma: float
+
+    def __post_init__(self) -> None:
+        if not (self.a > 0 and self.b > 0 and 0 <= self.gamma <= 1):
+            raise ValueError(f"polynomial schedule needs a > 0, b > 0, 0 <= gamma <= 1, got a={self.a!r}, "
+                             f"b={self.b!r}, gamma={self.gamma!r}")
+
+    def lr(self, t: int) -> float:
+        return self.a * (self.b + t) ** (-self.gamma)
+
+
+@dataclass(frozen=True)
+class CyclicalSchedule(StepSchedule):
+    """Cyclical SGLD (Zhang, Li, Zhang, Chen & Wilson, ICLR 2020), M cycles over T iterations:
+
+    lr_t = lr0/2 · (cos(π·mod(t, L)/L) + 1),   L = ⌈T/M⌉,
+
+    restarting at lr0 every L iterations. Iteration t explores (plain gradient steps, no noise) while
+    mod(t, L)/L < explore_fraction and samples (Langevin steps, kept as samples) afterwards.
+    """
+
+    lr0: float
+    total_iterations: int
+    cycles: int
+    explore_fraction: float
+
+    def __post_init__(self) -> None:
+        valid = self.lr0 > 0 and 1 <= self.cycles <= self.total_iterations and 0 <= self.explore_fraction < 1
+        if not valid:
+            raise ValueError(
+                f"cyclical schedule needs lr0 > 0, 1 <= cycles <= total_iterations and 0 <= explore_fraction "
+                f"< 1, got lr0={self.lr0!r}, total_iterations={self.total_iterations!r}, "
+                f"cycles={self.cycles!r}, explore_fraction={self.explore_fraction!r}")
+
+    @property
+    def cycle_length(self) -> int:
+        """L = ⌈T/M⌉ iterations."""
+        return -(-self.total_iterations // self.cycles)
+
+    def _phase(self, t: int) -> float:
+        """mod(t, L)/L ∈ [0, 1): how far iteration t is through its cycle."""
+        return (t % self.cycle_length) / self.cycle_length
+
+    def lr(self, t: int) -> float:
+        return self.lr0 / 2 * (math.cos(math.pi * self._phase(t)) + 1)
+
+    def is_sampling(self, t: int) -> bool:
+        return self._phase(t) >= self.explore_fraction
+
+    def noise_on(self, t: int) -> bool:
+        return self.is_sampling(t)
+
+
+def make_schedule(cfg: SGLDConfig) -> StepSchedule:
+    """The schedule ``cfg.schedule`` names: constant lr; polynomial lr·(b + t)^(−γ) with b = ``poly_b``,
+    γ = ``poly_gamma``; cyclical with lr0 = lr over ``iterations`` in ``cycles`` cycles."""
+    if cfg.schedule == "constant":
+        return ConstantSchedule(cfg.lr)
+    if cfg.schedule == "polynomial":
+        return PolynomialSchedule(cfg.lr, cfg.poly_b, cfg.poly_gamma)
+    if cfg.schedule == "cyclical":
+        return CyclicalSchedule(cfg.lr, cfg.iterations, cfg.cycles, cfg.explore_fraction)
+    raise ValueError(f"unknown SGLD schedule {cfg.schedule!r}")

@@ -1,0 +1,100 @@
+"""SGLD step time against SGD step time on the paper's nets (fcNN1 784-100-10, fcNN2 784-400-400-10).
+
+One training iteration (zero_grad, forward, mean cross-entropy, backward, optimizer step) on batches of
+100 random MNIST-shaped inputs, for torch.optim.SGD (lr 0.05, weight decay 0.001) and apd.sgld.SGLD (the
+paper's run: lr 0.05, N 50,000, prior variance 0.02) with and without noise prefetching. Methods are timed
+in interleaved blocks and each reports the median over repetitions, so drift on a shared machine hits
+all alike. "noise" is one standard-normal draw of D values alone; its share is noise / SGLD step.
+Run: .venv/bin/python benchmarks/bench_sgld.py [--reps 5] [--steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from apd.nets import ParamSpec, mlp
+from apd.sgld import SGLD
+
+NETS = {"fcNN1": [784, 100, 10], "fcNN2": [784, 400, 400, 10]}
+LR, NUM_DATA, PRIOR_VAR, BATCH = 0.05, 50_000, 0.02, 100
+
+
+def training_step(net: nn.Module, optimizer: torch.optim.Optimizer, batches: list) -> Callable[[int], None]:
+    """A closure running iteration ``i`` on batch ``i mod len(batches)``."""
+
+    def run(i: int) -> None:
+        x, y = batches[i % len(batches)]
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(net(x), y).backward()
+        optimizer.step()
+
+    return run
+
+
+def ms_per_call(fn: Callable[[int], None], calls: int) -> float:
+    start = time.perf_counter()
+    for i in range(calls):
+        fn(i)
+    return (time.perf_counter() - start) / calls * 1e3
+
+
+def bench_net(sizes: list[int], reps: int, steps: int) -> dict[str, float]:
+    """Median ms per iteration of each method, and of the noise draw alone."""
+    torch.manual_seed(0)
+    base = mlp(sizes)
+    batches = [(torch.rand(BATCH, sizes[0]) * 2 - 1, torch.randint(0, sizes[-1], (BATCH,))) for _ in range(8)]
+    methods = {}
+    for name, make in {
+        "sgd": lambda p: torch.optim.SGD(p, lr=LR, weight_decay=1 / (NUM_DATA * PRIOR_VAR)),
+        "sgld": lambda p: SGLD(p, LR, NUM_DATA, PRIOR_VAR**0.5, seed=0, prefetch_noise=False),
+        "sgld_prefetch": lambda p: SGLD(p, LR, NUM_DATA, PRIOR_VAR**0.5, seed=0, prefetch_noise=True),
+    }.items():
+        net = copy.deepcopy(base)
+        methods[name] = training_step(net, make(net.parameters()), batches)
+    generator = torch.Generator().manual_seed(0)
+    buffer = torch.empty(ParamSpec.from_module(base).numel)
+    methods["noise"] = lambda i: buffer.normal_(generator=generator)
+
+    for fn in methods.values():  # warm-up: allocator, thread pools, the prefetch worker
+        ms_per_call(fn, steps)
+    times: dict[str, list[float]] = {name: [] for name in methods}
+    for _ in range(reps):
+        for name, fn in methods.items():
+            times[name].append(ms_per_call(fn, steps))
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5, help="interleaved repetitions (median taken)")
+    parser.add_argument("--steps", type=int, default=20, help="iterations per timed block")
+    args = parser.parse_args()
+
+    default_threads = torch.get_num_threads()
+    header = (f"{'threads':>7} {'net':>6} {'D':>7} {'SGD ms':>7} {'SGLD ms':>8} {'+pref ms':>8} "
+              f"{'ratio':>6} {'r pref':>6} {'noise ms':>8} {'share':>6}")
+    print(header)
+    print("-" * len(header))
+    for threads in sorted({default_threads, 1}, reverse=True):
+        torch.set_num_threads(threads)
+        for name, sizes in NETS.items():
+            t = bench_net(sizes, args.reps, args.steps)
+            numel = ParamSpec.from_module(mlp(sizes)).numel
+            print(f"{threads:>7} {name:>6} {numel:>7} {t['sgd']:>7.3f} {t['sgld']:>8.3f} "
+                  f"{t['sgld_prefetch']:>8.3f} {t['sgld'] / t['sgd']:>6.2f} "
+                  f"{t['sgld_prefetch'] / t['sgd']:>6.2f} {t['noise']:>8.3f} {t['noise'] / t['sgld']:>6.1%}",
+                  flush=True)
+    torch.set_num_threads(default_threads)
+    print("ratio = SGLD / SGD step (target <= 1.3); r pref = with noise prefetched on a worker thread;"
+          " share = noise draw alone / SGLD step")
+
+
+if __name__ == "__main__":
+    main()
