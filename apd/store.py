@@ -1,0 +1,392 @@
+"""HDF5 store of flat weight samples θ ∈ R^D written by the SGLD sampler and read by later stages.
+
+Layout of one file:
+
+* ``samples``: float32 [n, D], chunked one row per chunk by default, resizable along rows, optionally
+  lzf- or gzip-compressed after a byte shuffle. One row per chunk makes appending a row one fresh chunk
+  write and reading a random row one chunk read; several rows per chunk measured slower for both, and
+  far slower with compression, since every flush recompresses the partly filled chunk
+  (``benchmarks/bench_store.py`` times appends and reads).
+* ``step`` (int64), ``chain`` (int32), ``lr`` (float64), ``log_lik`` (float64, NaN when not given):
+  one entry per sample, resizable.
+* root attributes: ``format`` = ``"apd-samples"``, ``format_version``, ``spec`` (:meth:`ParamSpec.to_json`),
+  ``meta`` (a JSON string chosen by the caller), ``created`` (ISO time) and ``n_complete``.
+
+Crash safety. Every append writes its rows, flushes, then raises ``n_complete`` and flushes again, so
+the committed count only ever covers rows whose data and chunk index already reached the file; a reader
+trusts ``min(n_complete, dataset lengths)``. A writer killed at any moment (even by SIGKILL) therefore
+leaves a file that opens and holds every sample whose ``append`` returned (``tests/test_store.py`` kills
+a writer to check it). A flush hands the bytes to the operating system without fsync: this covers a
+crashed or killed process, not a power cut. Two HDF5 choices support it:
+
+* the file format is capped at the 1.8 level (``_LIBVER``): the 1.10+ superblock records "open for
+  writing" and then refuses to open a crashed writer's file (short of SWMR reading) until ``h5clear``
+  is run on it;
+* file locking is "best-effort": where the filesystem supports locks, a second process opening a store
+  that a writer holds (or a writer opening one a reader holds) gets a clear error instead of corrupting
+  or misreading it; where it does not (some network filesystems), nothing fails. HDF5 gives the
+  environment variable ``HDF5_USE_FILE_LOCKING=FALSE`` precedence, to switch locking off entirely.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Literal
+
+import h5py
+import numpy as np
+import torch
+from h5py import h5a, h5s
+from torch import Tensor
+
+from apd.errors import ArtifactError
+from apd.nets import ParamSpec
+
+FORMAT_NAME = "apd-samples"
+FORMAT_VERSION = 1
+COMPRESSIONS = ("none", "lzf", "gzip")
+
+_SAMPLES = "samples"
+_N_COMPLETE = "n_complete"
+# Per-sample columns and their dtypes; ``steps``/``chains``/``lrs``/``log_liks`` read them back.
+_COLUMNS: dict[str, np.dtype] = {
+    "step": np.dtype(np.int64),
+    "chain": np.dtype(np.int32),
+    "lr": np.dtype(np.float64),
+    "log_lik": np.dtype(np.float64),
+}
+# Entries per chunk of a column: every flush rewrites the column's last chunk, so it stays small (2 KB).
+_COLUMN_CHUNK = 256
+# File format bounds: 1.8-level objects and a version 0 superblock, which has no "open for write" flag.
+_LIBVER = ("earliest", "v108")
+_LOCKING = "best-effort"
+
+
+class SampleStore:
+    """An HDF5 file of weight samples (see the module docstring). Build with :meth:`create`/:meth:`open`."""
+
+    def __init__(self, file: h5py.File, path: Path, spec: ParamSpec, meta: dict, n: int) -> None:
+        self._file = file
+        self.path = path
+        self.spec = spec
+        self.meta = meta
+        self._n = n
+        self._samples: h5py.Dataset = file[_SAMPLES]
+        self._columns: dict[str, h5py.Dataset] = {name: file[name] for name in _COLUMNS}
+        self._n_complete = h5a.open(file.id, _N_COMPLETE.encode())
+
+    # ----------------------------------------------------------------------------------------- opening
+
+    @classmethod
+    def create(
+        cls,
+        path: str | Path,
+        spec: ParamSpec,
+        meta: dict,
+        compression: Literal["none", "lzf", "gzip"] = "none",
+        chunk_rows: int | None = None,
+        overwrite: bool = False,
+    ) -> SampleStore:
+        """A new, empty store for vectors of ``spec.numel`` floats, opened for appending.
+
+        ``meta`` must be JSON-serialisable; ``chunk_rows`` (default 1) rows share one HDF5 chunk.
+        An existing file is an :class:`ArtifactError` unless ``overwrite`` is set.
+        """
+        path = Path(path)
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+        if chunk_rows is not None and chunk_rows < 1:
+            raise ValueError(f"chunk_rows must be positive, got {chunk_rows}")
+        if path.exists() and not overwrite:
+            raise ArtifactError(f"{path}: already exists (pass overwrite=True to replace it)")
+        meta_json = json.dumps(meta, sort_keys=True)
+        dim = spec.numel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            file = h5py.File(path, "w", libver=_LIBVER, locking=_LOCKING)
+        except OSError as exc:
+            raise ArtifactError(f"{path}: cannot create the sample store ({exc})") from None
+        file.attrs["format"] = FORMAT_NAME
+        file.attrs["format_version"] = FORMAT_VERSION
+        file.attrs["spec"] = spec.to_json()
+        file.attrs["meta"] = meta_json
+        file.attrs["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        file.attrs[_N_COMPLETE] = np.int64(0)
+        file.create_dataset(
+            _SAMPLES, shape=(0, dim), maxshape=(None, dim), dtype=np.float32,
+            chunks=(chunk_rows or 1, dim), **_filters(compression),
+        )
+        for name, dtype in _COLUMNS.items():
+            file.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(_COLUMN_CHUNK,))
+        file.flush()
+        return cls(file, path, spec, json.loads(meta_json), 0)
+
+    @classmethod
+    def open(
+        cls, path: str | Path, mode: Literal["r", "a"] = "r", expect_spec: ParamSpec | None = None
+    ) -> SampleStore:
+        """Open an existing store for reading (``"r"``, never modifies the file) or appending (``"a"``).
+
+        A missing, unreadable, foreign or malformed file, or one whose spec differs from
+        ``expect_spec``, is an :class:`ArtifactError` naming the path. In ``"a"`` mode, rows a crashed
+        writer left past ``n_complete`` are dropped.
+        """
+        path = Path(path)
+        if mode not in ("r", "a"):
+            raise ValueError(f"mode must be 'r' or 'a', got {mode!r}")
+        if not path.is_file():
+            raise ArtifactError(f"{path}: sample store not found")
+        try:
+            file = h5py.File(path, "r" if mode == "r" else "r+", libver=_LIBVER, locking=_LOCKING)
+        except OSError as exc:
+            if "unable to lock file" in str(exc):
+                raise ArtifactError(f"{path}: in use by another process (HDF5 file lock; is a sampler still "
+                                    "writing it? HDF5_USE_FILE_LOCKING=FALSE disables the check)") from None
+            raise ArtifactError(f"{path}: not a readable HDF5 file ({exc})") from None
+        try:
+            spec, meta, n = _validate(file, path, expect_spec)
+        except BaseException:
+            file.close()
+            raise
+        store = cls(file, path, spec, meta, n)
+        if mode == "a" and any(ds.shape[0] != n for ds in store._datasets()):
+            store._resize(n)
+            file.flush()
+        return store
+
+    def close(self) -> None:
+        """Flush and close the file (idempotent)."""
+        if self._file.id.valid:
+            self._file.close()
+
+    def __enter__(self) -> SampleStore:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------------------------------- writing
+
+    def append(self, vec: Tensor | np.ndarray, step: int, chain: int = 0, lr: float = float("nan"),
+               log_lik: float = float("nan")) -> int:
+        """Append one sample θ (a [D] tensor or array) with its scalars; returns its row index.
+
+        The row is on disk (flushed and committed) when this returns.
+        """
+        rows = self._as_rows(vec, single=True)
+        return self._write_rows(rows, step, chain, lr, log_lik).start
+
+    def append_many(self, vecs: Tensor | np.ndarray, steps: np.ndarray | list[int] | int,
+                    chains: np.ndarray | list[int] | int = 0,
+                    lrs: np.ndarray | list[float] | float = float("nan"),
+                    log_liks: np.ndarray | list[float] | float = float("nan")) -> range:
+        """Append k samples ([k, D]) in one flush; scalars are length-k or broadcast. Returns their rows."""
+        return self._write_rows(self._as_rows(vecs, single=False), steps, chains, lrs, log_liks)
+
+    def truncate(self, n: int) -> None:
+        """Drop every row from index ``n`` on (a resumed sampler goes back to its last checkpoint)."""
+        self._require_writable()
+        if not 0 <= n <= self._n:
+            raise ValueError(f"cannot truncate a store of {self._n} samples to {n}")
+        self._commit(n)
+        self._resize(n)
+        self._file.flush()
+
+    # ----------------------------------------------------------------------------------------- reading
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def samples(self) -> h5py.Dataset:
+        """The raw ``samples`` dataset [rows, D]; only the first ``len(store)`` rows are committed."""
+        return self._samples
+
+    @property
+    def dim(self) -> int:
+        """D, the length of one weight vector."""
+        return self.spec.numel
+
+    @property
+    def steps(self) -> np.ndarray:
+        """Sampler iteration of each committed sample (int64 [n])."""
+        return self._column("step")
+
+    @property
+    def chains(self) -> np.ndarray:
+        """Chain id of each committed sample (int32 [n])."""
+        return self._column("chain")
+
+    @property
+    def lrs(self) -> np.ndarray:
+        """Step size in force when each sample was taken (float64 [n])."""
+        return self._column("lr")
+
+    @property
+    def log_liks(self) -> np.ndarray:
+        """Log-likelihood recorded with each sample, NaN where none was given (float64 [n])."""
+        return self._column("log_lik")
+
+    def read(self, indices: Tensor | np.ndarray | list[int]) -> Tensor:
+        """Rows θ_i for arbitrary indices (any order, repeats allowed) as a float32 tensor [k, D].
+
+        Each row goes straight into its place in the result and a run of consecutive indices
+        (i, i+1, …) is one read. ``benchmarks/bench_store.py`` measures this 2–20× faster than one
+        fancy-indexed h5py read and 1.1–3× faster than an h5py per-row loop. Reading the distinct rows
+        once and gathering the repeats afterwards measured slower: the gather copies as many bytes as
+        re-reading a row from the page cache.
+        """
+        if isinstance(indices, Tensor):
+            indices = indices.cpu().numpy()
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if idx.size == 0:
+            return torch.empty((0, self.dim))
+        if idx.min() < 0 or idx.max() >= self._n:
+            raise IndexError(f"sample index out of range for a store of {self._n} samples")
+        out = np.empty((idx.size, self.dim), dtype=np.float32)
+        breaks = np.flatnonzero(np.diff(idx) != 1) + 1
+        for a, b in zip(np.r_[0, breaks], np.r_[breaks, idx.size], strict=True):
+            self._read_rows(int(idx[a]), out[a:b])
+        return torch.from_numpy(out)
+
+    def random_batch(self, k: int, rng: torch.Generator | np.random.Generator) -> Tensor:
+        """k rows drawn uniformly with replacement, i ~ U{0, …, n−1}, as a tensor [k, D]."""
+        if self._n == 0:
+            raise ValueError("cannot draw from an empty sample store")
+        if isinstance(rng, torch.Generator):
+            idx = torch.randint(self._n, (k,), generator=rng).numpy()
+        else:
+            idx = rng.integers(0, self._n, size=k)
+        return self.read(idx)
+
+    def read_all(self, start: int = 0, stop: int | None = None) -> Tensor:
+        """The contiguous rows ``start:stop`` (default: all committed rows) as a tensor [stop−start, D].
+
+        HDF5 reads them chunk by chunk straight into the result; for a store larger than memory,
+        call this on successive ranges.
+        """
+        stop = self._n if stop is None else stop
+        if not 0 <= start <= stop <= self._n:
+            raise IndexError(f"rows {start}:{stop} out of range for a store of {self._n} samples")
+        rows = np.empty((stop - start, self.dim), dtype=np.float32)
+        self._read_rows(start, rows)
+        return torch.from_numpy(rows)
+
+    # ---------------------------------------------------------------------------------------- internals
+
+    def _datasets(self) -> list[h5py.Dataset]:
+        return [self._samples, *self._columns.values()]
+
+    def _column(self, name: str) -> np.ndarray:
+        return self._columns[name][: self._n]
+
+    def _read_rows(self, start: int, out: np.ndarray) -> None:
+        """Fill ``out`` [k, D] with rows start:start+k (a corrupt chunk is an :class:`ArtifactError`)."""
+        if out.size == 0:
+            return
+        try:
+            _read_at(self._samples, start, out)
+        except OSError as exc:
+            raise ArtifactError(f"{self.path}: cannot read rows {start}:{start + len(out)} ({exc})") from None
+
+    def _require_writable(self) -> None:
+        if self._file.mode != "r+":
+            raise ValueError(f"{self.path} is open read-only; open it with mode='a' to write")
+
+    def _resize(self, n: int) -> None:
+        for dataset in self._datasets():
+            dataset.id.set_extent((n, *dataset.shape[1:]))
+
+    def _as_rows(self, vecs: Tensor | np.ndarray, single: bool) -> np.ndarray:
+        if isinstance(vecs, Tensor):
+            vecs = vecs.detach().to("cpu", torch.float32).numpy()
+        rows = np.ascontiguousarray(vecs, dtype=np.float32)
+        if single and rows.shape != (self.dim,):
+            raise ValueError(f"a sample must have shape [{self.dim}], got {list(rows.shape)}")
+        if not single and (rows.ndim != 2 or rows.shape[1] != self.dim):
+            raise ValueError(f"samples must have shape [k, {self.dim}], got {list(rows.shape)}")
+        return rows.reshape(-1, self.dim)
+
+    def _write_rows(self, rows: np.ndarray, steps: object, chains: object, lrs: object,
+                    log_liks: object) -> range:
+        """Write rows and their columns, flush, then commit them by raising ``n_complete`` and flushing."""
+        self._require_writable()
+        start, stop = self._n, self._n + rows.shape[0]
+        columns = {name: np.ascontiguousarray(np.broadcast_to(np.asarray(values, _COLUMNS[name]), len(rows)))
+                   for name, values in zip(_COLUMNS, (steps, chains, lrs, log_liks), strict=True)}
+        self._resize(stop)
+        for dataset, values in zip(self._datasets(), [rows, *columns.values()], strict=True):
+            _write_at(dataset, start, values)
+        self._file.flush()
+        self._commit(stop)
+        return range(start, stop)
+
+    def _commit(self, n: int) -> None:
+        """Record ``n`` as the committed row count (``n_complete``) and flush it."""
+        self._n_complete.write(np.array(n, dtype=np.int64))
+        self._file.flush()
+        self._n = n
+
+
+def _filters(compression: str) -> dict:
+    """h5py filter arguments: with compression, the byte-shuffle filter goes first (it groups the
+    exponent bytes of the float32 weights, which compress far better than the mantissa bytes)."""
+    if compression == "none":
+        return {}
+    return {"compression": compression, "shuffle": True}
+
+
+# Reads and writes use h5py's low-level DatasetID.read/write with a hyperslab selection: per call that
+# costs a fraction of ``dataset[i] = …`` or ``read_direct``, which matters when every append touches
+# five datasets and a random batch reads each of its rows separately.
+
+
+def _rows_selection(dataset: h5py.Dataset, start: int, shape: tuple[int, ...]) -> h5s.SpaceID:
+    space = dataset.id.get_space()
+    space.select_hyperslab((start, *([0] * (len(shape) - 1))), shape)
+    return space
+
+
+def _write_at(dataset: h5py.Dataset, start: int, values: np.ndarray) -> None:
+    """Write the C-contiguous ``values`` [k, …] to rows start:start+k of ``dataset``."""
+    dataset.id.write(h5s.create_simple(values.shape), _rows_selection(dataset, start, values.shape), values)
+
+
+def _read_at(dataset: h5py.Dataset, start: int, out: np.ndarray) -> None:
+    """Fill the C-contiguous ``out`` [k, …] with rows start:start+k of ``dataset``."""
+    dataset.id.read(h5s.create_simple(out.shape), _rows_selection(dataset, start, out.shape), out)
+
+
+def _validate(file: h5py.File, path: Path, expect_spec: ParamSpec | None) -> tuple[ParamSpec, dict, int]:
+    """Check the format marker, spec, meta and datasets of an open file; return (spec, meta, n)."""
+    attrs = file.attrs
+    if attrs.get("format") != FORMAT_NAME:
+        raise ArtifactError(f"{path}: not an apd sample store (no format={FORMAT_NAME!r} attribute)")
+    version = attrs.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ArtifactError(f"{path}: sample store format version {version}, this apd reads "
+                            f"version {FORMAT_VERSION}")
+    try:
+        spec = ParamSpec.from_json(str(attrs["spec"]))
+        meta = json.loads(str(attrs["meta"]))
+        n = int(attrs[_N_COMPLETE])
+        samples = file[_SAMPLES]
+        lengths = [file[name].shape[0] for name in _COLUMNS]
+    except (KeyError, ValueError, TypeError, OSError, ArtifactError) as exc:
+        raise ArtifactError(f"{path}: malformed sample store ({exc})") from None
+    if samples.dtype != np.float32 or samples.ndim != 2 or samples.shape[1] != spec.numel:
+        raise ArtifactError(f"{path}: malformed sample store (samples {samples.dtype} {samples.shape}, "
+                            f"spec needs [n, {spec.numel}] float32)")
+    if expect_spec is not None and spec != expect_spec:
+        raise ArtifactError(f"{path}: samples are for a different network ({_describe(spec)}; "
+                            f"expected {_describe(expect_spec)})")
+    return spec, meta, min(n, samples.shape[0], *lengths)
+
+
+def _describe(spec: ParamSpec) -> str:
+    shapes = ", ".join(f"{name} {list(shape)}" for name, shape in zip(spec.names, spec.shapes, strict=True))
+    return f"{spec.numel} parameters: {shapes}"
