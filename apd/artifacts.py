@@ -30,6 +30,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
         with os.fdopen(fd, "w") as fh:
             json.dump(data, fh, indent=2, sort_keys=True)
             fh.write("\n")
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -80,3 +81,29 @@ def is_complete(path: Path, config_hash: str, inputs: dict[str, str]) -> bool:
         log.warning("ignoring unreadable manifest: %s", exc)
         return False
     return manifest.get("config_hash") == config_hash and manifest.get("inputs", {}) == inputs
+
+
+def save_torch_atomic(path: Path, obj: Any) -> None:
+    """``torch.save`` tensors and plain containers to a temporary file, then rename it over ``path``."""
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_torch(path: Path) -> Any:
+    """Load a state dict or checkpoint with ``weights_only=True`` (never unpickles arbitrary objects)."""
+    import torch
+
+    if not path.is_file():
+        raise ArtifactError(f"{path}: not found")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for corrupt or foreign files
+        kind = type(exc).__name__
+        raise ArtifactError(f"{path}: not a readable weights-only torch file ({kind})") from None

@@ -13,6 +13,8 @@ import logging
 import sys
 from pathlib import Path
 
+import torch
+
 from apd import __version__
 from apd.config import config_hash, load_config
 from apd.errors import ApdError
@@ -72,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ctx = RunContext(cfg=load_config(args.config), artifacts_root=Path(args.artifacts),
                          data_dir=args.data_dir, device_name=args.device, force=args.force, quiet=args.quiet)
+        if ctx.cfg.threads:
+            torch.set_num_threads(ctx.cfg.threads)
         if args.command == "info":
             info(ctx)
         else:

@@ -338,3 +338,24 @@ def _read_cifar10(directory: Path, n: int, rng: np.random.Generator) -> np.ndarr
         records.append(raw.reshape(-1, 3073)[:, 1:])
     planar = _draw(np.concatenate(records), n, rng).reshape(-1, 3, 32, 32).astype(np.float32)
     return _grey(planar.transpose(0, 2, 3, 1))
+
+
+class MinibatchOrder:
+    """Minibatch indices as a pure function of the iteration: epoch e is a permutation seeded by
+    (seed, e), batch t is its slice t mod (N // B). A run resumed at iteration t sees exactly the
+    batches an uninterrupted run would, with no sampler state to save."""
+
+    def __init__(self, n: int, batch_size: int, seed: int, device: torch.device | str = "cpu") -> None:
+        if not 1 <= batch_size <= n:
+            raise ValueError(f"batch size {batch_size} must be between 1 and the {n} training examples")
+        self.n, self.batch_size, self.seed, self.device = n, batch_size, seed, torch.device(device)
+        self.batches_per_epoch = n // batch_size
+        self._epoch, self._perm = -1, torch.empty(0, dtype=torch.long)
+
+    def indices(self, t: int) -> Tensor:
+        epoch, position = divmod(t, self.batches_per_epoch)
+        if epoch != self._epoch:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._perm = torch.randperm(self.n, generator=generator).to(self.device)
+            self._epoch = epoch
+        return self._perm[position * self.batch_size:(position + 1) * self.batch_size]

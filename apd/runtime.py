@@ -50,6 +50,11 @@ class RunContext:
         return self.artifacts_root / self.cfg.name
 
     @property
+    def net_sizes(self) -> list[int]:
+        """Layer sizes of the target MLP: ``[features, *hidden, classes]``."""
+        return [self.data.num_features, *self.cfg.net.hidden, self.data.num_classes]
+
+    @property
     def data(self) -> Dataset:
         """The dataset, loaded once per run (on the CPU; stages move what they need)."""
         if self._data is None:

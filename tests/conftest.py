@@ -15,6 +15,9 @@ from apd.data import load_dataset  # noqa: E402
 
 FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 
+# Tests use small tensors, which gain nothing from a second thread and lose much when cores are shared.
+torch.set_num_threads(1)
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
