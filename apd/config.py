@@ -92,7 +92,15 @@ class BaselineConfig:
 
 @dataclass
 class DistillConfig:
-    """GAN distillation of the samples into a generator over flat weight vectors (DESIGN.md)."""
+    """GAN distillation of the samples into a generator over flat weight vectors (DESIGN.md).
+
+    ``generator``: ``dense`` trains on the D-dimensional vectors (standardised per dimension if
+    ``standardize``); ``subspace`` on their coordinates in the top-``subspace_rank`` principal
+    subspace of ``fit_samples`` samples, plus a per-dimension residual. Offline, the training vectors
+    are held in memory when they take at most ``in_memory_gb``, else read from the store per batch.
+    Online: SGLD chains feed a FIFO buffer of ``buffer_size`` samples; every ``t_sgld`` new samples
+    the GAN takes ``t_gan`` generator steps; every ``restart_every`` rounds (0: never) the chains
+    restart from generated weights."""
 
     mode: Literal["offline", "online"] = "offline"
     generator: Literal["dense", "subspace"] = "dense"
@@ -103,7 +111,7 @@ class DistillConfig:
     gp_weight: float = _f(10.0, ge=0)
     clip: float = _f(0.01, gt=0)
     n_critic: int = _f(5, ge=1)
-    lr: float = _f(1e-4, gt=0)
+    lr: float = _f(0.0, ge=0)  # 0: the loss's default (WGAN-GP 1e-4, WGAN 5e-5, GAN 2e-4)
     beta1: float = _f(0.5, ge=0, lt=1)
     beta2: float = _f(0.9, ge=0, lt=1)
     batch_size: int = _f(100, ge=1)
@@ -111,6 +119,8 @@ class DistillConfig:
     standardize: bool = False
     subspace_rank: int = _f(20, ge=1)
     subspace_residual: bool = True
+    fit_samples: int = _f(2000, ge=2)
+    in_memory_gb: float = _f(4.0, ge=0)
     eval_every: int = _f(500, ge=1)
     eval_networks: int = _f(100, ge=1)
     checkpoint_every: int = _f(1000, ge=1)
@@ -149,6 +159,7 @@ class PipelineConfig:
     name: str = "digits"
     seed: int = _f(0, ge=0)
     device: str = "auto"
+    threads: int = _f(0, ge=0)  # CPU threads for torch; 0 keeps torch's default (one per core)
     data: DataConfig = field(default_factory=DataConfig)
     net: NetConfig = field(default_factory=NetConfig)
     sgld: SGLDConfig = field(default_factory=SGLDConfig)
