@@ -137,7 +137,6 @@ class EvaluateConfig:
     runs: int = _f(10, ge=1)
     networks: int = _f(100, ge=1)
     sgld_samples: int = _f(100, ge=1)
-    sgld_alone_samples: int = _f(200, ge=1)
     mc_passes: int = _f(200, ge=1)
     ood_size: int = _f(2000, ge=1)
     ood_scale: float = _f(1.0, gt=0)

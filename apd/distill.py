@@ -119,9 +119,12 @@ class EnsembleMonitor:
 
 
 def make_trainer(cfg: DistillConfig, code_dim: int, seed: int, device: torch.device) -> GANTrainer:
-    """Generator and critic for codes of ``code_dim``; ``lr`` 0 takes the loss's default."""
-    generator = Generator(cfg.z_dim, cfg.gen_hidden, code_dim).to(device)
-    critic = Critic(code_dim, cfg.critic_hidden).to(device)
+    """Generator and critic (initialised from ``seed``) for codes of ``code_dim``; ``lr`` 0 takes the
+    loss's default."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        generator = Generator(cfg.z_dim, cfg.gen_hidden, code_dim).to(device)
+        critic = Critic(code_dim, cfg.critic_hidden).to(device)
     loss = make_loss(cfg.loss, gp_weight=cfg.gp_weight, clip=cfg.clip)
     return GANTrainer(generator, critic, loss, lr=cfg.lr or None, betas=(cfg.beta1, cfg.beta2), seed=seed)
 
@@ -178,7 +181,8 @@ def distill_offline(ctx: RunContext) -> Path:
         reference = monitor.accuracy(store.read(torch.randint(len(store), (d.eval_networks,),
                                                               generator=monitor.rng).numpy()).to(ctx.device))
         trainer = make_trainer(d, codec.code_dim, cfg.seed + 3, ctx.device)
-        summary = _train(ctx, trainer, codec, real, monitor, reference, stage_hash, inputs, setup_seconds=0.0)
+        summary = _train(ctx, trainer, codec, real, monitor, reference, stage_hash, inputs, setup_seconds=0.0,
+                         generators=(real.rng,))
         n_samples, store_bytes = len(store), source.stat().st_size
     summary["seconds"] = round(time.perf_counter() - started, 2)
     _finish(ctx, spec, codec, summary, stage_hash, inputs, n_samples, store_bytes)
@@ -187,8 +191,13 @@ def distill_offline(ctx: RunContext) -> Path:
 
 def _train(ctx: RunContext, trainer: GANTrainer, codec: WeightCodec, real: Callable[[], Tensor],
            monitor: EnsembleMonitor, reference: float, stage_hash: str, inputs: dict, setup_seconds: float,
-           between_steps: Callable[[int], None] | None = None) -> dict:
-    """The GAN loop shared by both modes: checkpoints, evaluation, best-generator tracking."""
+           between_steps: Callable[[int], None] | None = None,
+           generators: tuple[torch.Generator, ...] = ()) -> dict:
+    """The GAN loop shared by both modes: checkpoints, evaluation, best-generator tracking.
+
+    ``generators`` (e.g. the real-batch sampler's) are checkpointed with the trainer, so a resumed run
+    repeats an uninterrupted one exactly."""
+    generators = (*generators, monitor.rng)
     d = ctx.cfg.distill
     model = DistilledGenerator(trainer.generator, codec)
     checkpoint = generator_path(ctx).with_suffix(".ckpt.pt")
@@ -199,6 +208,8 @@ def _train(ctx: RunContext, trainer: GANTrainer, codec: WeightCodec, real: Calla
     if ckpt is not None:
         trainer.load_state_dict(ckpt["trainer"])
         history, best = ckpt["history"], ckpt["best"]
+        for rng, state in zip(generators, ckpt["generators"], strict=True):
+            rng.set_state(state)
         log.info("resuming distillation at generator step %d", trainer.generator_steps)
     bar = ctx.progress(total=d.steps, initial=trainer.generator_steps, desc="WGAN-GP" if d.loss == "wgan-gp"
                        else d.loss.upper(), unit="step")
@@ -217,11 +228,12 @@ def _train(ctx: RunContext, trainer: GANTrainer, codec: WeightCodec, real: Calla
                 if val > best["val_accuracy"]:
                     best = {"step": step, "val_accuracy": val,
                             "state": copy.deepcopy(model.state_dict())}
-                bar.set_postfix(W=f"{stats.get('wasserstein', math.nan):.3f}",
-                                acc=f"{val:.4f}", ratio=f"{val / reference:.4f}")
+                ctx.show(bar, f"generator step {step}/{d.steps}", W=f"{stats.get('wasserstein', math.nan):.3f}",
+                         acc=f"{val:.4f}", ratio=f"{val / reference:.4f}")
             if resumable and step % d.checkpoint_every == 0 and step < d.steps:
                 save_torch_atomic(checkpoint, {"config_hash": stage_hash, "inputs": inputs,
-                                               "trainer": trainer.state_dict(), "history": history, "best": best})
+                                               "trainer": trainer.state_dict(), "history": history, "best": best,
+                                               "generators": [rng.get_state() for rng in generators]})
     save_torch_atomic(generator_path(ctx).with_name("generator-last.pt"), model.state_dict())
     save_torch_atomic(generator_path(ctx), best["state"] if best["state"] is not None else model.state_dict())
     checkpoint.unlink(missing_ok=True)

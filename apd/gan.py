@@ -55,6 +55,7 @@ class Generator(nn.Module):
         self.net = mlp([z_dim, *hidden, out_dim])
 
     def forward(self, z: Tensor) -> Tensor:
+        """θ = G(z) for z: [k, z_dim] → [k, out_dim]."""
         return self.net(z)
 
     def sample(self, k: int, generator: torch.Generator | None = None) -> Tensor:
@@ -78,6 +79,7 @@ class Critic(nn.Module):
 
     @property
     def input_layer(self) -> nn.Linear:
+        """The affine map h = W₁x + b applied to the D-dimensional input."""
         return self.net[0]
 
     def head(self, pre_activation: Tensor) -> Tensor:
@@ -88,6 +90,7 @@ class Critic(nn.Module):
         return out
 
     def forward(self, x: Tensor) -> Tensor:
+        """D(x) for x: [B, in_dim] → [B, out]."""
         return self.net(x)
 
 
@@ -103,9 +106,11 @@ class Standardizer(nn.Module):
         self.register_buffer("std", std.detach().clamp_min(eps))
 
     def forward(self, x: Tensor) -> Tensor:
+        """y = (x − μ)/σ."""
         return (x - self.mean) / self.std
 
     def inverse(self, y: Tensor) -> Tensor:
+        """x = μ + σ·y."""
         return torch.addcmul(self.mean, y, self.std)
 
 

@@ -66,6 +66,14 @@ class RunContext:
         disable = self.quiet or not sys.stderr.isatty()
         return tqdm(iterable, disable=disable, dynamic_ncols=True, leave=False, **kwargs)
 
+    @staticmethod
+    def show(bar: tqdm, where: str, **postfix: object) -> None:
+        """Show figures on the bar, or log them as a line when the bar is hidden (not a terminal)."""
+        if bar.disable:
+            log.info("%s: %s", where, ", ".join(f"{key} {value}" for key, value in postfix.items()))
+        else:
+            bar.set_postfix(**postfix)
+
 
 def setup_logging(quiet: bool) -> None:
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s",

@@ -203,7 +203,8 @@ def _run_chain(ctx: RunContext, spec: ParamSpec, store: SampleStore, state: _Cha
             done = t + 1
             if done % s.eval_every == 0:
                 accuracy = _monitor_accuracy(state.monitor_sum, y_monitor)
-                bar.set_postfix(samples=len(store), val_acc=f"{accuracy:.4f}")
+                ctx.show(bar, f"SGLD chain {state.chain + 1}/{s.chains} iteration {done}/{s.iterations}",
+                         samples=len(store), val_acc=f"{accuracy:.4f}")
             if done % s.checkpoint_every == 0 and done < s.iterations:
                 _save_checkpoint(checkpoint, stage_hash, chain, _ChainState(
                     state.chain, done, len(store), state.monitor_sum, time.perf_counter() - started))

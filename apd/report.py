@@ -1,0 +1,587 @@
+"""Tables and figures of an evaluation: Markdown, CSV and PNG from ``results.json`` and ``scores.h5``.
+
+:func:`write_report` is what ``apd evaluate`` calls once everything is computed; :func:`run_report`
+(``apd report``) renders the same outputs again from the files, without recomputing. Each table is built
+once as a :class:`Table` holding both its Markdown and its CSV rows, so the two cannot disagree. The
+layouts follow the tables of Wang et al. (ICML 2018) as collected in ``paper-numbers.md``. Sections and
+figures whose data are absent are left out.
+
+Figures are drawn on matplotlib's object-oriented :class:`~matplotlib.figure.Figure`, which renders PNG
+through the Agg canvas without pyplot: no display is needed, no global backend is switched and no
+figure stays registered after it is saved.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import h5py
+import numpy as np
+
+from apd.artifacts import read_json
+from apd.errors import ArtifactError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from apd.runtime import RunContext
+
+METHOD_ORDER = ("sgd", "mcdropout", "sgld", "apd", "mog")
+METHOD_LABELS = {"sgd": "SGD", "mcdropout": "MC dropout", "sgld": "SGLD", "apd": "APD", "mog": "MoG"}
+SCORE_ORDER = ("variation_ratio", "bald", "entropy", "max_prob", "model_variance")
+SCORE_LABELS = {"variation_ratio": "variation ratio", "bald": "BALD", "entropy": "predictive entropy",
+                "max_prob": "max probability", "model_variance": "model variance"}
+ADVERSARIAL_SCORE_ORDER = ("entropy", "bald", "model_variance")  # the scores of the paper's adversarial study
+HISTOGRAM_SCORES = ("variation_ratio", "bald")
+ACCURACY_COLUMNS = (("acc", "accuracy"), ("nll", "NLL"), ("brier", "Brier"), ("ece", "ECE"))
+DETECTION_METRICS = ("auroc", "aupr_in", "aupr_out", "fpr95")
+FIDELITY_COLUMNS = (("weight_std_ratio", "weight std ratio"), ("bald_ratio", "BALD ratio"),
+                    ("nn_distance", "NN distance"), ("heldout_nn_distance", "held-out NN distance"),
+                    ("nn_ratio", "NN ratio"))
+MOG_COLUMNS = ("model", "components", "parameters", "in_sgld_samples", "accuracy", "accuracy_share",
+               "bald_auroc", "bald_auroc_share")
+MISSING = "—"
+
+
+@dataclass(frozen=True)
+class Table:
+    """One section of the report: its Markdown for ``tables.md`` and the same numbers as CSV rows."""
+
+    name: str  # CSV file stem
+    title: str
+    markdown: str
+    columns: list[str]
+    rows: list[list[Any]]
+
+
+# ---------------------------------------------------------------------------------------------- formatting
+
+
+def _ordered(keys: Iterable[str], preferred: Sequence[str]) -> list[str]:
+    """The distinct ``keys``: those in ``preferred`` first, in its order, then the rest as they came."""
+    distinct = list(dict.fromkeys(keys))
+    rank = {key: i for i, key in enumerate(dict.fromkeys(preferred))}
+    return sorted(distinct, key=lambda key: (rank.get(key, len(rank)), distinct.index(key)))
+
+
+def _methods(results: dict, present: Iterable[str]) -> list[str]:
+    """Methods in the order results.json asks for (then the usual order, then any others)."""
+    return _ordered(present, [*results.get("methods", []), *METHOD_ORDER])
+
+
+def _label(method: str) -> str:
+    return METHOD_LABELS.get(method, method)
+
+
+def _score_label(score: str) -> str:
+    return SCORE_LABELS.get(score, score)
+
+
+def _num(value: float | None, digits: int) -> str:
+    """``value`` with ``digits`` decimals; an absent or non-finite value is a dash."""
+    if value is None or not math.isfinite(value):
+        return MISSING
+    return f"{value:.{digits}f}"
+
+
+def _mean_std(stat: dict | None, digits: int) -> str:
+    if stat is None:
+        return MISSING
+    return f"{_num(stat.get('mean'), digits)} ± {_num(stat.get('std'), digits)}"
+
+
+def _percent_of(share: float | None) -> str:
+    """A fraction of SGLD's value as a percentage with one decimal (0.993 → 99.3)."""
+    return MISSING if share is None else _num(100.0 * share, 1)
+
+
+def _sample_count(value: float | None) -> str:
+    """A number of SGLD samples' worth: three significant digits below 100, whole numbers above."""
+    if value is None or not math.isfinite(value):
+        return MISSING
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def _human_bytes(count: int) -> str:
+    """Bytes in binary units: 1536 → 1.5 KiB."""
+    value, units = float(count), ("B", "KiB", "MiB", "GiB", "TiB")
+    unit = 0
+    while value >= 1024 and unit < len(units) - 1:
+        value /= 1024
+        unit += 1
+    return f"{count} B" if unit == 0 else f"{value:.1f} {units[unit]}"
+
+
+def _duration(seconds: float) -> str:
+    minutes, rest = divmod(seconds, 60.0)
+    hours, minutes = divmod(int(minutes), 60)
+    if hours:
+        return f"{hours} h {minutes} min"
+    return f"{minutes} min {rest:.0f} s" if minutes else f"{rest:.1f} s"
+
+
+def _markdown(header: Sequence[str], body: Iterable[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in body]
+    return "\n".join(lines)
+
+
+# -------------------------------------------------------------------------------------------------- tables
+
+
+def _header(results: dict) -> str:
+    sizes = results.get("sizes", {})
+    ensemble = results.get("ensemble", {})
+    lines = [f"# APD evaluation: {results.get('pipeline', '?')}", ""]
+    lines.append(f"- dataset: {results.get('dataset', '?')} ("
+                 + " / ".join(f"{split} {count:,}" for split, count in sizes.items()) + ")")
+    lines.append(f"- runs: {results.get('runs', '?')}; networks per draw: "
+                 + ", ".join(f"{_label(m)} {ensemble[m]:,}" for m in _methods(results, ensemble)))
+    lines.append(f"- device: {results.get('device', '?')}; config hash {results.get('config_hash', '?')}")
+    meta = results.get("ood_meta")
+    ratio = (f"; ID:OOD = {meta['ratio_in_out']} ({meta['n_in']:,} in-distribution inputs, {meta['n_out']:,} "
+             f"per OOD set), OOD inputs scaled ×{meta.get('scale', 1):g}" if meta else "")
+    lines.append("- detection: the OOD (or adversarial) inputs are the positive class for AUROC and "
+                 "AUPR-Out, the in-distribution inputs for AUPR-In; every score is higher = more uncertain"
+                 + ratio + ".")
+    return "\n".join(lines)
+
+
+def accuracy_table(results: dict) -> Table | None:
+    """Test-set accuracy, NLL, Brier score and ECE of each method's ensemble predictive, mean ± std over
+    runs (the paper's accuracy table, Wang et al., 2018, extended with calibration)."""
+    accuracy = results.get("accuracy")
+    if not accuracy:
+        return None
+    methods = _methods(results, accuracy)
+    body = [[_label(m), *(_mean_std(accuracy[m].get(key), 4) for key, _ in ACCURACY_COLUMNS)]
+            for m in methods]
+    note = ("Ensemble predictive on the test set, mean ± std over runs; accuracy as a fraction, NLL in nats, "
+            "Brier summed over classes, ECE over equal-width confidence bins.\n\n")
+    rows = [[m, key, stat["mean"], stat["std"]] for m in methods for key, _ in ACCURACY_COLUMNS
+            if (stat := accuracy[m].get(key)) is not None]
+    header = ["method", *(label for _, label in ACCURACY_COLUMNS)]
+    return Table("accuracy", "Accuracy and calibration", note + _markdown(header, body),
+                 ["method", "metric", "mean", "std"], rows)
+
+
+def _ood_scores(ood: dict) -> list[str]:
+    return _ordered((score for per_set in ood.values() for score in per_set), SCORE_ORDER)
+
+
+def _detection_cell(metrics: dict | None, show_std: bool) -> str:
+    """``AUROC / AUPR-Out / AUPR-In`` in percent (the paper's AUROC / AUPR+ / AUPR−), ± std on AUROC."""
+    if metrics is None:
+        return MISSING
+    auroc = _num(metrics["auroc"]["mean"], 1)
+    if show_std:
+        auroc += f" ±{_num(metrics['auroc']['std'], 1)}"
+    return " / ".join([auroc, *(_num(metrics[key]["mean"], 1) for key in ("aupr_out", "aupr_in"))])
+
+
+def ood_table(results: dict) -> Table | None:
+    """OOD detection, one block per score (variation ratio first, then BALD, then the rest): rows are OOD
+    sets, each method's cell is AUROC / AUPR-Out / AUPR-In in percent, as in Wang et al. (2018). The CSV
+    is long: one row per (OOD set, score, method, metric) with mean and std."""
+    ood = results.get("ood")
+    if not ood:
+        return None
+    show_std = results.get("runs", 1) > 1
+    blocks = ["Cells: AUROC" + (" ± std" if show_std else "") + " / AUPR-Out / AUPR-In, percent "
+              "(the paper's AUROC / AUPR+ / AUPR−); the CSV also holds FPR at 95 % TPR and every std."]
+    rows = []
+    for score in _ood_scores(ood):
+        sets = [name for name, per_set in ood.items() if score in per_set]
+        methods = _methods(results, (m for name in sets for m in ood[name][score]))
+        body = [[name, *(_detection_cell(ood[name][score].get(m), show_std) for m in methods)]
+                for name in sets]
+        blocks.append(f"### Score: {_score_label(score)}\n\n"
+                      + _markdown(["OOD set", *map(_label, methods)], body))
+        rows += [[name, score, m, metric, stat["mean"], stat["std"]] for name in sets for m in methods
+                 if m in ood[name][score] for metric in DETECTION_METRICS
+                 if (stat := ood[name][score][m].get(metric)) is not None]
+    return Table("ood", "Out-of-distribution detection", "\n\n".join(blocks),
+                 ["ood_set", "score", "method", "metric", "mean", "std"], rows)
+
+
+def mean_auroc_table(results: dict) -> Table | None:
+    """The headline: per score and method, the AUROC averaged over the OOD sets,
+    mean AUROC = (1/|S|) Σ_{o ∈ S} AUROC_o (percent; each AUROC_o is itself a mean over runs)."""
+    ood = results.get("ood")
+    if not ood:
+        return None
+    scores = _ood_scores(ood)
+    methods = _methods(results, (m for per_set in ood.values() for per_score in per_set.values()
+                                 for m in per_score))
+    means = {(score, m): float(np.mean(values)) for score in scores for m in methods
+             if (values := [per_set[score][m]["auroc"]["mean"] for per_set in ood.values()
+                            if m in per_set.get(score, {})])}
+    body = [[_score_label(score), *(_num(means.get((score, m)), 1) for m in methods)] for score in scores]
+    note = f"AUROC in percent, averaged over the {len(ood)} OOD sets ({', '.join(ood)}).\n\n"
+    rows = [[score, m, value] for (score, m), value in means.items()]
+    return Table("mean_auroc", "Mean OOD AUROC", note + _markdown(["score", *map(_label, methods)], body),
+                 ["score", "method", "mean_auroc"], rows)
+
+
+def storage_table(results: dict) -> Table | None:
+    """What each method stores: parameters, bytes, and parameters / D in SGLD samples' worth, where D is
+    the size of one weight vector (the paper's storage comparison, Wang et al., 2018)."""
+    storage = results.get("storage")
+    if not storage:
+        return None
+    methods = _methods(results, storage)
+    body = [[_label(m), f"{storage[m]['parameters']:,}", _human_bytes(storage[m]["bytes"]),
+             _sample_count(storage[m]["in_sgld_samples"])] for m in methods]
+    markdown = _markdown(["method", "parameters", "size", "SGLD samples' worth"], body)
+    if "apd" in storage:
+        apd = storage["apd"]
+        markdown += (f"\n\nAPD's generator stores {apd['parameters']:,} parameters, as much as "
+                     f"{_sample_count(apd['in_sgld_samples'])} SGLD samples")
+        sgld_ensemble = results.get("ensemble", {}).get("sgld")
+        if sgld_ensemble and apd["in_sgld_samples"] > 0:
+            markdown += (f": {sgld_ensemble / apd['in_sgld_samples']:.1f}× less than the {sgld_ensemble:,} "
+                         "samples of an SGLD ensemble")
+        markdown += "."
+    rows = [[m, storage[m]["parameters"], storage[m]["bytes"], storage[m]["in_sgld_samples"]]
+            for m in methods]
+    return Table("storage", "Storage", markdown, ["method", "parameters", "bytes", "in_sgld_samples"], rows)
+
+
+def mog_table(results: dict) -> Table | None:
+    """Diagonal Gaussian mixtures with a growing number of components against APD: storage and the share
+    of SGLD's accuracy and BALD AUROC each reaches (the paper's MoG study, Wang et al., 2018)."""
+    mog, apd = results.get("mog") or [], results.get("apd_share")
+    if not mog and not apd:
+        return None
+    rows = [[f"MoG-{r['components']}", r["components"], r["parameters"], r["in_sgld_samples"], r["accuracy"],
+             r["accuracy_share"], r["bald_auroc"], r["bald_auroc_share"]] for r in mog]
+    if apd:
+        rows.append(["APD", None, apd["parameters"], apd["in_sgld_samples"], None, apd["accuracy_share"],
+                     None, apd["bald_auroc_share"]])
+    body = [[model, MISSING if k is None else str(k), f"{params:,}", _sample_count(worth),
+             MISSING if acc is None else _num(acc, 4), _percent_of(acc_share),
+             MISSING if bald is None else _num(bald, 1), _percent_of(bald_share)]
+            for model, k, params, worth, acc, acc_share, bald, bald_share in rows]
+    header = ["model", "components", "parameters", "SGLD samples' worth", "accuracy", "accuracy (% of SGLD)",
+              "BALD AUROC", "BALD AUROC (% of SGLD)"]
+    note = "BALD AUROC in percent, averaged over the OOD sets; shares are relative to SGLD's own values.\n\n"
+    return Table("mog", "Mixtures of Gaussians vs APD", note + _markdown(header, body), list(MOG_COLUMNS),
+                 rows)
+
+
+def fidelity_table(results: dict) -> Table | None:
+    """Weight-space fidelity to the SGLD samples: per-weight std and mean BALD as ratios to SGLD's own
+    (1 = the same), and nearest-neighbour distances to the SGLD samples with held-out SGLD samples as the
+    yardstick, NN ratio = NN distance / held-out NN distance."""
+    fidelity = results.get("fidelity")
+    if not fidelity:
+        return None
+    methods = _methods(results, fidelity)
+    body = [[_label(m), *(_num(fidelity[m].get(key), 3) for key, _ in FIDELITY_COLUMNS)] for m in methods]
+    note = ("Ratios to SGLD's own values (1 = the same); an NN ratio well below 1 means the generated "
+            "weights sit closer to the training samples than fresh SGLD samples do (memorisation).\n\n")
+    rows = [[m, *(fidelity[m].get(key) for key, _ in FIDELITY_COLUMNS)] for m in methods]
+    return Table("fidelity", "Fidelity to the SGLD samples", note + _markdown(
+        ["method", *(label for _, label in FIDELITY_COLUMNS)], body),
+        ["method", *(key for key, _ in FIDELITY_COLUMNS)], rows)
+
+
+def _adversarial_cells(results: dict) -> dict[tuple[str, str, str, str], dict]:
+    """(setting, source, attack, target) → {SCORE: {"auroc"}, "accuracy"}; white-box source = target."""
+    cells = {("gray-box", source, attack, target): cell
+             for source, attacks in results.get("adversarial", {}).items()
+             for attack, targets in attacks.items() for target, cell in targets.items()}
+    cells.update({("white-box", target, attack, target): cell
+                  for target, attacks in results.get("adversarial_whitebox", {}).items()
+                  for attack, cell in attacks.items()})
+    return cells
+
+
+def _cell_scores(cells: Iterable[dict]) -> list[str]:
+    return _ordered((key for cell in cells for key in cell if key != "accuracy"), ADVERSARIAL_SCORE_ORDER)
+
+
+def adversarial_table(results: dict) -> Table | None:
+    """Adversarial-example detection as in Wang et al. (2018): gray-box attacks crafted on one weight
+    sample of a source method, detected by each target method (rows source × attack, columns targets), one
+    block per score, plus the targets' accuracy on the adversarial inputs; then white-box attacks on each
+    target's own expected predictive. AUROC in percent, adversarial inputs positive."""
+    cells = _adversarial_cells(results)
+    if not cells:
+        return None
+    blocks = []
+    gray = {key[1:]: cell for key, cell in cells.items() if key[0] == "gray-box"}
+    if gray:
+        pairs = _ordered_pairs(results, [(source, attack) for source, attack, _ in gray])
+        targets = _methods(results, (target for _, _, target in gray))
+
+        def grid(value: Any) -> str:
+            body = [[_label(source), attack.upper(),
+                     *(MISSING if (cell := gray.get((source, attack, t))) is None else value(cell)
+                       for t in targets)] for source, attack in pairs]
+            return _markdown(["source", "attack", *map(_label, targets)], body)
+
+        for score in _cell_scores(gray.values()):
+            blocks.append(f"### Gray-box, score: {_score_label(score)} (AUROC %)\n\n" + grid(
+                lambda cell, score=score: _num(cell[score]["auroc"], 2) if score in cell else MISSING))
+        blocks.append("### Gray-box: target accuracy on the adversarial inputs\n\n" + grid(
+            lambda cell: _num(cell.get("accuracy"), 3)))
+    white = {key[1:]: cell for key, cell in cells.items() if key[0] == "white-box"}
+    if white:
+        scores = _cell_scores(white.values())
+        body = [[_label(target), attack.upper(),
+                 *(_num(cell[s]["auroc"], 2) if s in cell else MISSING for s in scores),
+                 _num(cell.get("accuracy"), 3)]
+                for target, attack in _ordered_pairs(results, [(t, a) for _, a, t in white])
+                for cell in [white[(target, attack, target)]]]
+        blocks.append("### White-box (attack on the target's expected predictive)\n\n" + _markdown(
+            ["target", "attack", *(f"{_score_label(s)} AUROC %" for s in scores), "accuracy"], body))
+    rows = [[setting, source, attack, target, "auroc", score, cell[score]["auroc"]]
+            for (setting, source, attack, target), cell in cells.items() for score in _cell_scores([cell])]
+    rows += [[setting, source, attack, target, "accuracy", "", cell["accuracy"]]
+             for (setting, source, attack, target), cell in cells.items() if "accuracy" in cell]
+    return Table("adversarial", "Adversarial-example detection", "\n\n".join(blocks),
+                 ["setting", "source", "attack", "target", "metric", "score", "value"], rows)
+
+
+def _ordered_pairs(results: dict, pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Distinct (method, attack) pairs, grouped by method in the method order, attacks as they came."""
+    distinct = list(dict.fromkeys(pairs))
+    methods = _methods(results, (method for method, _ in distinct))
+    return sorted(distinct, key=lambda pair: (methods.index(pair[0]), distinct.index(pair)))
+
+
+def timing_table(results: dict) -> Table | None:
+    """Wall-clock seconds of each evaluation step, the total last."""
+    timing = results.get("timing")
+    if not timing:
+        return None
+    steps = _methods(results, (k for k in timing if k != "total"))
+    steps += ["total"] if "total" in timing else []
+    body = [[_label(step), f"{timing[step]:,.1f}", _duration(timing[step])] for step in steps]
+    return Table("timing", "Timing", _markdown(["step", "seconds", "duration"], body), ["step", "seconds"],
+                 [[step, timing[step]] for step in steps])
+
+
+TABLE_BUILDERS = (accuracy_table, ood_table, mean_auroc_table, storage_table, mog_table, fidelity_table,
+                  adversarial_table, timing_table)
+
+
+def build_tables(results: dict) -> list[Table]:
+    """Every table whose data ``results`` holds, in report order."""
+    return [table for build in TABLE_BUILDERS if (table := build(results)) is not None]
+
+
+def _assemble(results: dict, tables: Sequence[Table]) -> str:
+    return "\n\n".join([_header(results), *(f"## {t.title}\n\n{t.markdown}" for t in tables)]) + "\n"
+
+
+def render_tables(results: dict) -> str:
+    """The Markdown of ``tables.md``: a header (pipeline, data, runs, ensemble sizes, device, detection
+    conventions) and every table laid out as in Wang et al. (2018), so the two can be read side by side."""
+    return _assemble(results, build_tables(results))
+
+
+def _write_csv(path: Path, table: Table) -> None:
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(table.columns)
+        writer.writerows(table.rows)
+
+
+# ------------------------------------------------------------------------------------------------- figures
+
+
+def _new_figure(rows: int = 1, cols: int = 1, panel: tuple[float, float] = (3.2, 2.4)) -> tuple[Figure, Any]:
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(panel[0] * cols, panel[1] * rows), layout="constrained")
+    return figure, figure.subplots(rows, cols, squeeze=False)
+
+
+def _histogram_figure(scores: h5py.File, score: str, results: dict) -> Figure | None:
+    """In-distribution vs OOD histograms of one score: a row per method, a column per OOD set."""
+    methods = _methods(results, (m for m in scores if isinstance(scores[m], h5py.Group)
+                                 and f"in/{score}" in scores[m]))
+    sets = _ordered((name for m in methods for name in scores[m].get("out", {})
+                     if score in scores[m]["out"][name]), results.get("ood", {}))
+    if not methods or not sets:
+        return None
+    figure, axes = _new_figure(len(methods), len(sets))
+    for row, method in enumerate(methods):
+        scores_in = scores[method]["in"][score][()]
+        for col, name in enumerate(sets):
+            ax = axes[row, col]
+            path = f"out/{name}/{score}"
+            if path not in scores[method]:
+                ax.axis("off")
+                continue
+            scores_out = scores[method][path][()]
+            edges = np.histogram_bin_edges(np.concatenate([scores_in, scores_out]), bins=30)
+            ax.hist(scores_in, edges, density=True, histtype="stepfilled", alpha=0.5, color="C0")
+            ax.hist(scores_out, edges, density=True, histtype="stepfilled", alpha=0.5, color="C1")
+            ax.set_title(f"{_label(method)}: test (blue) vs {name} (orange)", fontsize=8)
+            ax.tick_params(labelsize=7)
+    figure.supxlabel(f"{_score_label(score)} (higher = more uncertain)")
+    return figure
+
+
+def _reliability_figure(scores: h5py.File, results: dict) -> Figure | None:
+    """Reliability diagrams (Guo et al., 2017) of each method's test predictive: accuracy per confidence
+    bin against the diagonal of perfect calibration."""
+    from apd.metrics import ece, reliability
+
+    methods = _methods(results, (m for m in scores if isinstance(scores[m], h5py.Group)
+                                 and "test_probs" in scores[m]))
+    if not methods or "test_labels" not in scores:
+        return None
+    labels = scores["test_labels"][()]
+    cols = min(len(methods), 3)
+    figure, axes = _new_figure(math.ceil(len(methods) / cols), cols, panel=(3.0, 3.0))
+    for ax in axes.flat[len(methods):]:
+        ax.axis("off")
+    for ax, method in zip(axes.flat, methods, strict=False):
+        probs = scores[method]["test_probs"][()]
+        bins = reliability(probs, labels)
+        width = np.diff(bins.edges)
+        ax.bar(bins.edges[:-1], np.nan_to_num(bins.accuracy), width=width, align="edge",
+               edgecolor="black", linewidth=0.5, label="accuracy")
+        ax.plot([0, 1], [0, 1], "--", color="grey", label="perfect calibration")
+        ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy",
+               title=f"{_label(method)} (ECE {ece(probs, labels):.3f})")
+        ax.legend(fontsize=7, loc="upper left")
+    return figure
+
+
+def _first_layer_figure(scores: h5py.File) -> Figure | None:
+    """First-layer weight rows of one SGLD sample shown as images (the input's shape)."""
+    if "sgld_first_layer" not in scores:
+        return None
+    images = scores["sgld_first_layer"][()]
+    cols = math.ceil(math.sqrt(len(images)))
+    figure, axes = _new_figure(math.ceil(len(images) / cols), cols, panel=(1.6, 1.6))
+    limit = float(np.abs(images).max()) or 1.0
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, image in zip(axes.flat, images, strict=False):
+        ax.imshow(image, cmap="RdBu_r", vmin=-limit, vmax=limit)
+    figure.suptitle("SGLD sample: first-layer weights")
+    return figure
+
+
+def _storage_figure(results: dict) -> Figure | None:
+    """Share of SGLD's accuracy and BALD AUROC against storage (SGLD samples' worth, log scale): MoG as a
+    line over its number of components, APD as a marked point."""
+    mog, apd = results.get("mog") or [], results.get("apd_share")
+    if not mog and not apd:
+        return None
+    figure, axes = _new_figure(panel=(6.0, 4.0))
+    ax = axes[0, 0]
+    series = (("accuracy_share", "accuracy", "C0"), ("bald_auroc_share", "BALD AUROC", "C1"))
+    for key, label, color in series:
+        if mog:
+            worth = [r["in_sgld_samples"] for r in mog]
+            ax.plot(worth, [100 * r[key] for r in mog], "o-", color=color, label=f"MoG {label}")
+        if apd:
+            ax.plot([apd["in_sgld_samples"]], [100 * apd[key]], "*", color=color, markersize=14,
+                    markeredgecolor="black", label=f"APD {label}")
+    for r in mog:
+        ax.annotate(f"k={r['components']}", (r["in_sgld_samples"], 100 * r["accuracy_share"]),
+                    textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
+    ax.axhline(100, color="grey", linewidth=0.8)
+    ax.set(xscale="log", xlabel="storage (SGLD samples' worth)", ylabel="% of SGLD",
+           title="Share of SGLD's performance against storage")
+    ax.legend(fontsize=8)
+    return figure
+
+
+def _distillation_figure(generator: dict) -> Figure | None:
+    """Validation accuracy of the generated ensemble against generator steps, SGLD's as a line, and the
+    critic's Wasserstein estimate on a second axis."""
+    history = generator.get("history") or []
+    if not history:
+        return None
+    figure, axes = _new_figure(panel=(6.0, 4.0))
+    ax = axes[0, 0]
+    steps = [h["step"] for h in history]
+    ax.plot(steps, [h["val_accuracy"] for h in history], "o-", color="C0", label="APD ensemble")
+    if generator.get("sgld_val_accuracy") is not None:
+        ax.axhline(generator["sgld_val_accuracy"], color="C0", linestyle="--", label="SGLD ensemble")
+    ax.set(xlabel="generator steps", ylabel="validation accuracy", title="Distillation")
+    ax.legend(fontsize=8, loc="lower right")
+    wasserstein = [(h["step"], h["wasserstein"]) for h in history if "wasserstein" in h]
+    if wasserstein:
+        twin = ax.twinx()
+        twin.plot(*zip(*wasserstein, strict=True), color="C1", alpha=0.8)
+        twin.set_ylabel("Wasserstein estimate (critic)", color="C1")
+    return figure
+
+
+def _open_scores(path: Path) -> h5py.File:
+    try:
+        return h5py.File(path, "r")
+    except OSError as exc:
+        raise ArtifactError(f"{path}: not a readable HDF5 file ({exc})") from None
+
+
+def write_figures(eval_dir: Path, results: dict, generator_json: Path | None = None) -> list[Path]:
+    """Draw every figure whose data exist into ``eval_dir/figures/`` as PNG and return their paths:
+    ``hist_{variation_ratio,bald}.png``, ``reliability.png`` and ``sgld_first_layer.png`` (from
+    ``scores.h5``), ``storage_share.png`` (from results' ``mog``/``apd_share``) and ``distillation.png``
+    (from the generator manifest's history)."""
+    figures: dict[str, Figure | None] = {}
+    scores_path = eval_dir / "scores.h5"
+    if scores_path.is_file():
+        with _open_scores(scores_path) as scores:
+            for score in HISTOGRAM_SCORES:
+                figures[f"hist_{score}"] = _histogram_figure(scores, score, results)
+            figures["reliability"] = _reliability_figure(scores, results)
+            figures["sgld_first_layer"] = _first_layer_figure(scores)
+    figures["storage_share"] = _storage_figure(results)
+    if generator_json is not None and generator_json.is_file():
+        figures["distillation"] = _distillation_figure(read_json(generator_json))
+    figure_dir = eval_dir / "figures"
+    written = []
+    for name, figure in figures.items():
+        if figure is None:
+            continue
+        figure_dir.mkdir(parents=True, exist_ok=True)
+        path = figure_dir / f"{name}.png"
+        figure.savefig(path, dpi=110)
+        written.append(path)
+    return written
+
+
+# ------------------------------------------------------------------------------------------------- entries
+
+
+def write_report(eval_dir: Path, results: dict, generator_json: Path | None = None) -> str:
+    """Write ``tables.md``, one CSV per table (``accuracy``, ``ood`` (long), ``mean_auroc``, ``storage``,
+    ``mog``, ``fidelity``, ``adversarial``, ``timing``, each when its data exist) and the figures into
+    ``eval_dir``; return the Markdown."""
+    eval_dir.mkdir(parents=True, exist_ok=True)
+    tables = build_tables(results)
+    for table in tables:
+        _write_csv(eval_dir / f"{table.name}.csv", table)
+    markdown = _assemble(results, tables)
+    (eval_dir / "tables.md").write_text(markdown)
+    write_figures(eval_dir, results, generator_json)
+    return markdown
+
+
+def run_report(ctx: RunContext) -> None:
+    """``apd report``: render the tables and figures again from ``eval/results.json`` and print the tables."""
+    results_path = ctx.out_dir / "eval" / "results.json"
+    if not results_path.is_file():
+        raise ArtifactError(f"{results_path}: not found; run `apd evaluate --config {ctx.cfg.source}` first")
+    results = read_json(results_path)
+    try:
+        markdown = write_report(results_path.parent, results, ctx.out_dir / "generator.json")
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise ArtifactError(f"{results_path}: malformed results ({type(exc).__name__}: {exc})") from None
+    print(markdown)

@@ -1,0 +1,166 @@
+"""End to end on a small digits pipeline: sample → distill → evaluate, and the artifacts between."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from apd.cli import main
+from apd.config import from_dict, load_config
+from apd.distill import generator_path, load_generator
+from apd.errors import ArtifactError
+from apd.nets import ParamSpec, mlp
+from apd.posteriors import APDGenerator, GaussianMixture, SGLDSamples
+from apd.runtime import RunContext
+from apd.store import SampleStore
+
+TINY = {
+    "name": "tiny",
+    "data": {"dataset": "digits", "train_size": 1000, "val_size": 300, "ood": ["gaussian", "uniform"]},
+    "net": {"hidden": [32]},
+    "sgld": {"lr": 0.1, "prior_var": 0.1, "iterations": 2500, "burn_in": 500, "thin": 10, "eval_every": 500,
+             "checkpoint_every": 1000},
+    "baselines": {"epochs": 15, "lr": 0.1, "mc_passes": 20},
+    "distill": {"steps": 120, "eval_every": 40, "checkpoint_every": 40, "gen_hidden": [32], "critic_hidden": [32],
+                "eval_networks": 20, "generator": "subspace", "subspace_rank": 8, "subspace_residual": False,
+                "lr": 1e-3},
+    "evaluate": {"runs": 2, "networks": 20, "sgld_samples": 20, "mc_passes": 20, "ood_size": 100,
+                 "mog_components": [1, 3], "mog_fit_samples": 100,
+                 "scores": ["variation_ratio", "bald", "entropy"]},
+}
+
+
+def tiny_context(root, **overrides) -> RunContext:
+    raw = json.loads(json.dumps(TINY))
+    for section, values in overrides.items():
+        raw[section] = {**raw.get(section, {}), **values}
+    return RunContext(cfg=from_dict(raw), artifacts_root=root, quiet=True)
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    root = tmp_path_factory.mktemp("artifacts")
+    config = root / "tiny.toml"
+    config.write_text(_toml(TINY))
+    for stage in ("sample", "distill", "evaluate"):
+        assert main([stage, "--config", str(config), "--artifacts", str(root), "--quiet"]) == 0
+    return root, config
+
+
+def _toml(data: dict) -> str:
+    lines = [f"{k} = {json.dumps(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    for section, values in data.items():
+        if isinstance(values, dict):
+            lines.append(f"[{section}]")
+            lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+    return "\n".join(lines) + "\n"
+
+
+def test_results_have_every_method_set_and_score(pipeline):
+    root, _ = pipeline
+    results = json.loads((root / "tiny" / "eval" / "results.json").read_text())
+    methods = ["sgd", "mcdropout", "sgld", "apd", "mog"]
+    assert set(results["accuracy"]) == set(methods)
+    for by_score in results["ood"].values():
+        assert set(by_score) == {"variation_ratio", "bald", "entropy"}
+        for by_method in by_score.values():
+            assert set(by_method) == set(methods)
+            for metrics in by_method.values():
+                assert 0 <= metrics["auroc"]["mean"] <= 100
+    assert set(results["ood"]) == {"gaussian", "uniform"}
+    assert results["accuracy"]["sgld"]["acc"]["mean"] > 0.85
+    assert [row["components"] for row in results["mog"]] == [1, 3]
+    assert results["storage"]["sgld"]["in_sgld_samples"] == 200
+    assert set(results["fidelity"]) == {"apd", "mog"}
+    assert (root / "tiny" / "eval" / "tables.md").is_file()
+
+
+def test_generator_round_trip_and_spec_mismatch(pipeline):
+    root, _ = pipeline
+    path = generator_path(tiny_context(root))
+    spec = ParamSpec.from_module(mlp([64, 32, 10]))
+    apd = APDGenerator.load(path, expect_spec=spec)
+    weights = apd.sample_weights(5, torch.Generator().manual_seed(0))
+    assert weights.shape == (5, spec.numel)
+    again = APDGenerator.load(path).sample_weights(5, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(weights, again)
+    assert apd.predict_probs(torch.zeros(3, 64), 4).shape == (4, 3, 10)
+    with pytest.raises(ArtifactError, match=r"\[64, 32, 10\] network, the pipeline.s network is \[64, 16, 10\]"):
+        load_generator(path, expect_spec=ParamSpec.from_module(mlp([64, 16, 10])))
+
+
+def test_stages_are_reused(pipeline, capsys):
+    root, config = pipeline
+    capsys.readouterr()
+    for stage in ("sample", "distill"):
+        assert main([stage, "--config", str(config), "--artifacts", str(root)]) == 0
+    assert capsys.readouterr().err.count("reusing") == 4  # samples, two baselines, generator
+
+
+def test_evaluate_without_generator_names_the_stage(tmp_path, capsys):
+    config = tmp_path / "p.toml"
+    config.write_text(_toml({**TINY, "name": "missing"}))
+    assert main(["evaluate", "--config", str(config), "--artifacts", str(tmp_path), "--quiet"]) == 2
+    assert "run `apd sample" in capsys.readouterr().err
+
+
+def test_interrupted_distillation_resumes_to_the_same_generator(pipeline, tmp_path, monkeypatch):
+    from apd import distill
+    from apd.gan import GANTrainer
+
+    root, _ = pipeline
+    for name in ("samples.h5", "samples.json"):
+        (tmp_path / "tiny").mkdir(exist_ok=True)
+        (tmp_path / "tiny" / name).write_bytes((root / "tiny" / name).read_bytes())
+    reference = torch.load(generator_path(tiny_context(root)).with_name("generator-last.pt"), weights_only=True)
+    real_step, calls = GANTrainer.step, []
+
+    def step_then_interrupt(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 100:
+            raise KeyboardInterrupt
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(GANTrainer, "step", step_then_interrupt)
+    ctx = tiny_context(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        distill.run_distill(ctx)
+    monkeypatch.setattr(GANTrainer, "step", real_step)
+    distill.run_distill(ctx)
+    resumed = torch.load(generator_path(ctx).with_name("generator-last.pt"), weights_only=True)
+    for key, value in reference.items():
+        torch.testing.assert_close(resumed[key], value, msg=key)
+
+
+def test_mixture_with_one_component_is_the_diagonal_gaussian(pipeline):
+    root, _ = pipeline
+    with SampleStore.open(root / "tiny" / "samples.h5") as store:
+        samples = store.read_all()
+        mixture = GaussianMixture(samples, 1, spec=store.spec)
+        torch.testing.assert_close(mixture.means[0], samples.mean(0), atol=1e-5, rtol=0)
+        torch.testing.assert_close(mixture.stds[0], samples.std(0, unbiased=False), atol=1e-4, rtol=1e-3)
+        sgld = SGLDSamples(store)
+        rows = sgld.sample_weights(len(store), torch.Generator().manual_seed(0))
+        assert torch.unique(rows, dim=0).shape[0] == len(store)  # without replacement
+
+
+@pytest.mark.slow
+def test_default_digits_pipeline(tmp_path):
+    """`make sample distill evaluate` on the default pipeline: APD keeps ≥ 98 % of SGLD's accuracy, and
+    SGLD's and APD's BALD AUROC on gaussian and uniform noise beat MC dropout's."""
+    ctx = RunContext(cfg=load_config("pipelines/digits.toml"), artifacts_root=tmp_path, quiet=True)
+    from apd.distill import run_distill
+    from apd.evaluate import run_evaluate
+    from apd.sampling import run_sample
+
+    run_sample(ctx)
+    run_distill(ctx)
+    results = run_evaluate(ctx)
+    acc = results["accuracy"]
+    assert acc["apd"]["acc"]["mean"] >= 0.98 * acc["sgld"]["acc"]["mean"]
+    for ood in ("gaussian", "uniform"):
+        bald = results["ood"][ood]["bald"]
+        for method in ("sgld", "apd"):
+            assert bald[method]["auroc"]["mean"] > bald["mcdropout"]["auroc"]["mean"]
