@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--artifacts", default="artifacts", help="root directory for artifacts")
     common.add_argument("--force", action="store_true", help="redo the stage even if it is complete")
     common.add_argument("--quiet", action="store_true", help="no progress bars, warnings only")
+    common.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override a config value (TOML syntax), e.g. --set distill.steps=5000")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_, _, help_text) in STAGES.items():
         sub.add_parser(name, parents=[common], help=help_text)
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.quiet)
     try:
-        ctx = RunContext(cfg=load_config(args.config), artifacts_root=Path(args.artifacts),
+        ctx = RunContext(cfg=load_config(args.config, args.set), artifacts_root=Path(args.artifacts),
                          data_dir=args.data_dir, device_name=args.device, force=args.force, quiet=args.quiet)
         if ctx.cfg.threads:
             torch.set_num_threads(ctx.cfg.threads)

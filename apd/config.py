@@ -130,9 +130,18 @@ class DistillConfig:
     restart_every: int = _f(0, ge=0)
 
 
+ADVERSARIAL_SOURCES = ("sgd", "mcdropout", "sgld", "apd", "mog")  # methods an attack can be crafted on
+
+
 @dataclass
 class EvaluateConfig:
-    """Evaluation protocol (DESIGN.md): R runs of fresh draws per method, OOD and adversarial parts."""
+    """Evaluation protocol (DESIGN.md): R runs of fresh draws per method, OOD and adversarial parts.
+
+    Adversarial part (``adversarial``): gray-box attacks on one member of each of ``adv_sources``
+    (FGSM with the smallest ε of ``fgsm_eps_grid`` per example, and PGD), up to ``adv_examples``
+    successful examples each, scored by every method over ``adv_samples`` members; with ``adv_whitebox``
+    also white-box attacks on each source's expected predictive over ``adv_eot_members`` members, up to
+    ``adv_whitebox_examples`` examples each."""
 
     runs: int = _f(10, ge=1)
     networks: int = _f(100, ge=1)
@@ -149,6 +158,11 @@ class EvaluateConfig:
     pgd_eps: float = _f(0.3, gt=0)
     pgd_steps: int = _f(40, ge=0)
     pgd_step_size: float = _f(0.02, gt=0)
+    fgsm_eps_grid: list[float] = _f([round(0.02 * i, 2) for i in range(1, 16)])  # 0.02, 0.04, …, 0.30
+    adv_sources: list[str] = _f(["mcdropout", "sgld", "apd"])
+    adv_whitebox: bool = True
+    adv_whitebox_examples: int = _f(500, ge=1)
+    adv_eot_members: int = _f(20, ge=1)
 
 
 @dataclass
@@ -192,8 +206,21 @@ def config_hash(cfg: PipelineConfig, stage: str | None = None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def load_config(path: str | Path) -> PipelineConfig:
-    """Read and validate a pipeline TOML file; every problem is a one-line :class:`ConfigError`."""
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``section.key=value`` (value in TOML syntax; a bare word is a string) → (path, value)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {text!r}: expected section.key=value")
+    try:
+        parsed = tomllib.loads(f"v = {value.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value.strip()
+    return key.strip().split("."), parsed
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> PipelineConfig:
+    """Read and validate a pipeline TOML file, with ``section.key=value`` overrides applied on top;
+    every problem is a one-line :class:`ConfigError`."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text())
@@ -203,7 +230,15 @@ def load_config(path: str | Path) -> PipelineConfig:
         raise ConfigError(f"{path}: cannot read: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
-    cfg = from_dict(raw, where=str(path))
+    for override in overrides:
+        keys, value = parse_override(override)
+        table = raw
+        for key in keys[:-1]:
+            table = table.setdefault(key, {})
+            if not isinstance(table, dict):
+                raise ConfigError(f"--set {override!r}: {key!r} is not a section")
+        table[keys[-1]] = value
+    cfg = from_dict(raw, where=str(path) + (" with --set" if overrides else ""))
     cfg.source = str(path)
     return cfg
 
@@ -297,6 +332,12 @@ def _check_consistency(cfg: PipelineConfig, where: str) -> None:
                           f"'sgld.iterations' ({cfg.sgld.iterations})")
     if cfg.device != "auto" and cfg.device != "cpu" and not cfg.device.startswith("cuda"):
         raise ConfigError(f"{where}: 'device' must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {cfg.device!r}")
+    unknown_sources = sorted(set(cfg.evaluate.adv_sources) - set(ADVERSARIAL_SOURCES))
+    if unknown_sources:
+        raise ConfigError(f"{where}: 'evaluate.adv_sources' has unknown method {unknown_sources[0]!r} "
+                          f"(choose from {', '.join(ADVERSARIAL_SOURCES)})")
+    if not cfg.evaluate.fgsm_eps_grid or min(cfg.evaluate.fgsm_eps_grid) <= 0:
+        raise ConfigError(f"{where}: 'evaluate.fgsm_eps_grid' must be a non-empty list of positive numbers")
     if cfg.evaluate.mog_fit_samples < max(cfg.evaluate.mog_components):
         raise ConfigError(f"{where}: 'evaluate.mog_fit_samples' must be at least the largest "
                           f"'evaluate.mog_components'")

@@ -26,6 +26,7 @@ from apd.config import config_hash
 from apd.data import available_ood, ood_set
 from apd.distill import generator_path
 from apd.errors import ArtifactError, DataError
+from apd.experiments.adversarial import evaluate_adversarial
 from apd.metrics import accuracy, brier, detection, ece, mean_std, nll
 from apd.nets import ParamSpec, mlp
 from apd.posteriors import (
@@ -139,6 +140,10 @@ def run_evaluate(ctx: RunContext) -> dict:
     with ExitStack() as stack:
         methods, store = load_methods(ctx, stack)
         results = evaluate_methods(ctx, methods, store)
+        if cfg.evaluate.adversarial:
+            t0 = time.perf_counter()
+            results.update(evaluate_adversarial(ctx, methods))
+            results["timing"]["adversarial"] = round(time.perf_counter() - t0, 2)
     results["timing"]["total"] = round(time.perf_counter() - started, 2)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "results.json", results)

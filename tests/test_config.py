@@ -81,3 +81,17 @@ def test_hash_is_stable_and_sensitive():
 
 def test_int_accepted_for_float():
     assert from_dict({"sgld": {"lr": 1}}).sgld.lr == 1.0
+
+
+def test_overrides(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text('name = "p"\n[sgld]\nlr = 0.1\n')
+    cfg = load_config(path, ["sgld.lr=0.2", "distill.gen_hidden=[64, 64]", "distill.generator=subspace",
+                             "seed=3"])
+    assert (cfg.sgld.lr, cfg.distill.gen_hidden, cfg.distill.generator, cfg.seed) == (0.2, [64, 64], "subspace", 3)
+    with pytest.raises(ConfigError, match="with --set: 'sgld.lr' must be greater than 0"):
+        load_config(path, ["sgld.lr=-1"])
+    with pytest.raises(ConfigError, match="expected section.key=value"):
+        load_config(path, ["sgld.lr"])
+    with pytest.raises(ConfigError, match="unknown key 'sgld.speed'"):
+        load_config(path, ["sgld.speed=1"])

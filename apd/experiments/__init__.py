@@ -1,0 +1,1 @@
+"""Experiments of the evaluation beyond accuracy and OOD detection (adversarial examples, …)."""
