@@ -107,3 +107,19 @@ def load_torch(path: Path) -> Any:
     except Exception as exc:  # torch raises many types for corrupt or foreign files
         kind = type(exc).__name__
         raise ArtifactError(f"{path}: not a readable weights-only torch file ({kind})") from None
+
+
+def load_checkpoint(path: Path, **expected: Any) -> dict | None:
+    """A stage's checkpoint whose entries equal ``expected`` (e.g. its config hash), or None when it is
+    absent, unreadable (a warning) or from another configuration (a note): the stage then starts afresh."""
+    if not path.is_file():
+        return None
+    try:
+        checkpoint = load_torch(path)
+    except ArtifactError as exc:
+        log.warning("ignoring checkpoint: %s", exc)
+        return None
+    if any(checkpoint.get(key) != value for key, value in expected.items()):
+        log.info("checkpoint %s is from another configuration; starting afresh", path)
+        return None
+    return checkpoint

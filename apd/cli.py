@@ -1,4 +1,5 @@
-"""Command line: ``apd sample|distill|evaluate|report|info --config PIPELINE.toml`` (or ``python -m apd``).
+"""Command line: ``apd sample|distill|evaluate|report|info --config PIPELINE.toml`` (or ``python -m apd``),
+and ``apd experiment NAME --config PIPELINE.toml`` for the studies in :mod:`apd.experiments`.
 
 User errors (bad config, missing data, bad artifacts, divergence) end in one line on stderr and exit
 code 2; Ctrl-C exits with 130 and leaves every artifact resumable.
@@ -29,6 +30,11 @@ STAGES = {
     "evaluate": ("apd.evaluate", "run_evaluate", "compare every method; write tables and figures"),
     "report": ("apd.report", "run_report", "re-render tables and figures from results.json"),
 }
+# Experiments (`apd experiment NAME`): name → (module, function(ctx, options), help), dispatched like STAGES.
+EXPERIMENTS = {
+    "distillers": ("apd.experiments.distillers", "run_distillers",
+                   "dense vs subspace APD vs Gaussians and MoG: storage, time, accuracy, OOD, against SGLD"),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (_, _, help_text) in STAGES.items():
         sub.add_parser(name, parents=[common], help=help_text)
     sub.add_parser("info", parents=[common], help="print the resolved config, data sizes and artifacts")
+    experiment = sub.add_parser("experiment", parents=[common], help="run a study on the pipeline's samples: "
+                                + ", ".join(EXPERIMENTS))
+    experiment.add_argument("name", choices=list(EXPERIMENTS), help="; ".join(
+        f"{name}: {text}" for name, (_, _, text) in EXPERIMENTS.items()))
+    experiment.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                            help="an experiment option (TOML syntax), e.g. --option max_seconds=600")
     return parser
 
 
@@ -80,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(ctx.cfg.threads)
         if args.command == "info":
             info(ctx)
+        elif args.command == "experiment":
+            module, function, _ = EXPERIMENTS[args.name]
+            getattr(importlib.import_module(module), function)(ctx, args.option)
         else:
             module, function, _ = STAGES[args.command]
             getattr(importlib.import_module(module), function)(ctx)

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from apd.artifacts import (
     is_complete,
+    load_checkpoint,
     load_torch,
     manifest_digest,
     read_json,
@@ -204,7 +205,7 @@ def _train(ctx: RunContext, trainer: GANTrainer, codec: WeightCodec, real: Calla
     history: list[dict] = []
     best = {"step": 0, "val_accuracy": -1.0, "state": None}
     resumable = between_steps is None  # online runs hold SGLD chains and a buffer: they start afresh
-    ckpt = _load_checkpoint(checkpoint, stage_hash, inputs) if resumable and not ctx.force else None
+    ckpt = load_checkpoint(checkpoint, config_hash=stage_hash, inputs=inputs) if resumable and not ctx.force else None
     if ckpt is not None:
         trainer.load_state_dict(ckpt["trainer"])
         history, best = ckpt["history"], ckpt["best"]
@@ -241,19 +242,6 @@ def _train(ctx: RunContext, trainer: GANTrainer, codec: WeightCodec, real: Calla
             "sgld_val_accuracy": reference, "val_accuracy_ratio": best["val_accuracy"] / reference,
             "generator_parameters": model.stored_parameters(), "setup_seconds": setup_seconds,
             "final_stats": stats}
-
-
-def _load_checkpoint(path: Path, stage_hash: str, inputs: dict) -> dict | None:
-    if not path.is_file():
-        return None
-    try:
-        ckpt = load_torch(path)
-    except ArtifactError as exc:
-        log.warning("ignoring checkpoint: %s", exc)
-        return None
-    if ckpt.get("config_hash") != stage_hash or ckpt.get("inputs") != inputs:
-        return None
-    return ckpt
 
 
 def _finish(ctx: RunContext, spec: ParamSpec, codec: WeightCodec, summary: dict, stage_hash: str,

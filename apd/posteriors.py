@@ -138,7 +138,7 @@ class GaussianMixture(WeightSpacePosterior):
         if spec is None or samples.shape[1] != spec.numel:
             raise ValueError("GaussianMixture needs the samples' ParamSpec")
         self.name, self.spec, self.device = name, spec, torch.device(device)
-        mixture = SklearnGaussianMixture(n_components=components, covariance_type="diag", max_iter=100,
+        mixture = SklearnGaussianMixture(n_components=components, covariance_type="diag", max_iter=50,
                                          reg_covar=1e-8, init_params="k-means++", random_state=seed)
         mixture.fit(samples.double().numpy())
         self.components = components

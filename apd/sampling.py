@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from apd import __version__
-from apd.artifacts import is_complete, load_torch, save_torch_atomic, write_manifest
+from apd.artifacts import is_complete, load_checkpoint, save_torch_atomic, write_manifest
 from apd.baselines import train_baseline
 from apd.config import SGLDConfig, config_hash
 from apd.data import MinibatchOrder
@@ -220,19 +220,11 @@ def _save_checkpoint(path: Path, stage_hash: str, chain: SGLDChain, state: _Chai
 
 
 def _load_checkpoint(path: Path, stage_hash: str) -> dict | None:
-    """A checkpoint of this config, or None (absent, unreadable or from another config)."""
-    if not path.is_file():
-        return None
-    try:
-        ckpt = load_torch(path)
-    except ArtifactError as exc:
-        log.warning("ignoring checkpoint: %s", exc)
-        return None
-    if ckpt.get("config_hash") != stage_hash:
-        log.info("checkpoint %s is from another configuration; starting afresh", path)
-        return None
-    ckpt["state"] = _ChainState(ckpt["chain"], ckpt["iteration"], ckpt["stored"], ckpt["monitor_sum"],
-                                ckpt["seconds"])
+    """A checkpoint of this config with its chain state, or None."""
+    ckpt = load_checkpoint(path, config_hash=stage_hash)
+    if ckpt is not None:
+        ckpt["state"] = _ChainState(ckpt["chain"], ckpt["iteration"], ckpt["stored"], ckpt["monitor_sum"],
+                                    ckpt["seconds"])
     return ckpt
 
 

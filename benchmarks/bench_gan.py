@@ -13,10 +13,9 @@ textbook step runs after the RSS reading: its [B, D] interpolates and gradients 
 from __future__ import annotations
 
 import resource
-import time
-from collections.abc import Callable
 
 import torch
+from timing import best_time
 
 from apd.gan import Critic, GANTrainer, Generator
 
@@ -24,16 +23,6 @@ DIMS = [7_510, 79_510, 478_410]
 REPEATS = {7_510: 10, 79_510: 3, 478_410: 2}  # steps timed per kind at each D
 BATCH = 100
 N_CRITIC = 5
-
-
-def best_time(fn: Callable[[], object], repeats: int) -> float:
-    """Fastest of ``repeats`` calls (seconds): the least disturbed by other load on a shared machine."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def textbook_critic_step(trainer: GANTrainer, real: torch.Tensor, gp_weight: float = 10.0) -> None:

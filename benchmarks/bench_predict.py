@@ -13,26 +13,15 @@ Targets on a 2-core CPU: ≥ 0.7 of the matmul rate at N = 10,000; ≥ 2× the l
 from __future__ import annotations
 
 import resource
-import time
 
 import torch
+from timing import best_time
 from torch.nn.utils import vector_to_parameters
 
 from apd.nets import ParamSpec, mlp, predict_probs
 
 SIZES = [784, 100, 10]
 CASES = [(100, 10_000), (1_000, 1), (1_000, 10), (1_000, 100)]
-
-
-def best_time(fn, repeats: int) -> float:
-    """Fastest of ``repeats`` calls (seconds): the least disturbed by other load on a shared machine."""
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def matmul_gflops() -> float:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from timing import best_time
 
 from apd.nets import ParamSpec, mlp
 from apd.store import COMPRESSIONS, SampleStore
@@ -62,25 +63,15 @@ def time_appends(path: Path, spec: ParamSpec, rows: np.ndarray, compression: str
     return seconds, size
 
 
-def best_of(repeats: int, fn) -> float:
-    """Smallest wall time of ``repeats`` calls of ``fn`` (the machine is shared and noisy)."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def time_reads(store: SampleStore, indices: np.ndarray) -> tuple[float, float, float]:
     """Seconds to read rows ``indices``: h5py row loop, h5py fancy read, ``SampleStore.read``."""
     dataset = store.samples
     distinct = np.unique(indices)  # h5py fancy indexing needs increasing, distinct indices
     expected = np.stack([dataset[i] for i in indices])
     assert np.array_equal(store.read(indices).numpy(), expected)
-    loop = best_of(3, lambda: np.stack([dataset[i] for i in indices]))
-    fancy = best_of(3, lambda: dataset[distinct])
-    ours = best_of(3, lambda: store.read(indices))
+    loop = best_time(lambda: np.stack([dataset[i] for i in indices]), 3)
+    fancy = best_time(lambda: dataset[distinct], 3)
+    ours = best_time(lambda: store.read(indices), 3)
     return loop, fancy, ours
 
 

@@ -1,0 +1,317 @@
+"""``apd experiment distillers``: how small and fast can a distilled posterior be and still match SGLD?
+
+On one pipeline's SGLD samples, in one run, every distiller below is built (and timed), then judged on
+the protocol of ``apd evaluate`` (R runs, each a fresh draw of the same number of networks):
+
+- ``SGLD``: the samples themselves, the reference;
+- ``dense APD``: the paper's WGAN-GP on raw D-dimensional weight vectors (Wang et al., 2018), for
+  ``dense_steps`` generator steps or until ``max_seconds`` run out;
+- ``subspace APD r``: the same GAN on whitened coordinates in the top-r principal subspace, with the
+  pipeline's ``[distill]`` hyper-parameters, without (``ranks``) or with (``residual_ranks``) the
+  per-weight residual;
+- ``Gaussian r``: the null model of subspace APD, θ = μ + U·diag(σ)·z with z ~ N(0, I_r), i.e. the same
+  codec with the GAN left out;
+- ``diagonal Gaussian``: θ = μ + σ ⊙ z per weight (the standardising codec with N(0, I) codes);
+- ``MoG-k``: diagonal mixtures of k Gaussians, as in the evaluation.
+
+Reported per distiller: storage in SGLD samples' worth, build time, accuracy and mean AUROC of BALD and
+the variation ratio as shares of SGLD's, the AUROC on every OOD set, the nearest-SGLD-sample distance
+ratio of :func:`apd.evaluate.fidelity`, and which of the targets it misses (``DistillerPlan``). Outputs:
+``artifacts/NAME/experiments/distillers.{json,md,png}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from apd.artifacts import read_json, write_json_atomic
+from apd.codec import WeightCodec, fit_codec, storage_in_samples
+from apd.config import DistillConfig, _build, _f, parse_override
+from apd.distill import DistilledGenerator, StoreBatches, _evenly_spaced, make_trainer
+from apd.errors import ArtifactError, ConfigError
+from apd.evaluate import fidelity, fit_mixture, ood_inputs
+from apd.metrics import accuracy, detection, mean_std
+from apd.nets import ParamSpec, mlp
+from apd.posteriors import APDGenerator, SGLDSamples, WeightSpacePosterior
+from apd.report import _duration, _markdown, _new_figure, _num, _sample_count
+from apd.runtime import RunContext
+from apd.sampling import manifest_path, samples_path
+from apd.store import SampleStore
+from apd.uncertainty import scores as uncertainty_scores
+
+log = logging.getLogger(__name__)
+
+SCORES = ("bald", "variation_ratio")
+SCORE_LABELS = {"bald": "BALD", "variation_ratio": "VR"}
+FAMILIES = ("sgld", "dense", "subspace", "gaussian", "diagonal", "mog")
+
+
+@dataclass
+class DistillerPlan:
+    """Which distillers to build, their budgets, and the targets each is checked against.
+
+    Set from the command line with ``--option KEY=VALUE`` (TOML values), e.g. ``--option ranks=[10,20]``.
+    """
+
+    ranks: list[int] = _f([10, 18, 20, 50])  # subspace APD and its Gaussian null model, no residual
+    residual_ranks: list[int] = _f([20])  # subspace APD with the per-weight residual
+    mog_components: list[int] = _f([5, 10])
+    diagonal: bool = True
+    dense_steps: int = _f(2000, ge=0)  # 0: leave dense APD out
+    subspace_steps: int = _f(0, ge=0)  # 0: the pipeline's distill.steps
+    max_seconds: float = _f(600.0, gt=0)  # wall clock for building one GAN distiller, training included
+    target_accuracy_share: float = _f(0.99, gt=0)
+    target_auroc_gap: float = _f(1.0, ge=0)  # AUROC points below SGLD's allowed on each (score, OOD set)
+    target_storage: float = _f(20.0, gt=0)  # SGLD samples' worth
+    target_seconds: float = _f(600.0, gt=0)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One distiller of the comparison: its family (:data:`FAMILIES`) and size parameters."""
+
+    name: str
+    family: str
+    rank: int = 0
+    residual: bool = False
+    components: int = 0
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The evaluation inputs, stacked: the test set, the in-distribution subset, then each OOD set."""
+
+    x: Tensor
+    y_test: Tensor
+    n_in: int
+    sets: list[str]
+
+
+class CodecGaussian(WeightSpacePosterior):
+    """θ = decode(z), z ~ N(0, I): a Gaussian through a fitted codec, μ + U·diag(σ)·z for the subspace
+    codec (the null model of subspace APD) and μ + σ ⊙ z for the standardising one."""
+
+    def __init__(self, codec: WeightCodec, spec: ParamSpec, name: str) -> None:
+        self.codec, self.spec, self.name = codec, spec, name
+        self.device = codec.mean.device
+
+    def sample_weights(self, k: int, generator: torch.Generator | None = None) -> Tensor:
+        code = torch.randn(k, self.codec.code_dim, generator=generator, device=self.device)
+        return self.codec.decode(code, generator)
+
+    def stored_parameters(self) -> int:
+        return self.codec.stored_parameters()
+
+
+def plan_from_options(options: list[str]) -> DistillerPlan:
+    """A :class:`DistillerPlan` from ``KEY=VALUE`` strings, checked like a config section (unknown keys,
+    types, bounds) with one-line :class:`ConfigError` messages."""
+    raw = {}
+    for text in options:
+        if "=" not in text:
+            raise ConfigError(f"--option {text!r}: expected KEY=VALUE")
+        keys, value = parse_override(text)
+        raw[".".join(keys)] = value
+    return _build(DistillerPlan, raw, "--option", prefix="")
+
+
+def variants(plan: DistillerPlan) -> list[Variant]:
+    """The distillers of ``plan`` in table order, SGLD first."""
+    out = [Variant("SGLD", "sgld")]
+    out += [Variant("dense APD", "dense")] if plan.dense_steps else []
+    out += [Variant(f"subspace APD r={r}", "subspace", rank=r) for r in plan.ranks]
+    out += [Variant(f"subspace APD r={r} + residual", "subspace", rank=r, residual=True)
+            for r in plan.residual_ranks]
+    out += [Variant(f"Gaussian r={r}", "gaussian", rank=r) for r in plan.ranks]
+    out += [Variant("diagonal Gaussian", "diagonal")] if plan.diagonal else []
+    out += [Variant(f"MoG-{k}", "mog", components=k) for k in plan.mog_components]
+    return out
+
+
+def gan_config(variant: Variant, pipeline: DistillConfig, plan: DistillerPlan) -> DistillConfig:
+    """Dense APD: the paper's settings (DistillConfig's defaults) for ``dense_steps``; subspace APD: the
+    pipeline's distill section at the variant's rank and residual, for ``subspace_steps``."""
+    if variant.family == "dense":
+        return DistillConfig(steps=plan.dense_steps)
+    return dataclasses.replace(pipeline, generator="subspace", subspace_rank=variant.rank,
+                               subspace_residual=variant.residual, steps=plan.subspace_steps or pipeline.steps)
+
+
+def train_generator(d: DistillConfig, codec: WeightCodec, store: SampleStore, seed: int, device: torch.device,
+                    deadline: float) -> tuple[DistilledGenerator, int]:
+    """WGAN-GP (Gulrajani et al., 2017) on the codes of the stored samples with the seeds of ``apd distill``,
+    for ``d.steps`` generator steps or until ``time.perf_counter()`` passes ``deadline``; returns the last
+    generator (no selection on validation accuracy) and the steps it took."""
+    trainer = make_trainer(d, codec.code_dim, seed + 3, device)
+    real = StoreBatches(store, codec, d.batch_size, d.in_memory_gb, seed + 5, device)
+    while trainer.generator_steps < d.steps and time.perf_counter() < deadline:
+        trainer.step(real, d.n_critic)
+    return DistilledGenerator(trainer.generator, codec).eval(), trainer.generator_steps
+
+
+def build(variant: Variant, ctx: RunContext, store: SampleStore, plan: DistillerPlan,
+          deadline: float) -> tuple[WeightSpacePosterior, int | None]:
+    """The posterior of ``variant`` fit to ``store`` and, for the GANs, the generator steps taken."""
+    cfg, device, spec = ctx.cfg, ctx.device, store.spec
+    if variant.family == "sgld":
+        return SGLDSamples(store, device), None
+    if variant.family == "mog":
+        mixture = fit_mixture(store, variant.components, cfg.evaluate.mog_fit_samples, cfg.seed, device)
+        return mixture, None
+    if variant.family == "dense":
+        codec = WeightCodec("identity", spec.numel)
+    else:
+        fit = store.read(_evenly_spaced(len(store), cfg.distill.fit_samples))
+        kind = "standardize" if variant.family == "diagonal" else "subspace"
+        codec = fit_codec(kind, fit, variant.rank, variant.residual, seed=cfg.seed).to(device)
+    if variant.family in ("gaussian", "diagonal"):
+        return CodecGaussian(codec, spec, variant.name), None
+    model, steps = train_generator(gan_config(variant, cfg.distill, plan), codec, store, cfg.seed, device, deadline)
+    return APDGenerator(model, spec, variant.name), steps
+
+
+@torch.no_grad()
+def judge(method: WeightSpacePosterior, inputs: Inputs, runs: int, networks: int, seed: int) -> dict:
+    """Accuracy of the ensemble predictive p̄ = (1/K) Σ_k p(y | x, θ_k) on the test set and the AUROC
+    (percent, OOD positive) of each of :data:`SCORES` on every OOD set, mean ± std over ``runs`` draws of
+    ``networks`` members, as ``apd evaluate`` computes them."""
+    generator = torch.Generator().manual_seed(seed + 31)
+    n_test, n_in = len(inputs.y_test), inputs.n_in
+    acc: list[float] = []
+    auroc: dict[str, dict[str, list[float]]] = {s: {o: [] for o in inputs.sets} for s in SCORES}
+    for _ in range(runs):
+        probs = method.predict_probs(inputs.x, networks, generator)
+        acc.append(accuracy(probs[:, :n_test].mean(0), inputs.y_test.to(probs.device)))
+        member_scores = uncertainty_scores(probs[:, n_test:])
+        for score in SCORES:
+            values = member_scores[score].cpu().numpy()
+            for i, name in enumerate(inputs.sets):
+                outside = values[n_in * (i + 1):n_in * (i + 2)]
+                auroc[score][name].append(100.0 * detection(values[:n_in], outside)["auroc"])
+    return {"accuracy": mean_std(acc),
+            "auroc": {s: {o: mean_std(v) for o, v in by_set.items()} for s, by_set in auroc.items()}}
+
+
+def missed_targets(row: dict, sgld: dict, plan: DistillerPlan) -> list[str]:
+    """Which targets ``row`` misses: ``accuracy`` (below target_accuracy_share × SGLD's), ``OOD`` (some
+    score's AUROC on some set more than target_auroc_gap points below SGLD's), ``storage``, ``time``."""
+    misses = []
+    if row["accuracy"]["mean"] < plan.target_accuracy_share * sgld["accuracy"]["mean"]:
+        misses.append("accuracy")
+    if any(stat["mean"] < sgld["auroc"][score][name]["mean"] - plan.target_auroc_gap
+           for score, by_set in row["auroc"].items() for name, stat in by_set.items()):
+        misses.append("OOD")
+    if row["in_sgld_samples"] > plan.target_storage:
+        misses.append("storage")
+    if row["seconds"] > plan.target_seconds:
+        misses.append("time")
+    return misses
+
+
+def _with_shares(row: dict, sgld: dict, plan: DistillerPlan) -> dict:
+    mean_auroc = {s: float(np.mean([stat["mean"] for stat in by_set.values()])) for s, by_set in row["auroc"].items()}
+    sgld_mean = {s: float(np.mean([stat["mean"] for stat in by_set.values()])) for s, by_set in sgld["auroc"].items()}
+    return {**row, "accuracy_share": row["accuracy"]["mean"] / sgld["accuracy"]["mean"], "mean_auroc": mean_auroc,
+            "mean_auroc_share": {s: mean_auroc[s] / sgld_mean[s] for s in mean_auroc},
+            "missed_targets": None if row["family"] == "sgld" else missed_targets(row, sgld, plan)}
+
+
+def compare_distillers(ctx: RunContext, plan: DistillerPlan) -> dict:
+    """Build and judge every variant of ``plan`` on the pipeline's samples; the results as JSON-able data."""
+    cfg, e = ctx.cfg, ctx.cfg.evaluate
+    source = samples_path(ctx)
+    if not manifest_path(source).is_file():
+        raise ArtifactError(f"{source}: no complete sample store; run `apd sample --config {cfg.source}` first")
+    started = time.perf_counter()
+    x_in, ood = ood_inputs(ctx)
+    inputs = Inputs(torch.cat([ctx.data.x_test, x_in, *ood.values()]).to(ctx.device), ctx.data.y_test,
+                    len(x_in), list(ood))
+    rows = []
+    with SampleStore.open(source, expect_spec=ParamSpec.from_module(mlp(ctx.net_sizes))) as store:
+        sgld = SGLDSamples(store, ctx.device)
+        for variant in variants(plan):
+            t0 = time.perf_counter()
+            method, steps = build(variant, ctx, store, plan, deadline=t0 + plan.max_seconds)
+            seconds = time.perf_counter() - t0
+            if variant.family == "sgld":
+                seconds = read_json(manifest_path(source)).get("seconds", float("nan"))
+            row = {**dataclasses.asdict(variant), "steps": steps, "seconds": round(seconds, 2),
+                   "parameters": method.stored_parameters(),
+                   "in_sgld_samples": storage_in_samples(method.stored_parameters(), store.spec.numel),
+                   **judge(method, inputs, e.runs, e.networks, cfg.seed),
+                   "fidelity": None if variant.family == "sgld" else fidelity(
+                       method, sgld, ctx.data.x_test.to(ctx.device), e.networks, cfg.seed)}
+            rows.append(row)
+            log.info("%s: built in %.1f s%s; accuracy %.4f, mean BALD AUROC %.1f", variant.name, seconds,
+                     "" if steps is None else f" ({steps} steps)", row["accuracy"]["mean"],
+                     np.mean([stat["mean"] for stat in row["auroc"]["bald"].values()]))
+        dim, store_size = store.spec.numel, len(store)
+    rows = [_with_shares(row, rows[0], plan) for row in rows]
+    return {"pipeline": cfg.name, "dataset": ctx.data.name, "dim": dim, "sgld_samples": store_size, "runs": e.runs,
+            "networks": e.networks, "ood_sets": inputs.sets, "scores": list(SCORES),
+            "plan": dataclasses.asdict(plan), "rows": rows, "seconds": round(time.perf_counter() - started, 2)}
+
+
+def render_table(results: dict) -> str:
+    """The Markdown of ``distillers.md``: a note on the protocol and one row per distiller."""
+    plan, sets = results["plan"], results["ood_sets"]
+    note = (f"# Distillers on {results['pipeline']}\n\n{results['runs']} runs × {results['networks']} networks per "
+            f"draw; D = {results['dim']:,} weights; storage in SGLD samples' worth (SGLD: its whole store of "
+            f"{results['sgld_samples']:,}); time = building the distiller (SGLD: sampling); shares are of SGLD's "
+            f"values; AUROC in percent per OOD set ({' / '.join(sets)}); NN ratio = distance to the nearest SGLD "
+            "sample over that of held-out SGLD samples. Targets: accuracy ≥ "
+            f"{100 * plan['target_accuracy_share']:g} % of SGLD's, every AUROC at most {plan['target_auroc_gap']:g} "
+            f"point below SGLD's, storage ≤ {plan['target_storage']:g} samples, time ≤ {plan['target_seconds']:g} s."
+            "\n\n")
+    header = ["distiller", "storage", "time", "steps", "accuracy", "acc % SGLD",
+              *(f"{SCORE_LABELS[s]} % SGLD" for s in SCORES), *(f"{SCORE_LABELS[s]} AUROC per set" for s in SCORES),
+              "NN ratio", "misses"]
+    body = []
+    for row in results["rows"]:
+        misses = row["missed_targets"]
+        body.append([row["name"], _sample_count(row["in_sgld_samples"]), _duration(row["seconds"]),
+                     "—" if row["steps"] is None else f"{row['steps']:,}", _num(row["accuracy"]["mean"], 4),
+                     _num(100 * row["accuracy_share"], 1),
+                     *(_num(100 * row["mean_auroc_share"][s], 1) for s in SCORES),
+                     *(" / ".join(_num(row["auroc"][s][o]["mean"], 1) for o in sets) for s in SCORES),
+                     "—" if row["fidelity"] is None else _num(row["fidelity"]["nn_ratio"], 2),
+                     "(reference)" if misses is None else ", ".join(misses) or "none"])
+    return note + _markdown(header, body) + "\n"
+
+
+def draw_figure(results: dict, path: Path) -> None:
+    """Accuracy and mean BALD AUROC as shares of SGLD's against storage (log scale), a point per distiller."""
+    figure, axes = _new_figure(1, 2, panel=(5.5, 4.2))
+    panels = (("accuracy_share", "accuracy"), ("mean_auroc_share", "mean BALD AUROC"))
+    for ax, (key, label) in zip(axes[0], panels, strict=True):
+        for row in results["rows"]:
+            share = row[key] if key == "accuracy_share" else row[key]["bald"]
+            color = f"C{FAMILIES.index(row['family'])}"
+            ax.plot(row["in_sgld_samples"], 100 * share, "o", color=color)
+            ax.annotate(row["name"], (row["in_sgld_samples"], 100 * share), textcoords="offset points",
+                        xytext=(4, 3), fontsize=6, color=color)
+        ax.axhline(100, color="grey", linewidth=0.8)
+        ax.axvline(results["plan"]["target_storage"], color="grey", linestyle=":", linewidth=0.8)
+        ax.set(xscale="log", xlabel="storage (SGLD samples' worth)", ylabel=f"{label} (% of SGLD)",
+               title=f"{label}: {results['pipeline']}")
+    figure.savefig(path, dpi=110)
+
+
+def run_distillers(ctx: RunContext, options: list[str]) -> dict:
+    """``apd experiment distillers``: compare, write ``experiments/distillers.{json,md,png}``, print the table."""
+    results = compare_distillers(ctx, plan_from_options(options))
+    out = ctx.out_dir / "experiments"
+    write_json_atomic(out / "distillers.json", results)
+    markdown = render_table(results)
+    (out / "distillers.md").write_text(markdown)
+    draw_figure(results, out / "distillers.png")
+    print(markdown)
+    return results

@@ -1,0 +1,86 @@
+"""``apd experiment distillers`` on a tiny digits pipeline: outputs, storage by hand, shares, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from apd.cli import main
+from apd.errors import ConfigError
+from apd.experiments.distillers import DistillerPlan, plan_from_options, variants
+from tests.test_pipeline import TINY, _toml
+
+D = 64 * 32 + 32 + 32 * 10 + 10  # weights of the tiny 64-32-10 network: 2,410
+RANK = 4
+OPTIONS = [f"ranks=[{RANK}]", "residual_ranks=[]", "mog_components=[]", "diagonal=false", "dense_steps=0",
+           "subspace_steps=60"]
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory):
+    """SGLD samples of the tiny pipeline, then the experiment with subspace APD and its null model, one run."""
+    root = tmp_path_factory.mktemp("artifacts")
+    config = root / "tiny.toml"
+    config.write_text(_toml(TINY))
+    assert main(["sample", "--config", str(config), "--artifacts", str(root), "--quiet"]) == 0
+    args = ["experiment", "distillers", "--config", str(config), "--artifacts", str(root), "--quiet",
+            "--set", "evaluate.runs=1", *(arg for option in OPTIONS for arg in ("--option", option))]
+    assert main(args) == 0
+    out = root / "tiny" / "experiments"
+    return json.loads((out / "distillers.json").read_text()), out
+
+
+def test_outputs_hold_one_row_per_distiller(experiment):
+    results, out = experiment
+    assert [row["name"] for row in results["rows"]] == ["SGLD", f"subspace APD r={RANK}", f"Gaussian r={RANK}"]
+    assert results["runs"] == 1 and results["ood_sets"] == ["gaussian", "uniform"] and results["dim"] == D
+    markdown = (out / "distillers.md").read_text()
+    assert markdown.count("\n| ") == 1 + 3  # header and three rows
+    assert "| SGLD | 200 |" in markdown and "(reference)" in markdown
+    assert (out / "distillers.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_storage_counted_by_hand(experiment):
+    sgld, gan, gaussian = experiment[0]["rows"]
+    assert sgld["in_sgld_samples"] == 200  # the tiny store: (2500 − 500) / 10 samples
+    # μ (D) + basis (D × r) + σ (r): r + 1 weight vectors and r numbers.
+    assert gaussian["parameters"] == D * (RANK + 1) + RANK
+    assert gaussian["in_sgld_samples"] == pytest.approx(RANK + 1 + RANK / D)
+    # The generator z(32) → 32 → r adds its weights and biases to the same codec.
+    assert gan["parameters"] - gaussian["parameters"] == 32 * 32 + 32 + 32 * RANK + RANK
+    assert gan["steps"] == 60 and gaussian["steps"] is None
+
+
+def test_numbers_in_range_and_shares_relative_to_sgld(experiment):
+    sgld, *others = experiment[0]["rows"]
+    assert sgld["accuracy_share"] == 1 and sgld["mean_auroc_share"] == {"bald": 1, "variation_ratio": 1}
+    assert sgld["accuracy"]["mean"] > 0.85 and sgld["missed_targets"] is None and sgld["fidelity"] is None
+    for row in others:
+        assert row["accuracy_share"] == pytest.approx(row["accuracy"]["mean"] / sgld["accuracy"]["mean"])
+        assert 0.8 < row["accuracy_share"] < 1.1
+        for by_set in row["auroc"].values():
+            assert all(0 <= stat["mean"] <= 100 and stat["std"] == 0 for stat in by_set.values())  # one run
+        assert 0.3 < row["fidelity"]["nn_ratio"] < 3
+        assert "storage" not in row["missed_targets"] and "time" not in row["missed_targets"]
+
+
+def test_plan_options_are_checked():
+    plan = plan_from_options(["ranks=[3, 5]", "max_seconds=60", "diagonal=false"])
+    assert (plan.ranks, plan.max_seconds, plan.diagonal) == ([3, 5], 60.0, False)
+    names = [v.name for v in variants(DistillerPlan(ranks=[3], residual_ranks=[3], mog_components=[2]))]
+    assert names == ["SGLD", "dense APD", "subspace APD r=3", "subspace APD r=3 + residual", "Gaussian r=3",
+                     "diagonal Gaussian", "MoG-2"]
+    with pytest.raises(ConfigError, match="unknown key 'rank'"):
+        plan_from_options(["rank=[3]"])
+    with pytest.raises(ConfigError, match="'dense_steps' must be at least 0"):
+        plan_from_options(["dense_steps=-1"])
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        plan_from_options(["ranks"])
+
+
+def test_missing_samples_name_the_stage(tmp_path, capsys):
+    config = tmp_path / "p.toml"
+    config.write_text(_toml({**TINY, "name": "nothing"}))
+    assert main(["experiment", "distillers", "--config", str(config), "--artifacts", str(tmp_path), "--quiet"]) == 2
+    assert "run `apd sample --config" in capsys.readouterr().err
