@@ -39,6 +39,7 @@ from apd.posteriors import (
     WeightSpacePosterior,
     parameters_in_samples,
 )
+from apd.report import run_report, write_report
 from apd.runtime import RunContext
 from apd.sampling import baseline_path, manifest_path, samples_path
 from apd.store import SampleStore
@@ -130,8 +131,6 @@ def run_evaluate(ctx: RunContext) -> dict:
         ("mcdropout", baseline_path(ctx, "mcdropout")), ("generator", generator_path(ctx)))
         if manifest_path(path).is_file()}
     if not ctx.force and is_complete(out / "evaluate.json", stage_hash, inputs):
-        from apd.report import run_report
-
         log.info("reusing %s (--force to redo)", out / "results.json")
         run_report(ctx)
         return {}
@@ -147,8 +146,6 @@ def run_evaluate(ctx: RunContext) -> dict:
     results["timing"]["total"] = round(time.perf_counter() - started, 2)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "results.json", results)
-    from apd.report import write_report
-
     generator_json = manifest_path(generator_path(ctx))
     text = write_report(out, results, generator_json if generator_json.is_file() else None)
     write_manifest(out / "evaluate.json", "evaluate", stage_hash, inputs, seconds=results["timing"]["total"])

@@ -4,7 +4,7 @@ Shapes: K = 100 fcNN1 (784-100-10) networks on N = 10,000 inputs (evaluation), a
 10, 100 (what attacks and active learning see). Prints time per network for `predict_probs` and for a
 loop of `vector_to_parameters` + forward, their ratio, the achieved GFLOP/s as a fraction of a plain
 4096×4096 float32 matmul timed in the same run, the bfloat16 path's speed-up and largest probability
-error, and the process's peak memory.
+error, and the process's peak memory. An optional argument sets torch's thread count.
 
 Targets on a 2-core CPU: ≥ 0.7 of the matmul rate at N = 10,000; ≥ 2× the loop at N = 1 and 10;
 ≥ 1.3× at N = 100; peak memory under 2 GB at K = 1,000.
@@ -13,6 +13,7 @@ Targets on a 2-core CPU: ≥ 0.7 of the matmul rate at N = 10,000; ≥ 2× the l
 from __future__ import annotations
 
 import resource
+import sys
 
 import torch
 from timing import best_time
@@ -39,6 +40,8 @@ def loop_predict(net: torch.nn.Module, weights: torch.Tensor, x: torch.Tensor) -
 
 
 def main() -> None:
+    if len(sys.argv) > 1:  # e.g. `bench_predict.py 1`: one thread, fairer when the machine is shared
+        torch.set_num_threads(int(sys.argv[1]))
     torch.manual_seed(0)
     net = mlp(SIZES)
     spec = ParamSpec.from_module(net)

@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 SCORES = ("bald", "variation_ratio")
 SCORE_LABELS = {"bald": "BALD", "variation_ratio": "VR"}
 FAMILIES = ("sgld", "dense", "subspace", "gaussian", "diagonal", "mog")
+FAMILY_LABELS = {"sgld": "SGLD", "dense": "dense APD", "subspace": "subspace APD", "gaussian": "Gaussian (subspace)",
+                 "diagonal": "diagonal Gaussian", "mog": "MoG"}
 
 
 @dataclass
@@ -250,7 +252,7 @@ def compare_distillers(ctx: RunContext, plan: DistillerPlan) -> dict:
                    "fidelity": None if variant.family == "sgld" else fidelity(
                        method, sgld, ctx.data.x_test.to(ctx.device), e.networks, cfg.seed)}
             rows.append(row)
-            log.info("%s: built in %.1f s%s; accuracy %.4f, mean BALD AUROC %.1f", variant.name, seconds,
+            log.info("%s: %.1f s%s; accuracy %.4f, mean BALD AUROC %.1f", variant.name, seconds,
                      "" if steps is None else f" ({steps} steps)", row["accuracy"]["mean"],
                      np.mean([stat["mean"] for stat in row["auroc"]["bald"].values()]))
         dim, store_size = store.spec.numel, len(store)
@@ -288,20 +290,28 @@ def render_table(results: dict) -> str:
 
 
 def draw_figure(results: dict, path: Path) -> None:
-    """Accuracy and mean BALD AUROC as shares of SGLD's against storage (log scale), a point per distiller."""
+    """Accuracy and mean BALD AUROC as shares of SGLD's against storage (log scale): a marker per family of
+    distillers, each point tagged with its rank or number of components."""
     figure, axes = _new_figure(1, 2, panel=(5.5, 4.2))
     panels = (("accuracy_share", "accuracy"), ("mean_auroc_share", "mean BALD AUROC"))
     for ax, (key, label) in zip(axes[0], panels, strict=True):
-        for row in results["rows"]:
-            share = row[key] if key == "accuracy_share" else row[key]["bald"]
-            color = f"C{FAMILIES.index(row['family'])}"
-            ax.plot(row["in_sgld_samples"], 100 * share, "o", color=color)
-            ax.annotate(row["name"], (row["in_sgld_samples"], 100 * share), textcoords="offset points",
-                        xytext=(4, 3), fontsize=6, color=color)
+        for family, marker in zip(FAMILIES, "*sos^D", strict=True):
+            rows = [row for row in results["rows"] if row["family"] == family]
+            if not rows:
+                continue
+            worth = [row["in_sgld_samples"] for row in rows]
+            shares = [100 * (row[key] if key == "accuracy_share" else row[key]["bald"]) for row in rows]
+            ax.plot(worth, shares, marker, color=f"C{FAMILIES.index(family)}", label=FAMILY_LABELS[family],
+                    linestyle="none", markersize=9 if marker == "*" else 6)
+            for row, x, y in zip(rows, worth, shares, strict=True):
+                tag = (f"r={row['rank']}" + ("+res" if row["residual"] else "") if row["rank"]
+                       else f"k={row['components']}" if row["components"] else "")
+                ax.annotate(tag, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=6)
         ax.axhline(100, color="grey", linewidth=0.8)
         ax.axvline(results["plan"]["target_storage"], color="grey", linestyle=":", linewidth=0.8)
         ax.set(xscale="log", xlabel="storage (SGLD samples' worth)", ylabel=f"{label} (% of SGLD)",
                title=f"{label}: {results['pipeline']}")
+        ax.legend(fontsize=7)
     figure.savefig(path, dpi=110)
 
 
