@@ -1,13 +1,15 @@
-# apd: `make sample distill evaluate` runs the pipeline, `make test` the tests.
+# apd: `make sample distill evaluate` runs the pipeline, `make test` the tests,
+# `make experiment EXPERIMENT=distillers` a study on the pipeline's samples.
 # Every target builds .venv itself; it is rebuilt only when pyproject.toml changes.
 PIPELINE ?= pipelines/digits.toml
 ARGS ?=
+EXPERIMENT ?= distillers
 VENV := .venv
 PY := $(VENV)/bin/python
 APD := $(VENV)/bin/apd
 STAMP := $(VENV)/.installed
 
-.PHONY: install sample distill evaluate report info test test-slow lint bench clean
+.PHONY: install sample distill evaluate report info experiment test test-slow lint bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -31,6 +33,9 @@ report: $(STAMP)
 
 info: $(STAMP)
 	$(APD) info --config $(PIPELINE) $(ARGS)
+
+experiment: $(STAMP)
+	$(APD) experiment $(EXPERIMENT) --config $(PIPELINE) $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check apd tests benchmarks

@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from apd.cli import main
+from apd.codec import fit_codec
 from apd.errors import ConfigError
-from apd.experiments.distillers import DistillerPlan, plan_from_options, variants
+from apd.experiments.distillers import DistillerPlan, ProjectedSamples, plan_from_options, variants
+from apd.posteriors import SGLDSamples
+from apd.store import SampleStore
 from tests.test_pipeline import TINY, _toml
 
 D = 64 * 32 + 32 + 32 * 10 + 10  # weights of the tiny 64-32-10 network: 2,410
@@ -33,17 +37,19 @@ def experiment(tmp_path_factory):
 
 def test_outputs_hold_one_row_per_distiller(experiment):
     results, out = experiment
-    assert [row["name"] for row in results["rows"]] == ["SGLD", f"subspace APD r={RANK}", f"Gaussian r={RANK}"]
+    assert [row["name"] for row in results["rows"]] == ["SGLD", f"SGLD in subspace r={RANK}", f"subspace APD r={RANK}",
+                                                        f"Gaussian r={RANK}"]
     assert results["runs"] == 1 and results["ood_sets"] == ["gaussian", "uniform"] and results["dim"] == D
     markdown = (out / "distillers.md").read_text()
-    assert markdown.count("\n| ") == 1 + 3  # header and three rows
+    assert markdown.count("\n| ") == 1 + 4  # header and four rows
     assert "| SGLD | 200 |" in markdown and "(reference)" in markdown
     assert (out / "distillers.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_storage_counted_by_hand(experiment):
-    sgld, gan, gaussian = experiment[0]["rows"]
+    sgld, projected, gan, gaussian = experiment[0]["rows"]
     assert sgld["in_sgld_samples"] == 200  # the tiny store: (2500 − 500) / 10 samples
+    assert projected["parameters"] == gaussian["parameters"] + 200 * RANK  # the codec and r numbers per sample
     # μ (D) + basis (D × r) + σ (r): r + 1 weight vectors and r numbers.
     assert gaussian["parameters"] == D * (RANK + 1) + RANK
     assert gaussian["in_sgld_samples"] == pytest.approx(RANK + 1 + RANK / D)
@@ -65,12 +71,24 @@ def test_numbers_in_range_and_shares_relative_to_sgld(experiment):
         assert "storage" not in row["missed_targets"] and "time" not in row["missed_targets"]
 
 
+def test_projection_keeps_rank_r_and_the_full_span_keeps_the_samples(experiment):
+    _, out = experiment
+    with SampleStore.open(out.parent / "samples.h5") as store:
+        sgld, samples = SGLDSamples(store), store.read_all()
+        for rank in (3, len(store) - 1):  # centred samples span len(store) − 1 dimensions
+            codec = fit_codec("subspace", samples, rank, residual=False)
+            projected = ProjectedSamples(sgld, codec, "p").sample_weights(len(store), torch.Generator().manual_seed(1))
+            assert torch.linalg.matrix_rank(projected - codec.mean, rtol=1e-4) == rank
+        torch.testing.assert_close(projected, sgld.sample_weights(len(store), torch.Generator().manual_seed(1)),
+                                   atol=1e-4, rtol=0)
+
+
 def test_plan_options_are_checked():
     plan = plan_from_options(["ranks=[3, 5]", "max_seconds=60", "diagonal=false"])
     assert (plan.ranks, plan.max_seconds, plan.diagonal) == ([3, 5], 60.0, False)
     names = [v.name for v in variants(DistillerPlan(ranks=[3], residual_ranks=[3], mog_components=[2]))]
-    assert names == ["SGLD", "dense APD", "subspace APD r=3", "subspace APD r=3 + residual", "Gaussian r=3",
-                     "diagonal Gaussian", "MoG-2"]
+    assert names == ["SGLD", "SGLD in subspace r=3", "dense APD", "subspace APD r=3", "subspace APD r=3 + residual",
+                     "Gaussian r=3", "diagonal Gaussian", "MoG-2"]
     with pytest.raises(ConfigError, match="unknown key 'rank'"):
         plan_from_options(["rank=[3]"])
     with pytest.raises(ConfigError, match="'dense_steps' must be at least 0"):

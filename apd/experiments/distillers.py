@@ -4,6 +4,9 @@ On one pipeline's SGLD samples, in one run, every distiller below is built (and 
 the protocol of ``apd evaluate`` (R runs, each a fresh draw of the same number of networks):
 
 - ``SGLD``: the samples themselves, the reference;
+- ``SGLD in subspace r``: the samples projected onto the top-r principal subspace, θ ↦ μ + U·Uᵀ(θ − μ),
+  stored as the codec and the n × r coordinates of the n samples (principal-component compression, no
+  model of their distribution): the ceiling of any distiller working in that subspace;
 - ``dense APD``: the paper's WGAN-GP on raw D-dimensional weight vectors (Wang et al., 2018), for
   ``dense_steps`` generator steps or until ``max_seconds`` run out;
 - ``subspace APD r``: the same GAN on whitened coordinates in the top-r principal subspace, with the
@@ -51,9 +54,9 @@ log = logging.getLogger(__name__)
 
 SCORES = ("bald", "variation_ratio")
 SCORE_LABELS = {"bald": "BALD", "variation_ratio": "VR"}
-FAMILIES = ("sgld", "dense", "subspace", "gaussian", "diagonal", "mog")
-FAMILY_LABELS = {"sgld": "SGLD", "dense": "dense APD", "subspace": "subspace APD", "gaussian": "Gaussian (subspace)",
-                 "diagonal": "diagonal Gaussian", "mog": "MoG"}
+FAMILIES = ("sgld", "projected", "dense", "subspace", "gaussian", "diagonal", "mog")
+FAMILY_LABELS = {"sgld": "SGLD", "projected": "SGLD in subspace", "dense": "dense APD", "subspace": "subspace APD",
+                 "gaussian": "Gaussian (subspace)", "diagonal": "diagonal Gaussian", "mog": "MoG"}
 
 
 @dataclass
@@ -66,6 +69,7 @@ class DistillerPlan:
     ranks: list[int] = _f([10, 18, 20, 50])  # subspace APD and its Gaussian null model, no residual
     residual_ranks: list[int] = _f([20])  # subspace APD with the per-weight residual
     mog_components: list[int] = _f([5, 10])
+    projected: bool = True  # SGLD projected onto each subspace of ``ranks``, stored as coordinates
     diagonal: bool = True
     dense_steps: int = _f(2000, ge=0)  # 0: leave dense APD out
     subspace_steps: int = _f(0, ge=0)  # 0: the pipeline's distill.steps
@@ -113,6 +117,22 @@ class CodecGaussian(WeightSpacePosterior):
         return self.codec.stored_parameters()
 
 
+class ProjectedSamples(WeightSpacePosterior):
+    """SGLD samples θ projected onto a subspace codec's principal subspace, θ ↦ μ + U·Uᵀ(θ − μ)
+    (decode ∘ encode), which keeps exactly what a subspace model can represent. Stored as the codec plus
+    the r coordinates of each of the n samples (read from the store here, for brevity)."""
+
+    def __init__(self, samples: SGLDSamples, codec: WeightCodec, name: str) -> None:
+        self.samples, self.codec, self.name = samples, codec, name
+        self.spec, self.device = samples.spec, samples.device
+
+    def sample_weights(self, k: int, generator: torch.Generator | None = None) -> Tensor:
+        return self.codec.decode(self.codec.encode(self.samples.sample_weights(k, generator)))
+
+    def stored_parameters(self) -> int:
+        return self.codec.stored_parameters() + len(self.samples.store) * self.codec.code_dim
+
+
 def plan_from_options(options: list[str]) -> DistillerPlan:
     """A :class:`DistillerPlan` from ``KEY=VALUE`` strings, checked like a config section (unknown keys,
     types, bounds) with one-line :class:`ConfigError` messages."""
@@ -128,6 +148,7 @@ def plan_from_options(options: list[str]) -> DistillerPlan:
 def variants(plan: DistillerPlan) -> list[Variant]:
     """The distillers of ``plan`` in table order, SGLD first."""
     out = [Variant("SGLD", "sgld")]
+    out += [Variant(f"SGLD in subspace r={r}", "projected", rank=r) for r in plan.ranks] if plan.projected else []
     out += [Variant("dense APD", "dense")] if plan.dense_steps else []
     out += [Variant(f"subspace APD r={r}", "subspace", rank=r) for r in plan.ranks]
     out += [Variant(f"subspace APD r={r} + residual", "subspace", rank=r, residual=True)
@@ -176,6 +197,8 @@ def build(variant: Variant, ctx: RunContext, store: SampleStore, plan: Distiller
         codec = fit_codec(kind, fit, variant.rank, variant.residual, seed=cfg.seed).to(device)
     if variant.family in ("gaussian", "diagonal"):
         return CodecGaussian(codec, spec, variant.name), None
+    if variant.family == "projected":
+        return ProjectedSamples(SGLDSamples(store, device), codec, variant.name), None
     model, steps = train_generator(gan_config(variant, cfg.distill, plan), codec, store, cfg.seed, device, deadline)
     return APDGenerator(model, spec, variant.name), steps
 
@@ -269,10 +292,11 @@ def render_table(results: dict) -> str:
             f"draw; D = {results['dim']:,} weights; storage in SGLD samples' worth (SGLD: its whole store of "
             f"{results['sgld_samples']:,}); time = building the distiller (SGLD: sampling); shares are of SGLD's "
             f"values; AUROC in percent per OOD set ({' / '.join(sets)}); NN ratio = distance to the nearest SGLD "
-            "sample over that of held-out SGLD samples. Targets: accuracy ≥ "
-            f"{100 * plan['target_accuracy_share']:g} % of SGLD's, every AUROC at most {plan['target_auroc_gap']:g} "
-            f"point below SGLD's, storage ≤ {plan['target_storage']:g} samples, time ≤ {plan['target_seconds']:g} s."
-            "\n\n")
+            "sample over that of held-out SGLD samples; 'SGLD in subspace r' (the samples' r coordinates) is the "
+            "ceiling of rank-r distillers. "
+            f"Targets: accuracy ≥ {100 * plan['target_accuracy_share']:g} % of SGLD's, every AUROC at most "
+            f"{plan['target_auroc_gap']:g} point below SGLD's, storage ≤ {plan['target_storage']:g} samples, "
+            f"time ≤ {plan['target_seconds']:g} s.\n\n")
     header = ["distiller", "storage", "time", "steps", "accuracy", "acc % SGLD",
               *(f"{SCORE_LABELS[s]} % SGLD" for s in SCORES), *(f"{SCORE_LABELS[s]} AUROC per set" for s in SCORES),
               "NN ratio", "misses"]
@@ -295,7 +319,7 @@ def draw_figure(results: dict, path: Path) -> None:
     figure, axes = _new_figure(1, 2, panel=(5.5, 4.2))
     panels = (("accuracy_share", "accuracy"), ("mean_auroc_share", "mean BALD AUROC"))
     for ax, (key, label) in zip(axes[0], panels, strict=True):
-        for family, marker in zip(FAMILIES, "*sos^D", strict=True):
+        for family, marker in zip(FAMILIES, "*Psos^D", strict=True):
             rows = [row for row in results["rows"] if row["family"] == family]
             if not rows:
                 continue
