@@ -13,6 +13,7 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,14 +74,7 @@ def write_manifest(path: Path, stage: str, config_hash: str, inputs: dict[str, s
 
 def is_complete(path: Path, config_hash: str, inputs: dict[str, str]) -> bool:
     """True when ``path`` is a manifest for this config hash and these inputs."""
-    if not path.is_file():
-        return False
-    try:
-        manifest = read_json(path)
-    except ArtifactError as exc:
-        log.warning("ignoring unreadable manifest: %s", exc)
-        return False
-    return manifest.get("config_hash") == config_hash and manifest.get("inputs", {}) == inputs
+    return _load_matching(path, read_json, "manifest", config_hash=config_hash, inputs=inputs) is not None
 
 
 def save_torch_atomic(path: Path, obj: Any) -> None:
@@ -111,15 +105,21 @@ def load_torch(path: Path) -> Any:
 
 def load_checkpoint(path: Path, **expected: Any) -> dict | None:
     """A stage's checkpoint whose entries equal ``expected`` (e.g. its config hash), or None when it is
-    absent, unreadable (a warning) or from another configuration (a note): the stage then starts afresh."""
+    absent, unreadable or from another configuration: the stage then starts afresh."""
+    return _load_matching(path, load_torch, "checkpoint", **expected)
+
+
+def _load_matching(path: Path, reader: Callable[[Path], Any], what: str, **expected: Any) -> dict | None:
+    """``reader(path)`` if the file exists, reads and has every ``expected`` entry; else None (with a
+    warning for an unreadable file, a note for one from another configuration)."""
     if not path.is_file():
         return None
     try:
-        checkpoint = load_torch(path)
+        record = reader(path)
     except ArtifactError as exc:
-        log.warning("ignoring checkpoint: %s", exc)
+        log.warning("ignoring %s: %s", what, exc)
         return None
-    if any(checkpoint.get(key) != value for key, value in expected.items()):
-        log.info("checkpoint %s is from another configuration; starting afresh", path)
+    if any(record.get(key) != value for key, value in expected.items()):
+        log.info("%s %s is from another configuration; not reusing it", what, path)
         return None
-    return checkpoint
+    return record
