@@ -70,6 +70,7 @@ class DistillerPlan:
     residual_ranks: list[int] = _f([20])  # subspace APD with the per-weight residual
     mog_components: list[int] = _f([5, 10])
     projected: bool = True  # SGLD projected onto each subspace of ``ranks``, stored as coordinates
+    gaussian: bool = True  # the Gaussian null model in each subspace of ``ranks``
     diagonal: bool = True
     dense_steps: int = _f(2000, ge=0)  # 0: leave dense APD out
     subspace_steps: int = _f(0, ge=0)  # 0: the pipeline's distill.steps
@@ -153,7 +154,7 @@ def variants(plan: DistillerPlan) -> list[Variant]:
     out += [Variant(f"subspace APD r={r}", "subspace", rank=r) for r in plan.ranks]
     out += [Variant(f"subspace APD r={r} + residual", "subspace", rank=r, residual=True)
             for r in plan.residual_ranks]
-    out += [Variant(f"Gaussian r={r}", "gaussian", rank=r) for r in plan.ranks]
+    out += [Variant(f"Gaussian r={r}", "gaussian", rank=r) for r in plan.ranks] if plan.gaussian else []
     out += [Variant("diagonal Gaussian", "diagonal")] if plan.diagonal else []
     out += [Variant(f"MoG-{k}", "mog", components=k) for k in plan.mog_components]
     return out
