@@ -97,6 +97,14 @@ def test_plan_options_are_checked():
         plan_from_options(["ranks"])
 
 
+def test_too_large_a_rank_is_a_config_error(experiment, capsys):
+    _, out = experiment
+    config, root = out.parent.parent / "tiny.toml", out.parent.parent
+    assert main(["experiment", "distillers", "--config", str(config), "--artifacts", str(root), "--quiet",
+                 "--option", "ranks=[201]"]) == 2
+    assert "a subspace rank can be at most 200 here" in capsys.readouterr().err
+
+
 def test_missing_samples_name_the_stage(tmp_path, capsys):
     config = tmp_path / "p.toml"
     config.write_text(_toml({**TINY, "name": "nothing"}))

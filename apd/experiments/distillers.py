@@ -263,6 +263,9 @@ def compare_distillers(ctx: RunContext, plan: DistillerPlan) -> dict:
     rows = []
     with SampleStore.open(source, expect_spec=ParamSpec.from_module(mlp(ctx.net_sizes))) as store:
         sgld = SGLDSamples(store, ctx.device)
+        limit = min(len(store), cfg.distill.fit_samples, store.spec.numel)
+        if any(r > limit for r in (*plan.ranks, *plan.residual_ranks)):
+            raise ConfigError(f"--option ranks: a subspace rank can be at most {limit} here (fit samples, weights)")
         for variant in variants(plan):
             t0 = time.perf_counter()
             method, steps = build(variant, ctx, store, plan, deadline=t0 + plan.max_seconds)
