@@ -38,9 +38,9 @@ class Posterior(ABC):
     def predict_probs(self, x: Tensor, k: int, generator: torch.Generator | None = None) -> Tensor:
         """p_k(y | x) for k members: [K, N, C]."""
 
+    @abstractmethod
     def stored_parameters(self) -> int:
         """Numbers this method keeps at test time (its storage cost)."""
-        raise NotImplementedError
 
 
 class WeightSpacePosterior(Posterior):
