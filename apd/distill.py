@@ -135,7 +135,8 @@ def run_distill(ctx: RunContext) -> Path:
     return distill_online(ctx) if ctx.cfg.distill.mode == "online" else distill_offline(ctx)
 
 
-def _evenly_spaced(n: int, k: int) -> list[int]:
+def evenly_spaced(n: int, k: int) -> list[int]:
+    """min(n, k) row indices spread evenly over 0 … n − 1 (the samples a codec is fit to)."""
     return sorted({int(i) for i in torch.linspace(0, n - 1, min(n, k)).round().tolist()})
 
 
@@ -174,7 +175,7 @@ def distill_offline(ctx: RunContext) -> Path:
     spec = ParamSpec.from_module(mlp(ctx.net_sizes))
     started = time.perf_counter()
     with SampleStore.open(source, expect_spec=spec) as store:
-        fit_rows = _evenly_spaced(len(store), d.fit_samples)
+        fit_rows = evenly_spaced(len(store), d.fit_samples)
         codec = fit_codec(codec_kind(d), store.read(fit_rows), d.subspace_rank, d.subspace_residual,
                           seed=cfg.seed).to(ctx.device)
         real = StoreBatches(store, codec, d.batch_size, d.in_memory_gb, cfg.seed + 5, ctx.device)

@@ -38,7 +38,7 @@ from torch import Tensor
 from apd.artifacts import read_json, write_json_atomic
 from apd.codec import WeightCodec, fit_codec, storage_in_samples
 from apd.config import DistillConfig, _build, _f, parse_override
-from apd.distill import DistilledGenerator, StoreBatches, _evenly_spaced, make_trainer
+from apd.distill import DistilledGenerator, StoreBatches, evenly_spaced, make_trainer
 from apd.errors import ArtifactError, ConfigError
 from apd.evaluate import fidelity, fit_mixture, ood_inputs
 from apd.metrics import accuracy, detection, mean_std
@@ -193,7 +193,7 @@ def build(variant: Variant, ctx: RunContext, store: SampleStore, plan: Distiller
     if variant.family == "dense":
         codec = WeightCodec("identity", spec.numel)
     else:
-        fit = store.read(_evenly_spaced(len(store), cfg.distill.fit_samples))
+        fit = store.read(evenly_spaced(len(store), cfg.distill.fit_samples))
         kind = "standardize" if variant.family == "diagonal" else "subspace"
         codec = fit_codec(kind, fit, variant.rank, variant.residual, seed=cfg.seed).to(device)
     if variant.family in ("gaussian", "diagonal"):
