@@ -51,6 +51,11 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+def manifest_path(artifact: Path) -> Path:
+    """The manifest that marks ``artifact`` complete: ``samples.h5`` → ``samples.json``."""
+    return artifact.with_suffix(".json")
+
+
 def manifest_digest(path: Path) -> str:
     """Hash of a manifest's bytes: what a downstream stage records as its input's identity."""
     try:

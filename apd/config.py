@@ -21,7 +21,7 @@ from typing import Any, Literal
 from apd.errors import ConfigError
 
 
-def _f(default: Any, **bounds: float) -> Any:
+def bounded(default: Any, **bounds: float) -> Any:
     """A dataclass field with a default and optional bounds: gt, ge, lt, le (checked on load)."""
     if isinstance(default, list | dict):
         return field(default_factory=lambda: type(default)(default), metadata=bounds)
@@ -38,18 +38,18 @@ class DataConfig:
 
     dataset: Literal["digits", "fashion-mnist", "mnist"] = "digits"
     data_dir: str = ""
-    train_size: int = _f(0, ge=0)
-    val_size: int = _f(300, ge=1)
-    test_size: int = _f(0, ge=0)
-    ood: list[str] = _f(["gaussian", "uniform", "photos"])
-    ood_dirs: dict[str, str] = _f({})
+    train_size: int = bounded(0, ge=0)
+    val_size: int = bounded(300, ge=1)
+    test_size: int = bounded(0, ge=0)
+    ood: list[str] = bounded(["gaussian", "uniform", "photos"])
+    ood_dirs: dict[str, str] = bounded({})
 
 
 @dataclass
 class NetConfig:
     """The target MLP: input size and classes come from the data, ``hidden`` lists the hidden widths."""
 
-    hidden: list[int] = _f([100])
+    hidden: list[int] = bounded([100])
 
 
 @dataclass
@@ -58,21 +58,21 @@ class SGLDConfig:
     iterations. Schedules: constant; polynomial a·(b+t)^(−γ) with a = lr; cyclical cosine (cSGLD)
     sampling only in the last ``1 − explore_fraction`` of each of ``cycles`` cycles."""
 
-    lr: float = _f(0.05, gt=0)
-    prior_var: float = _f(0.02, gt=0)
-    temperature: float = _f(1.0, gt=0)
-    batch_size: int = _f(100, ge=1)
-    iterations: int = _f(200_000, ge=1)
-    burn_in: int = _f(500, ge=0)
-    thin: int = _f(20, ge=1)
-    chains: int = _f(1, ge=1)
+    lr: float = bounded(0.05, gt=0)
+    prior_var: float = bounded(0.02, gt=0)
+    temperature: float = bounded(1.0, gt=0)
+    batch_size: int = bounded(100, ge=1)
+    iterations: int = bounded(200_000, ge=1)
+    burn_in: int = bounded(500, ge=0)
+    thin: int = bounded(20, ge=1)
+    chains: int = bounded(1, ge=1)
     schedule: Literal["constant", "polynomial", "cyclical"] = "constant"
-    poly_b: float = _f(1.0, gt=0)
-    poly_gamma: float = _f(0.55, ge=0, le=1)
-    cycles: int = _f(4, ge=1)
-    explore_fraction: float = _f(0.8, ge=0, lt=1)
-    eval_every: int = _f(2000, ge=1)
-    checkpoint_every: int = _f(5000, ge=1)
+    poly_b: float = bounded(1.0, gt=0)
+    poly_gamma: float = bounded(0.55, ge=0, le=1)
+    cycles: int = bounded(4, ge=1)
+    explore_fraction: float = bounded(0.8, ge=0, lt=1)
+    eval_every: int = bounded(2000, ge=1)
+    checkpoint_every: int = bounded(5000, ge=1)
     compression: Literal["none", "lzf", "gzip"] = "none"
 
 
@@ -81,13 +81,13 @@ class BaselineConfig:
     """SGD and MC-dropout baselines: minibatch SGD with weight decay on the mean loss, the checkpoint
     with the best validation accuracy kept (for MC dropout, of the MC predictive over ``mc_passes``)."""
 
-    lr: float = _f(0.05, gt=0)
-    weight_decay: float = _f(0.001, ge=0)
-    momentum: float = _f(0.0, ge=0, lt=1)
-    batch_size: int = _f(100, ge=1)
-    epochs: int = _f(20, ge=1)
-    dropout: float = _f(0.5, ge=0, lt=1)
-    mc_passes: int = _f(200, ge=1)
+    lr: float = bounded(0.05, gt=0)
+    weight_decay: float = bounded(0.001, ge=0)
+    momentum: float = bounded(0.0, ge=0, lt=1)
+    batch_size: int = bounded(100, ge=1)
+    epochs: int = bounded(20, ge=1)
+    dropout: float = bounded(0.5, ge=0, lt=1)
+    mc_passes: int = bounded(200, ge=1)
 
 
 @dataclass
@@ -105,29 +105,29 @@ class DistillConfig:
     mode: Literal["offline", "online"] = "offline"
     generator: Literal["dense", "subspace"] = "dense"
     loss: Literal["wgan-gp", "wgan", "gan"] = "wgan-gp"
-    z_dim: int = _f(32, ge=1)
-    gen_hidden: list[int] = _f([100, 100, 100])
-    critic_hidden: list[int] = _f([100, 100, 100])
-    gp_weight: float = _f(10.0, ge=0)
-    clip: float = _f(0.01, gt=0)
-    n_critic: int = _f(5, ge=1)
-    lr: float = _f(0.0, ge=0)  # 0: the loss's default (WGAN-GP 1e-4, WGAN 5e-5, GAN 2e-4)
-    beta1: float = _f(0.5, ge=0, lt=1)
-    beta2: float = _f(0.9, ge=0, lt=1)
-    batch_size: int = _f(100, ge=1)
-    steps: int = _f(100_000, ge=1)
+    z_dim: int = bounded(32, ge=1)
+    gen_hidden: list[int] = bounded([100, 100, 100])
+    critic_hidden: list[int] = bounded([100, 100, 100])
+    gp_weight: float = bounded(10.0, ge=0)
+    clip: float = bounded(0.01, gt=0)
+    n_critic: int = bounded(5, ge=1)
+    lr: float = bounded(0.0, ge=0)  # 0: the loss's default (WGAN-GP 1e-4, WGAN 5e-5, GAN 2e-4)
+    beta1: float = bounded(0.5, ge=0, lt=1)
+    beta2: float = bounded(0.9, ge=0, lt=1)
+    batch_size: int = bounded(100, ge=1)
+    steps: int = bounded(100_000, ge=1)
     standardize: bool = False
-    subspace_rank: int = _f(20, ge=1)
+    subspace_rank: int = bounded(20, ge=1)
     subspace_residual: bool = True
-    fit_samples: int = _f(2000, ge=2)
-    in_memory_gb: float = _f(4.0, ge=0)
-    eval_every: int = _f(500, ge=1)
-    eval_networks: int = _f(100, ge=1)
-    checkpoint_every: int = _f(1000, ge=1)
-    buffer_size: int = _f(2000, ge=1)
-    t_sgld: int = _f(100, ge=1)
-    t_gan: int = _f(10, ge=1)
-    restart_every: int = _f(0, ge=0)
+    fit_samples: int = bounded(2000, ge=2)
+    in_memory_gb: float = bounded(4.0, ge=0)
+    eval_every: int = bounded(500, ge=1)
+    eval_networks: int = bounded(100, ge=1)
+    checkpoint_every: int = bounded(1000, ge=1)
+    buffer_size: int = bounded(2000, ge=1)
+    t_sgld: int = bounded(100, ge=1)
+    t_gan: int = bounded(10, ge=1)
+    restart_every: int = bounded(0, ge=0)
 
 
 ADVERSARIAL_SOURCES = ("sgd", "mcdropout", "sgld", "apd", "mog")  # methods an attack can be crafted on
@@ -143,26 +143,26 @@ class EvaluateConfig:
     also white-box attacks on each source's expected predictive over ``adv_eot_members`` members, up to
     ``adv_whitebox_examples`` examples each."""
 
-    runs: int = _f(10, ge=1)
-    networks: int = _f(100, ge=1)
-    sgld_samples: int = _f(100, ge=1)
-    mc_passes: int = _f(200, ge=1)
-    ood_size: int = _f(2000, ge=1)
-    ood_scale: float = _f(1.0, gt=0)
-    scores: list[str] = _f(["variation_ratio", "bald", "entropy", "max_prob", "model_variance"])
-    mog_components: list[int] = _f([1, 5, 10, 20, 60])
-    mog_fit_samples: int = _f(2000, ge=2)
+    runs: int = bounded(10, ge=1)
+    networks: int = bounded(100, ge=1)
+    sgld_samples: int = bounded(100, ge=1)
+    mc_passes: int = bounded(200, ge=1)
+    ood_size: int = bounded(2000, ge=1)
+    ood_scale: float = bounded(1.0, gt=0)
+    scores: list[str] = bounded(["variation_ratio", "bald", "entropy", "max_prob", "model_variance"])
+    mog_components: list[int] = bounded([1, 5, 10, 20, 60])
+    mog_fit_samples: int = bounded(2000, ge=2)
     adversarial: bool = False
-    adv_examples: int = _f(6000, ge=1)
-    adv_samples: int = _f(1000, ge=1)
-    pgd_eps: float = _f(0.3, gt=0)
-    pgd_steps: int = _f(40, ge=0)
-    pgd_step_size: float = _f(0.02, gt=0)
-    fgsm_eps_grid: list[float] = _f([round(0.02 * i, 2) for i in range(1, 16)])  # 0.02, 0.04, …, 0.30
-    adv_sources: list[str] = _f(["mcdropout", "sgld", "apd"])
+    adv_examples: int = bounded(6000, ge=1)
+    adv_samples: int = bounded(1000, ge=1)
+    pgd_eps: float = bounded(0.3, gt=0)
+    pgd_steps: int = bounded(40, ge=0)
+    pgd_step_size: float = bounded(0.02, gt=0)
+    fgsm_eps_grid: list[float] = bounded([round(0.02 * i, 2) for i in range(1, 16)])  # 0.02, 0.04, …, 0.30
+    adv_sources: list[str] = bounded(["mcdropout", "sgld", "apd"])
     adv_whitebox: bool = True
-    adv_whitebox_examples: int = _f(500, ge=1)
-    adv_eot_members: int = _f(20, ge=1)
+    adv_whitebox_examples: int = bounded(500, ge=1)
+    adv_eot_members: int = bounded(20, ge=1)
 
 
 @dataclass
@@ -170,9 +170,9 @@ class PipelineConfig:
     """One experiment: data, target net, sampler, baselines, distiller and evaluation."""
 
     name: str = "digits"
-    seed: int = _f(0, ge=0)
+    seed: int = bounded(0, ge=0)
     device: str = "auto"
-    threads: int = _f(0, ge=0)  # CPU threads for torch; 0 keeps torch's default (one per core)
+    threads: int = bounded(0, ge=0)  # CPU threads for torch; 0 keeps torch's default (one per core)
     data: DataConfig = field(default_factory=DataConfig)
     net: NetConfig = field(default_factory=NetConfig)
     sgld: SGLDConfig = field(default_factory=SGLDConfig)
@@ -245,12 +245,12 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> PipelineConfig:
 
 def from_dict(raw: dict[str, Any], where: str = "<config>") -> PipelineConfig:
     """Build a validated :class:`PipelineConfig` from nested dicts (as TOML gives)."""
-    cfg = _build(PipelineConfig, raw, where, prefix="")
+    cfg = build_section(PipelineConfig, raw, where, prefix="")
     _check_consistency(cfg, where)
     return cfg
 
 
-def _build(cls: type, raw: Any, where: str, prefix: str) -> Any:
+def build_section(cls: type, raw: Any, where: str, prefix: str) -> Any:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: {prefix.rstrip('.') or 'top level'}: expected a table")
     hints = typing.get_type_hints(cls)
@@ -264,7 +264,7 @@ def _build(cls: type, raw: Any, where: str, prefix: str) -> Any:
         key = prefix + name
         hint = hints[name]
         if dataclasses.is_dataclass(hint):
-            values[name] = _build(hint, value, where, prefix=key + ".")
+            values[name] = build_section(hint, value, where, prefix=key + ".")
         else:
             values[name] = _coerce(hint, value, where, key)
             _check_bounds(fields[name].metadata, values[name], where, key)

@@ -26,6 +26,7 @@ from apd.artifacts import (
     load_checkpoint,
     load_torch,
     manifest_digest,
+    manifest_path,
     read_json,
     save_torch_atomic,
     write_manifest,
@@ -37,7 +38,7 @@ from apd.gan import Critic, GANTrainer, Generator, make_loss
 from apd.metrics import accuracy
 from apd.nets import ParamSpec, mlp, predict_probs
 from apd.runtime import RunContext
-from apd.sampling import SGLDChain, is_thinned_sample, manifest_path, samples_path
+from apd.sampling import SGLDChain, is_thinned_sample, samples_path
 from apd.store import SampleStore
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from apd.artifacts import is_complete, load_torch, manifest_digest, write_json_atomic, write_manifest
+from apd.artifacts import is_complete, load_torch, manifest_digest, manifest_path, write_json_atomic, write_manifest
 from apd.config import config_hash
 from apd.data import available_ood, ood_set
 from apd.distill import generator_path
@@ -41,7 +41,7 @@ from apd.posteriors import (
 )
 from apd.report import run_report, write_report
 from apd.runtime import RunContext
-from apd.sampling import baseline_path, manifest_path, samples_path
+from apd.sampling import baseline_path, samples_path
 from apd.store import SampleStore
 from apd.uncertainty import scores as uncertainty_scores
 

@@ -82,7 +82,7 @@ def _score_label(score: str) -> str:
     return SCORE_LABELS.get(score, score)
 
 
-def _num(value: float | None, digits: int) -> str:
+def format_number(value: float | None, digits: int) -> str:
     """``value`` with ``digits`` decimals; an absent or non-finite value is a dash."""
     if value is None or not math.isfinite(value):
         return MISSING
@@ -92,15 +92,15 @@ def _num(value: float | None, digits: int) -> str:
 def _mean_std(stat: dict | None, digits: int) -> str:
     if stat is None:
         return MISSING
-    return f"{_num(stat.get('mean'), digits)} ± {_num(stat.get('std'), digits)}"
+    return f"{format_number(stat.get('mean'), digits)} ± {format_number(stat.get('std'), digits)}"
 
 
 def _percent_of(share: float | None) -> str:
     """A fraction of SGLD's value as a percentage with one decimal (0.993 → 99.3)."""
-    return MISSING if share is None else _num(100.0 * share, 1)
+    return MISSING if share is None else format_number(100.0 * share, 1)
 
 
-def _sample_count(value: float | None) -> str:
+def format_sample_count(value: float | None) -> str:
     """A number of SGLD samples' worth: three significant digits below 100, whole numbers above."""
     if value is None or not math.isfinite(value):
         return MISSING
@@ -117,7 +117,7 @@ def _human_bytes(count: int) -> str:
     return f"{count} B" if unit == 0 else f"{value:.1f} {units[unit]}"
 
 
-def _duration(seconds: float) -> str:
+def format_duration(seconds: float) -> str:
     minutes, rest = divmod(seconds, 60.0)
     hours, minutes = divmod(int(minutes), 60)
     if hours:
@@ -125,7 +125,7 @@ def _duration(seconds: float) -> str:
     return f"{minutes} min {rest:.0f} s" if minutes else f"{rest:.1f} s"
 
 
-def _markdown(header: Sequence[str], body: Iterable[Sequence[str]]) -> str:
+def markdown_table(header: Sequence[str], body: Iterable[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in body]
     return "\n".join(lines)
@@ -166,7 +166,7 @@ def accuracy_table(results: dict) -> Table | None:
     rows = [[m, key, stat["mean"], stat["std"]] for m in methods for key, _ in ACCURACY_COLUMNS
             if (stat := accuracy[m].get(key)) is not None]
     header = ["method", *(label for _, label in ACCURACY_COLUMNS)]
-    return Table("accuracy", "Accuracy and calibration", note + _markdown(header, body),
+    return Table("accuracy", "Accuracy and calibration", note + markdown_table(header, body),
                  ["method", "metric", "mean", "std"], rows)
 
 
@@ -178,10 +178,10 @@ def _detection_cell(metrics: dict | None, show_std: bool) -> str:
     """``AUROC / AUPR-Out / AUPR-In`` in percent (the paper's AUROC / AUPR+ / AUPR−), ± std on AUROC."""
     if metrics is None:
         return MISSING
-    auroc = _num(metrics["auroc"]["mean"], 1)
+    auroc = format_number(metrics["auroc"]["mean"], 1)
     if show_std:
-        auroc += f" ±{_num(metrics['auroc']['std'], 1)}"
-    return " / ".join([auroc, *(_num(metrics[key]["mean"], 1) for key in ("aupr_out", "aupr_in"))])
+        auroc += f" ±{format_number(metrics['auroc']['std'], 1)}"
+    return " / ".join([auroc, *(format_number(metrics[key]["mean"], 1) for key in ("aupr_out", "aupr_in"))])
 
 
 def ood_table(results: dict) -> Table | None:
@@ -201,7 +201,7 @@ def ood_table(results: dict) -> Table | None:
         body = [[name, *(_detection_cell(ood[name][score].get(m), show_std) for m in methods)]
                 for name in sets]
         blocks.append(f"### Score: {_score_label(score)}\n\n"
-                      + _markdown(["OOD set", *map(_label, methods)], body))
+                      + markdown_table(["OOD set", *map(_label, methods)], body))
         rows += [[name, score, m, metric, stat["mean"], stat["std"]] for name in sets for m in methods
                  if m in ood[name][score] for metric in DETECTION_METRICS
                  if (stat := ood[name][score][m].get(metric)) is not None]
@@ -221,10 +221,10 @@ def mean_auroc_table(results: dict) -> Table | None:
     means = {(score, m): float(np.mean(values)) for score in scores for m in methods
              if (values := [per_set[score][m]["auroc"]["mean"] for per_set in ood.values()
                             if m in per_set.get(score, {})])}
-    body = [[_score_label(score), *(_num(means.get((score, m)), 1) for m in methods)] for score in scores]
+    body = [[_score_label(score), *(format_number(means.get((score, m)), 1) for m in methods)] for score in scores]
     note = f"AUROC in percent, averaged over the {len(ood)} OOD sets ({', '.join(ood)}).\n\n"
     rows = [[score, m, value] for (score, m), value in means.items()]
-    return Table("mean_auroc", "Mean OOD AUROC", note + _markdown(["score", *map(_label, methods)], body),
+    return Table("mean_auroc", "Mean OOD AUROC", note + markdown_table(["score", *map(_label, methods)], body),
                  ["score", "method", "mean_auroc"], rows)
 
 
@@ -236,12 +236,12 @@ def storage_table(results: dict) -> Table | None:
         return None
     methods = _methods(results, storage)
     body = [[_label(m), f"{storage[m]['parameters']:,}", _human_bytes(storage[m]["bytes"]),
-             _sample_count(storage[m]["in_sgld_samples"])] for m in methods]
-    markdown = _markdown(["method", "parameters", "size", "SGLD samples' worth"], body)
+             format_sample_count(storage[m]["in_sgld_samples"])] for m in methods]
+    markdown = markdown_table(["method", "parameters", "size", "SGLD samples' worth"], body)
     if "apd" in storage:
         apd = storage["apd"]
         markdown += (f"\n\nAPD's generator stores {apd['parameters']:,} parameters, as much as "
-                     f"{_sample_count(apd['in_sgld_samples'])} SGLD samples")
+                     f"{format_sample_count(apd['in_sgld_samples'])} SGLD samples")
         sgld_ensemble = results.get("ensemble", {}).get("sgld")
         if sgld_ensemble and apd["in_sgld_samples"] > 0:
             markdown += (f": {sgld_ensemble / apd['in_sgld_samples']:.1f}× less than the {sgld_ensemble:,} "
@@ -263,14 +263,14 @@ def mog_table(results: dict) -> Table | None:
     if apd:
         rows.append(["APD", None, apd["parameters"], apd["in_sgld_samples"], None, apd["accuracy_share"],
                      None, apd["bald_auroc_share"]])
-    body = [[model, MISSING if k is None else str(k), f"{params:,}", _sample_count(worth),
-             MISSING if acc is None else _num(acc, 4), _percent_of(acc_share),
-             MISSING if bald is None else _num(bald, 1), _percent_of(bald_share)]
+    body = [[model, MISSING if k is None else str(k), f"{params:,}", format_sample_count(worth),
+             MISSING if acc is None else format_number(acc, 4), _percent_of(acc_share),
+             MISSING if bald is None else format_number(bald, 1), _percent_of(bald_share)]
             for model, k, params, worth, acc, acc_share, bald, bald_share in rows]
     header = ["model", "components", "parameters", "SGLD samples' worth", "accuracy", "accuracy (% of SGLD)",
               "BALD AUROC", "BALD AUROC (% of SGLD)"]
     note = "BALD AUROC in percent, averaged over the OOD sets; shares are relative to SGLD's own values.\n\n"
-    return Table("mog", "Mixtures of Gaussians vs APD", note + _markdown(header, body), list(MOG_COLUMNS),
+    return Table("mog", "Mixtures of Gaussians vs APD", note + markdown_table(header, body), list(MOG_COLUMNS),
                  rows)
 
 
@@ -282,11 +282,11 @@ def fidelity_table(results: dict) -> Table | None:
     if not fidelity:
         return None
     methods = _methods(results, fidelity)
-    body = [[_label(m), *(_num(fidelity[m].get(key), 3) for key, _ in FIDELITY_COLUMNS)] for m in methods]
+    body = [[_label(m), *(format_number(fidelity[m].get(key), 3) for key, _ in FIDELITY_COLUMNS)] for m in methods]
     note = ("Ratios to SGLD's own values (1 = the same); an NN ratio well below 1 means the generated "
             "weights sit closer to the training samples than fresh SGLD samples do (memorisation).\n\n")
     rows = [[m, *(fidelity[m].get(key) for key, _ in FIDELITY_COLUMNS)] for m in methods]
-    return Table("fidelity", "Fidelity to the SGLD samples", note + _markdown(
+    return Table("fidelity", "Fidelity to the SGLD samples", note + markdown_table(
         ["method", *(label for _, label in FIDELITY_COLUMNS)], body),
         ["method", *(key for key, _ in FIDELITY_COLUMNS)], rows)
 
@@ -324,22 +324,22 @@ def adversarial_table(results: dict) -> Table | None:
             body = [[_label(source), attack.upper(),
                      *(MISSING if (cell := gray.get((source, attack, t))) is None else value(cell)
                        for t in targets)] for source, attack in pairs]
-            return _markdown(["source", "attack", *map(_label, targets)], body)
+            return markdown_table(["source", "attack", *map(_label, targets)], body)
 
         for score in _cell_scores(gray.values()):
             blocks.append(f"### Gray-box, score: {_score_label(score)} (AUROC %)\n\n" + grid(
-                lambda cell, score=score: _num(cell[score]["auroc"], 2) if score in cell else MISSING))
+                lambda cell, score=score: format_number(cell[score]["auroc"], 2) if score in cell else MISSING))
         blocks.append("### Gray-box: target accuracy on the adversarial inputs\n\n" + grid(
-            lambda cell: _num(cell.get("accuracy"), 3)))
+            lambda cell: format_number(cell.get("accuracy"), 3)))
     white = {key[1:]: cell for key, cell in cells.items() if key[0] == "white-box"}
     if white:
         scores = _cell_scores(white.values())
         body = [[_label(target), attack.upper(),
-                 *(_num(cell[s]["auroc"], 2) if s in cell else MISSING for s in scores),
-                 _num(cell.get("accuracy"), 3)]
+                 *(format_number(cell[s]["auroc"], 2) if s in cell else MISSING for s in scores),
+                 format_number(cell.get("accuracy"), 3)]
                 for target, attack in _ordered_pairs(results, [(t, a) for _, a, t in white])
                 for cell in [white[(target, attack, target)]]]
-        blocks.append("### White-box (attack on the target's expected predictive)\n\n" + _markdown(
+        blocks.append("### White-box (attack on the target's expected predictive)\n\n" + markdown_table(
             ["target", "attack", *(f"{_score_label(s)} AUROC %" for s in scores), "accuracy"], body))
     rows = [[setting, source, attack, target, "auroc", score, cell[score]["auroc"]]
             for (setting, source, attack, target), cell in cells.items() for score in _cell_scores([cell])]
@@ -363,8 +363,8 @@ def timing_table(results: dict) -> Table | None:
         return None
     steps = _methods(results, (k for k in timing if k != "total"))
     steps += ["total"] if "total" in timing else []
-    body = [[_label(step), f"{timing[step]:,.1f}", _duration(timing[step])] for step in steps]
-    return Table("timing", "Timing", _markdown(["step", "seconds", "duration"], body), ["step", "seconds"],
+    body = [[_label(step), f"{timing[step]:,.1f}", format_duration(timing[step])] for step in steps]
+    return Table("timing", "Timing", markdown_table(["step", "seconds", "duration"], body), ["step", "seconds"],
                  [[step, timing[step]] for step in steps])
 
 
@@ -397,7 +397,7 @@ def _write_csv(path: Path, table: Table) -> None:
 # ------------------------------------------------------------------------------------------------- figures
 
 
-def _new_figure(rows: int = 1, cols: int = 1, panel: tuple[float, float] = (3.2, 2.4)) -> tuple[Figure, Any]:
+def new_figure(rows: int = 1, cols: int = 1, panel: tuple[float, float] = (3.2, 2.4)) -> tuple[Figure, Any]:
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(panel[0] * cols, panel[1] * rows), layout="constrained")
@@ -412,7 +412,7 @@ def _histogram_figure(scores: h5py.File, score: str, results: dict) -> Figure | 
                      if score in scores[m]["out"][name]), results.get("ood", {}))
     if not methods or not sets:
         return None
-    figure, axes = _new_figure(len(methods), len(sets))
+    figure, axes = new_figure(len(methods), len(sets))
     for row, method in enumerate(methods):
         scores_in = scores[method]["in"][score][()]
         for col, name in enumerate(sets):
@@ -442,7 +442,7 @@ def _reliability_figure(scores: h5py.File, results: dict) -> Figure | None:
         return None
     labels = scores["test_labels"][()]
     cols = min(len(methods), 3)
-    figure, axes = _new_figure(math.ceil(len(methods) / cols), cols, panel=(3.0, 3.0))
+    figure, axes = new_figure(math.ceil(len(methods) / cols), cols, panel=(3.0, 3.0))
     for ax in axes.flat[len(methods):]:
         ax.axis("off")
     for ax, method in zip(axes.flat, methods, strict=False):
@@ -464,7 +464,7 @@ def _first_layer_figure(scores: h5py.File) -> Figure | None:
         return None
     images = scores["sgld_first_layer"][()]
     cols = math.ceil(math.sqrt(len(images)))
-    figure, axes = _new_figure(math.ceil(len(images) / cols), cols, panel=(1.6, 1.6))
+    figure, axes = new_figure(math.ceil(len(images) / cols), cols, panel=(1.6, 1.6))
     limit = float(np.abs(images).max()) or 1.0
     for ax in axes.flat:
         ax.axis("off")
@@ -480,7 +480,7 @@ def _storage_figure(results: dict) -> Figure | None:
     mog, apd = results.get("mog") or [], results.get("apd_share")
     if not mog and not apd:
         return None
-    figure, axes = _new_figure(panel=(6.0, 4.0))
+    figure, axes = new_figure(panel=(6.0, 4.0))
     ax = axes[0, 0]
     series = (("accuracy_share", "accuracy", "C0"), ("bald_auroc_share", "BALD AUROC", "C1"))
     for key, label, color in series:
@@ -506,7 +506,7 @@ def _distillation_figure(generator: dict) -> Figure | None:
     history = generator.get("history") or []
     if not history:
         return None
-    figure, axes = _new_figure(panel=(6.0, 4.0))
+    figure, axes = new_figure(panel=(6.0, 4.0))
     ax = axes[0, 0]
     steps = [h["step"] for h in history]
     ax.plot(steps, [h["val_accuracy"] for h in history], "o-", color="C0", label="APD ensemble")

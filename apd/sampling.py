@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from apd import __version__
-from apd.artifacts import is_complete, load_checkpoint, save_torch_atomic, write_manifest
+from apd.artifacts import is_complete, load_checkpoint, manifest_path, save_torch_atomic, write_manifest
 from apd.baselines import train_baseline
 from apd.config import SGLDConfig, config_hash
 from apd.data import MinibatchOrder
@@ -43,11 +43,6 @@ def samples_path(ctx: RunContext) -> Path:
 
 def baseline_path(ctx: RunContext, name: str) -> Path:
     return ctx.out_dir / "baselines" / f"{name}.pt"
-
-
-def manifest_path(artifact: Path) -> Path:
-    """The manifest that marks ``artifact`` complete: ``samples.h5`` → ``samples.json``."""
-    return artifact.with_suffix(".json")
 
 
 def run_sample(ctx: RunContext) -> None:

@@ -41,7 +41,7 @@ import h5py
 import torch
 from torch import Tensor, nn
 
-from apd.artifacts import manifest_digest
+from apd.artifacts import manifest_digest, manifest_path
 from apd.attacks import ModelFn, craft, expected_predictive_fn, module_fn, weight_sample_fn
 from apd.config import EvaluateConfig, config_hash
 from apd.distill import generator_path
@@ -49,7 +49,7 @@ from apd.metrics import detection
 from apd.nets import predict_probs
 from apd.posteriors import MCDropout, PointEstimate, Posterior, SGLDSamples, WeightSpacePosterior
 from apd.runtime import RunContext
-from apd.sampling import baseline_path, manifest_path, samples_path
+from apd.sampling import baseline_path, samples_path
 from apd.uncertainty import scores as uncertainty_scores
 
 log = logging.getLogger(__name__)

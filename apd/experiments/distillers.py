@@ -35,18 +35,18 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from apd.artifacts import read_json, write_json_atomic
+from apd.artifacts import manifest_path, read_json, write_json_atomic
 from apd.codec import WeightCodec, fit_codec, storage_in_samples
-from apd.config import DistillConfig, _build, _f, parse_override
+from apd.config import DistillConfig, bounded, build_section, parse_override
 from apd.distill import DistilledGenerator, StoreBatches, evenly_spaced, make_trainer
 from apd.errors import ArtifactError, ConfigError
 from apd.evaluate import fidelity, fit_mixture, ood_inputs
 from apd.metrics import accuracy, detection, mean_std
 from apd.nets import ParamSpec, mlp
 from apd.posteriors import APDGenerator, SGLDSamples, WeightSpacePosterior
-from apd.report import _duration, _markdown, _new_figure, _num, _sample_count
+from apd.report import format_duration, format_number, format_sample_count, markdown_table, new_figure
 from apd.runtime import RunContext
-from apd.sampling import manifest_path, samples_path
+from apd.sampling import samples_path
 from apd.store import SampleStore
 from apd.uncertainty import scores as uncertainty_scores
 
@@ -66,19 +66,19 @@ class DistillerPlan:
     Set from the command line with ``--option KEY=VALUE`` (TOML values), e.g. ``--option ranks=[10,20]``.
     """
 
-    ranks: list[int] = _f([10, 18, 20, 50])  # subspace APD and its Gaussian null model, no residual
-    residual_ranks: list[int] = _f([20])  # subspace APD with the per-weight residual
-    mog_components: list[int] = _f([5, 10])
+    ranks: list[int] = bounded([10, 18, 20, 50])  # subspace APD and its Gaussian null model, no residual
+    residual_ranks: list[int] = bounded([20])  # subspace APD with the per-weight residual
+    mog_components: list[int] = bounded([5, 10])
     projected: bool = True  # SGLD projected onto each subspace of ``ranks``, stored as coordinates
     gaussian: bool = True  # the Gaussian null model in each subspace of ``ranks``
     diagonal: bool = True
-    dense_steps: int = _f(2000, ge=0)  # 0: leave dense APD out
-    subspace_steps: int = _f(0, ge=0)  # 0: the pipeline's distill.steps
-    max_seconds: float = _f(600.0, gt=0)  # wall clock for building one GAN distiller, training included
-    target_accuracy_share: float = _f(0.99, gt=0)
-    target_auroc_gap: float = _f(1.0, ge=0)  # AUROC points below SGLD's allowed on each (score, OOD set)
-    target_storage: float = _f(20.0, gt=0)  # SGLD samples' worth
-    target_seconds: float = _f(600.0, gt=0)
+    dense_steps: int = bounded(2000, ge=0)  # 0: leave dense APD out
+    subspace_steps: int = bounded(0, ge=0)  # 0: the pipeline's distill.steps
+    max_seconds: float = bounded(600.0, gt=0)  # wall clock for building one GAN distiller, training included
+    target_accuracy_share: float = bounded(0.99, gt=0)
+    target_auroc_gap: float = bounded(1.0, ge=0)  # AUROC points below SGLD's allowed on each (score, OOD set)
+    target_storage: float = bounded(20.0, gt=0)  # SGLD samples' worth
+    target_seconds: float = bounded(600.0, gt=0)
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ def plan_from_options(options: list[str]) -> DistillerPlan:
             raise ConfigError(f"--option {text!r}: expected KEY=VALUE")
         keys, value = parse_override(text)
         raw[".".join(keys)] = value
-    return _build(DistillerPlan, raw, "--option", prefix="")
+    return build_section(DistillerPlan, raw, "--option", prefix="")
 
 
 def variants(plan: DistillerPlan) -> list[Variant]:
@@ -307,20 +307,20 @@ def render_table(results: dict) -> str:
     body = []
     for row in results["rows"]:
         misses = row["missed_targets"]
-        body.append([row["name"], _sample_count(row["in_sgld_samples"]), _duration(row["seconds"]),
-                     "—" if row["steps"] is None else f"{row['steps']:,}", _num(row["accuracy"]["mean"], 4),
-                     _num(100 * row["accuracy_share"], 1),
-                     *(_num(100 * row["mean_auroc_share"][s], 1) for s in SCORES),
-                     *(" / ".join(_num(row["auroc"][s][o]["mean"], 1) for o in sets) for s in SCORES),
-                     "—" if row["fidelity"] is None else _num(row["fidelity"]["nn_ratio"], 2),
+        body.append([row["name"], format_sample_count(row["in_sgld_samples"]), format_duration(row["seconds"]),
+                     "—" if row["steps"] is None else f"{row['steps']:,}", format_number(row["accuracy"]["mean"], 4),
+                     format_number(100 * row["accuracy_share"], 1),
+                     *(format_number(100 * row["mean_auroc_share"][s], 1) for s in SCORES),
+                     *(" / ".join(format_number(row["auroc"][s][o]["mean"], 1) for o in sets) for s in SCORES),
+                     "—" if row["fidelity"] is None else format_number(row["fidelity"]["nn_ratio"], 2),
                      "(reference)" if misses is None else ", ".join(misses) or "none"])
-    return note + _markdown(header, body) + "\n"
+    return note + markdown_table(header, body) + "\n"
 
 
 def draw_figure(results: dict, path: Path) -> None:
     """Accuracy and mean BALD AUROC as shares of SGLD's against storage (log scale): a marker per family of
     distillers, each point tagged with its rank or number of components."""
-    figure, axes = _new_figure(1, 2, panel=(5.5, 4.2))
+    figure, axes = new_figure(1, 2, panel=(5.5, 4.2))
     panels = (("accuracy_share", "accuracy"), ("mean_auroc_share", "mean BALD AUROC"))
     for ax, (key, label) in zip(axes[0], panels, strict=True):
         for family, marker in zip(FAMILIES, "*Psos^D", strict=True):
