@@ -173,6 +173,8 @@ class PipelineConfig:
     seed: int = bounded(0, ge=0)
     device: str = "auto"
     threads: int = bounded(0, ge=0)  # CPU threads for torch; 0 keeps torch's default (one per core)
+    # SGLD noise drawn on a worker thread ("auto": on CPU when a core is left free); results are identical
+    prefetch_noise: Literal["auto", "on", "off"] = "auto"
     data: DataConfig = field(default_factory=DataConfig)
     net: NetConfig = field(default_factory=NetConfig)
     sgld: SGLDConfig = field(default_factory=SGLDConfig)

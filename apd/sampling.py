@@ -34,6 +34,7 @@ from apd.store import SampleStore
 
 log = logging.getLogger(__name__)
 
+PREFETCH_SETTINGS = {"auto": None, "on": True, "off": False}  # config value -> SGLD(prefetch_noise=...)
 MONITOR_SIZE = 1000  # validation images the running-ensemble accuracy on the progress bar is measured on
 
 
@@ -139,7 +140,8 @@ class SGLDChain:
             torch.manual_seed(self.seed)
             self.net = mlp(ctx.net_sizes).to(ctx.device)
         self.optimizer = SGLD(self.net.parameters(), lr=s.lr, num_data=len(y_train),
-                              prior_std=math.sqrt(s.prior_var), temperature=s.temperature, seed=self.seed)
+                              prior_std=math.sqrt(s.prior_var), temperature=s.temperature, seed=self.seed,
+                              prefetch_noise=PREFETCH_SETTINGS[ctx.cfg.prefetch_noise])
         self.schedule = make_schedule(s)
         self.temperature = s.temperature
         self.order = MinibatchOrder(len(y_train), s.batch_size, self.seed, ctx.device)

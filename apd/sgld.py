@@ -24,6 +24,7 @@ resumed run continues exactly where the interrupted one stopped.
 from __future__ import annotations
 
 import math
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -36,13 +37,18 @@ from torch.optim import Optimizer
 
 from apd.config import SGLDConfig
 
-# Whether the next step's noise is drawn on a worker thread by default. On the shared 2-core development
-# CPU (benchmarks/bench_sgld.py, one intra-op thread, both cores busy with other work) prefetching made a
-# step 10-20 % slower: the worker only competes for a core. It pays where a core is idle during
-# forward/backward (a laptop with spare cores); on CUDA the draw is already asynchronous.
-PREFETCH_NOISE_DEFAULT = False
-
 _STATE_KEY = "sgld_noise_generator"
+
+
+def prefetch_pays(device: torch.device) -> bool:
+    """Whether drawing the noise on a worker thread should speed a step up: only on CPU, and only when
+    torch's compute threads leave a core free for the worker (on CUDA the draw is already asynchronous).
+
+    benchmarks/bench_sgld.py on a 2-core CPU with one compute thread: SGLD/SGD 1.05-1.07 on fcNN2 and
+    1.22-1.25 on fcNN1 with the prefetch, 1.42-1.45 and 1.34-1.35 without; with both cores computing, or
+    both busy with other work, the worker only competes for a core and the step is 3-20 % slower.
+    """
+    return device.type == "cpu" and torch.get_num_threads() < len(os.sched_getaffinity(0))
 
 
 def _check_hyperparameters(group: dict[str, Any]) -> None:
@@ -113,7 +119,8 @@ class SGLD(Optimizer):
     so a schedule may change ``group["lr"]`` or ``group["temperature"]`` between steps. Noise comes from
     ``generator`` (owned by the optimizer from then on) or a new one seeded with ``seed``; with neither,
     the seed is drawn from torch's global generator, so ``torch.manual_seed`` fixes it. All parameters
-    must share one device and dtype.
+    must share one device and dtype. ``prefetch_noise`` draws the next step's noise on a worker thread
+    (same trajectory, bit for bit); ``None`` decides by :func:`prefetch_pays`.
     """
 
     def __init__(
@@ -126,15 +133,15 @@ class SGLD(Optimizer):
         *,
         seed: int | None = None,
         generator: torch.Generator | None = None,
-        prefetch_noise: bool = PREFETCH_NOISE_DEFAULT,
+        prefetch_noise: bool | None = None,
     ) -> None:
         if seed is not None and generator is not None:
             raise ValueError("SGLD takes either a seed or a generator, not both")
         self._noise: _GaussianNoise | None = None
-        self._prefetch = prefetch_noise
         defaults = {"lr": lr, "num_data": num_data, "prior_std": prior_std, "temperature": temperature}
         super().__init__(params, defaults)
         like = self.param_groups[0]["params"][0]
+        self._prefetch = prefetch_pays(like.device) if prefetch_noise is None else prefetch_noise
         if generator is None:
             if seed is None:
                 seed = int(torch.randint(0, 2**62, (1,)).item())

@@ -2,9 +2,10 @@
 
 One training iteration (zero_grad, forward, mean cross-entropy, backward, optimizer step) on batches of
 100 random MNIST-shaped inputs, for torch.optim.SGD (lr 0.05, weight decay 0.001) and apd.sgld.SGLD (the
-paper's run: lr 0.05, N 50,000, prior variance 0.02) with and without noise prefetching. Methods are timed
-in interleaved blocks and each reports the median over repetitions, so drift on a shared machine hits
-all alike. "noise" is one standard-normal draw of D values alone; its share is noise / SGLD step.
+paper's run: lr 0.05, N 50,000, prior variance 0.02) with and without noise prefetching (drawing the next
+step's noise on a worker thread, which ``prefetch_noise = "auto"`` does when torch leaves a core free).
+Methods are timed in interleaved blocks and each reports the median over repetitions, so drift on a
+shared machine hits all alike. "noise" is one standard-normal draw of D values alone; its share is noise / SGLD step.
 Run: .venv/bin/python benchmarks/bench_sgld.py [--reps 5] [--steps 20]
 """
 

@@ -13,7 +13,15 @@ from torch import Tensor, nn
 
 from apd.config import SGLDConfig
 from apd.nets import mlp
-from apd.sgld import SGLD, ConstantSchedule, CyclicalSchedule, PolynomialSchedule, StepSchedule, make_schedule
+from apd.sgld import (
+    SGLD,
+    ConstantSchedule,
+    CyclicalSchedule,
+    PolynomialSchedule,
+    StepSchedule,
+    make_schedule,
+    prefetch_pays,
+)
 from tests.helpers import assert_gaussian_moments
 
 
@@ -239,6 +247,15 @@ def _train(net: nn.Module, opt: SGLD, x: Tensor, y: Tensor, steps: range) -> Non
 
 def _flat(net: nn.Module) -> Tensor:
     return torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+
+
+@pytest.mark.parametrize(("device", "threads", "cores", "expected"), [
+    ("cpu", 1, 2, True), ("cpu", 2, 2, False), ("cpu", 1, 1, False), ("cpu", 4, 16, True), ("cuda", 1, 2, False)])
+def test_prefetch_pays_only_on_cpu_with_a_free_core(monkeypatch: pytest.MonkeyPatch, device: str, threads: int,
+                                                    cores: int, expected: bool) -> None:
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cores)))
+    assert prefetch_pays(torch.device(device)) is expected
 
 
 def test_prefetch_gives_the_same_trajectory() -> None:
