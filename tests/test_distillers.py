@@ -10,7 +10,7 @@ import torch
 from apd.cli import main
 from apd.codec import fit_codec
 from apd.errors import ConfigError
-from apd.experiments.distillers import DistillerPlan, ProjectedSamples, plan_from_options, variants
+from apd.experiments.distillers import DecoupledResidual, DistillerPlan, ProjectedSamples, plan_from_options, variants
 from apd.posteriors import SGLDSamples
 from apd.store import SampleStore
 from tests.test_pipeline import TINY, _toml
@@ -37,19 +37,21 @@ def experiment(tmp_path_factory):
 
 def test_outputs_hold_one_row_per_distiller(experiment):
     results, out = experiment
-    assert [row["name"] for row in results["rows"]] == ["SGLD", f"SGLD in subspace r={RANK}", f"subspace APD r={RANK}",
-                                                        f"Gaussian r={RANK}"]
+    assert [row["name"] for row in results["rows"]] == ["SGLD", f"SGLD in subspace r={RANK}",
+                                                        f"SGLD in subspace r={RANK} + another sample's residual",
+                                                        f"subspace APD r={RANK}", f"Gaussian r={RANK}"]
     assert results["runs"] == 1 and results["ood_sets"] == ["gaussian", "uniform"] and results["dim"] == D
     markdown = (out / "distillers.md").read_text()
-    assert markdown.count("\n| ") == 1 + 4  # header and four rows
+    assert markdown.count("\n| ") == 1 + 5  # header and five rows
     assert "| SGLD | 200 |" in markdown and "(reference)" in markdown
     assert (out / "distillers.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_storage_counted_by_hand(experiment):
-    sgld, projected, gan, gaussian = experiment[0]["rows"]
+    sgld, projected, decoupled, gan, gaussian = experiment[0]["rows"]
     assert sgld["in_sgld_samples"] == 200  # the tiny store: (2500 − 500) / 10 samples
     assert projected["parameters"] == gaussian["parameters"] + 200 * RANK  # the codec and r numbers per sample
+    assert decoupled["parameters"] == 200 * D  # the whole store: residuals are drawn from it
     # μ (D) + basis (D × r) + σ (r): r + 1 weight vectors and r numbers.
     assert gaussian["parameters"] == D * (RANK + 1) + RANK
     assert gaussian["in_sgld_samples"] == pytest.approx(RANK + 1 + RANK / D)
@@ -68,7 +70,8 @@ def test_numbers_in_range_and_shares_relative_to_sgld(experiment):
         for by_set in row["auroc"].values():
             assert all(0 <= stat["mean"] <= 100 and stat["std"] == 0 for stat in by_set.values())  # one run
         assert 0.3 < row["fidelity"]["nn_ratio"] < 3
-        assert "storage" not in row["missed_targets"] and "time" not in row["missed_targets"]
+        assert "time" not in row["missed_targets"]
+        assert ("storage" in row["missed_targets"]) == (row["family"] == "decoupled")  # it keeps the whole store
 
 
 def test_projection_keeps_rank_r_and_the_full_span_keeps_the_samples(experiment):
@@ -83,11 +86,26 @@ def test_projection_keeps_rank_r_and_the_full_span_keeps_the_samples(experiment)
                                    atol=1e-4, rtol=0)
 
 
+def test_decoupled_residual_joins_one_draw_inside_the_subspace_to_another_outside(experiment):
+    _, out = experiment
+    with SampleStore.open(out.parent / "samples.h5") as store:
+        sgld = SGLDSamples(store)
+        codec = fit_codec("subspace", store.read_all(), RANK, residual=False)
+        mixed = DecoupledResidual(sgld, codec, "d").sample_weights(50, torch.Generator().manual_seed(2))
+        replay = torch.Generator().manual_seed(2)
+        first, second = sgld.sample_weights(50, replay), sgld.sample_weights(50, replay)
+        inside = codec.decode(codec.encode(mixed))
+        torch.testing.assert_close(inside, codec.decode(codec.encode(second)), atol=1e-4, rtol=0)
+        torch.testing.assert_close(mixed - inside, first - codec.decode(codec.encode(first)), atol=1e-4, rtol=0)
+        assert DecoupledResidual(sgld, codec, "d").stored_parameters() == len(store) * D
+
+
 def test_plan_options_are_checked():
     plan = plan_from_options(["ranks=[3, 5]", "max_seconds=60", "diagonal=false"])
     assert (plan.ranks, plan.max_seconds, plan.diagonal) == ([3, 5], 60.0, False)
     names = [v.name for v in variants(DistillerPlan(ranks=[3], residual_ranks=[3], mog_components=[2]))]
-    assert names == ["SGLD", "SGLD in subspace r=3", "dense APD", "subspace APD r=3", "subspace APD r=3 + residual",
+    assert names == ["SGLD", "SGLD in subspace r=3", "SGLD in subspace r=3 + another sample's residual", "dense APD",
+                     "subspace APD r=3", "subspace APD r=3 + residual",
                      "Gaussian r=3", "diagonal Gaussian", "MoG-2"]
     with pytest.raises(ConfigError, match="unknown key 'rank'"):
         plan_from_options(["rank=[3]"])

@@ -7,6 +7,10 @@ the protocol of ``apd evaluate`` (R runs, each a fresh draw of the same number o
 - ``SGLD in subspace r``: the samples projected onto the top-r principal subspace, θ ↦ μ + U·Uᵀ(θ − μ),
   stored as the codec and the n × r coordinates of the n samples (principal-component compression, no
   model of their distribution): the ceiling of any distiller working in that subspace;
+- ``SGLD in subspace r + another sample's residual``: the projection of one SGLD draw plus the part of an
+  independent draw outside the subspace, μ + UUᵀ(θ_i − μ) + (I − UUᵀ)(θ_j − μ): both parts keep SGLD's
+  marginals, only their dependence is lost, so it bounds what a model of the subspace plus an independent
+  residual (the per-weight one below, or any richer one) can reach;
 - ``dense APD``: the paper's WGAN-GP on raw D-dimensional weight vectors (Wang et al., 2018), for
   ``dense_steps`` generator steps or until ``max_seconds`` run out;
 - ``subspace APD r``: the same GAN on whitened coordinates in the top-r principal subspace, with the
@@ -54,8 +58,9 @@ log = logging.getLogger(__name__)
 
 SCORES = ("bald", "variation_ratio")
 SCORE_LABELS = {"bald": "BALD", "variation_ratio": "VR"}
-FAMILIES = ("sgld", "projected", "dense", "subspace", "gaussian", "diagonal", "mog")
-FAMILY_LABELS = {"sgld": "SGLD", "projected": "SGLD in subspace", "dense": "dense APD", "subspace": "subspace APD",
+FAMILIES = ("sgld", "projected", "decoupled", "dense", "subspace", "gaussian", "diagonal", "mog")
+FAMILY_LABELS = {"sgld": "SGLD", "projected": "SGLD in subspace", "decoupled": "+ another sample's residual",
+                 "dense": "dense APD", "subspace": "subspace APD",
                  "gaussian": "Gaussian (subspace)", "diagonal": "diagonal Gaussian", "mog": "MoG"}
 
 
@@ -70,6 +75,7 @@ class DistillerPlan:
     residual_ranks: list[int] = bounded([20])  # subspace APD with the per-weight residual
     mog_components: list[int] = bounded([5, 10])
     projected: bool = True  # SGLD projected onto each subspace of ``ranks``, stored as coordinates
+    decoupled: bool = True  # the projection plus an independent SGLD draw's residual, for each of ``ranks``
     gaussian: bool = True  # the Gaussian null model in each subspace of ``ranks``
     diagonal: bool = True
     dense_steps: int = bounded(2000, ge=0)  # 0: leave dense APD out
@@ -134,6 +140,19 @@ class ProjectedSamples(WeightSpacePosterior):
         return self.codec.stored_parameters() + len(self.samples.store) * self.codec.code_dim
 
 
+class DecoupledResidual(ProjectedSamples):
+    """μ + UUᵀ(θ_i − μ) + (I − UUᵀ)(θ_j − μ) for independent SGLD draws θ_i, θ_j: SGLD's distribution inside
+    the subspace and outside it, without the dependence between the two. An analysis, not a distiller: it
+    keeps the whole store."""
+
+    def sample_weights(self, k: int, generator: torch.Generator | None = None) -> Tensor:
+        other = self.samples.sample_weights(k, generator)
+        return super().sample_weights(k, generator) + other - self.codec.decode(self.codec.encode(other))
+
+    def stored_parameters(self) -> int:
+        return len(self.samples.store) * self.spec.numel
+
+
 def plan_from_options(options: list[str]) -> DistillerPlan:
     """A :class:`DistillerPlan` from ``KEY=VALUE`` strings, checked like a config section (unknown keys,
     types, bounds) with one-line :class:`ConfigError` messages."""
@@ -150,6 +169,8 @@ def variants(plan: DistillerPlan) -> list[Variant]:
     """The distillers of ``plan`` in table order, SGLD first."""
     out = [Variant("SGLD", "sgld")]
     out += [Variant(f"SGLD in subspace r={r}", "projected", rank=r) for r in plan.ranks] if plan.projected else []
+    out += [Variant(f"SGLD in subspace r={r} + another sample's residual", "decoupled", rank=r)
+            for r in plan.ranks] if plan.decoupled else []
     out += [Variant("dense APD", "dense")] if plan.dense_steps else []
     out += [Variant(f"subspace APD r={r}", "subspace", rank=r) for r in plan.ranks]
     out += [Variant(f"subspace APD r={r} + residual", "subspace", rank=r, residual=True)
@@ -198,8 +219,9 @@ def build(variant: Variant, ctx: RunContext, store: SampleStore, plan: Distiller
         codec = fit_codec(kind, fit, variant.rank, variant.residual, seed=cfg.seed).to(device)
     if variant.family in ("gaussian", "diagonal"):
         return CodecGaussian(codec, spec, variant.name), None
-    if variant.family == "projected":
-        return ProjectedSamples(SGLDSamples(store, device), codec, variant.name), None
+    if variant.family in ("projected", "decoupled"):
+        kind = ProjectedSamples if variant.family == "projected" else DecoupledResidual
+        return kind(SGLDSamples(store, device), codec, variant.name), None
     model, steps = train_generator(gan_config(variant, cfg.distill, plan), codec, store, cfg.seed, device, deadline)
     return APDGenerator(model, spec, variant.name), steps
 
@@ -297,7 +319,8 @@ def render_table(results: dict) -> str:
             f"{results['sgld_samples']:,}); time = building the distiller (SGLD: sampling); shares are of SGLD's "
             f"values; AUROC in percent per OOD set ({' / '.join(sets)}); NN ratio = distance to the nearest SGLD "
             "sample over that of held-out SGLD samples; 'SGLD in subspace r' (the samples' r coordinates) is the "
-            "ceiling of rank-r distillers. "
+            "ceiling of rank-r distillers, '+ another sample's residual' that of a rank-r model plus any "
+            "independent residual. "
             f"Targets: accuracy ≥ {100 * plan['target_accuracy_share']:g} % of SGLD's, every AUROC at most "
             f"{plan['target_auroc_gap']:g} point below SGLD's, storage ≤ {plan['target_storage']:g} samples, "
             f"time ≤ {plan['target_seconds']:g} s.\n\n")
@@ -323,7 +346,7 @@ def draw_figure(results: dict, path: Path) -> None:
     figure, axes = new_figure(1, 2, panel=(5.5, 4.2))
     panels = (("accuracy_share", "accuracy"), ("mean_auroc_share", "mean BALD AUROC"))
     for ax, (key, label) in zip(axes[0], panels, strict=True):
-        for family, marker in zip(FAMILIES, "*Psos^D", strict=True):
+        for family, marker in zip(FAMILIES, "*PXsos^D", strict=True):
             rows = [row for row in results["rows"] if row["family"] == family]
             if not rows:
                 continue
