@@ -44,11 +44,18 @@ def prefetch_pays(device: torch.device) -> bool:
     """Whether drawing the noise on a worker thread should speed a step up: only on CPU, and only when
     torch's compute threads leave a core free for the worker (on CUDA the draw is already asynchronous).
 
-    benchmarks/bench_sgld.py on a 2-core CPU with one compute thread: SGLD/SGD 1.05-1.07 on fcNN2 and
-    1.22-1.25 on fcNN1 with the prefetch, 1.42-1.45 and 1.34-1.35 without; with both cores computing, or
-    both busy with other work, the worker only competes for a core and the step is 3-20 % slower.
+    benchmarks/bench_sgld.py on an idle 2-core CPU with one compute thread: SGLD/SGD 0.99-1.07 on fcNN2
+    and 1.21-1.25 on fcNN1 with the prefetch, 1.36-1.45 and 1.28-1.35 without; with both cores computing,
+    or both busy with other work, the worker only competes for a core and the step is 1-20 % slower.
     """
-    return device.type == "cpu" and torch.get_num_threads() < len(os.sched_getaffinity(0))
+    return device.type == "cpu" and torch.get_num_threads() < _usable_cores()
+
+
+def _usable_cores() -> int:
+    """CPU cores this process may run on (all of the machine's where the OS cannot tell)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _check_hyperparameters(group: dict[str, Any]) -> None:
