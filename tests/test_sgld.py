@@ -254,7 +254,7 @@ def _flat(net: nn.Module) -> Tensor:
 def test_prefetch_pays_only_on_cpu_with_a_free_core(monkeypatch: pytest.MonkeyPatch, device: str, threads: int,
                                                     cores: int, expected: bool) -> None:
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.setattr("apd.sgld._usable_cores", lambda: cores)
     assert prefetch_pays(torch.device(device)) is expected
 
 
