@@ -64,15 +64,25 @@ class WeightCodec(nn.Module):
 
     def decode(self, code: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """θ = μ + A·c (+ s ⊙ ε) for codes [k, code_dim]."""
+        theta = self.decode_principal(code)
+        if self.residual.numel():
+            theta.add_(self.residual_noise(len(code), generator))
+        return theta
+
+    def decode_principal(self, code: Tensor) -> Tensor:
+        """μ + A·c for codes [k, code_dim]: the decoded vectors without the residual."""
         if self.kind == "identity":
             return code
         if self.kind == "standardize":
             return torch.addcmul(self.mean, code, self.scale)
-        theta = torch.addmm(self.mean, code * self.scale, self.basis.t())
-        if self.residual.numel():
-            noise = torch.randn(theta.shape, generator=generator, device=theta.device, dtype=theta.dtype)
-            theta.addcmul_(noise, self.residual)
-        return theta
+        return torch.addmm(self.mean, code * self.scale, self.basis.t())
+
+    def residual_noise(self, k: int, generator: torch.Generator | None = None) -> Tensor:
+        """s ⊙ ε for k draws of ε ~ N(0, I_D) (the subspace codec's residual; needs one)."""
+        if not self.residual.numel():
+            raise ValueError("this codec has no residual")
+        noise = torch.randn(k, self.dim, generator=generator, device=self.residual.device)
+        return noise.mul_(self.residual)
 
     def stored_parameters(self) -> int:
         """Numbers the codec stores (counted in an artifact's size)."""

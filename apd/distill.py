@@ -37,6 +37,7 @@ from apd.errors import ArtifactError
 from apd.gan import Critic, GANTrainer, Generator, make_loss
 from apd.metrics import accuracy
 from apd.nets import ParamSpec, mlp, predict_probs
+from apd.residual import match_residual_scale, mean_mutual_information
 from apd.runtime import RunContext
 from apd.sampling import SGLDChain, is_thinned_sample, samples_path
 from apd.store import SampleStore
@@ -105,13 +106,18 @@ def load_generator(path: Path, expect_spec: ParamSpec | None = None,
 
 
 class EnsembleMonitor:
-    """Validation accuracy of an ensemble of k networks, on a fixed subset of validation images."""
+    """Validation accuracy of an ensemble of k networks, on a fixed subset of validation images, and
+    the reference it is compared with: k SGLD samples drawn by ``draw_sgld(k, generator)``."""
 
-    def __init__(self, ctx: RunContext, spec: ParamSpec, networks: int) -> None:
+    def __init__(self, ctx: RunContext, spec: ParamSpec, networks: int,
+                 draw_sgld: Callable[[int, torch.Generator], Tensor]) -> None:
         self.spec, self.networks = spec, networks
         self.x = ctx.data.x_val[:MONITOR_SIZE].to(ctx.device)
         self.y = ctx.data.y_val[:MONITOR_SIZE].to(ctx.device)
         self.rng = torch.Generator(device=ctx.device).manual_seed(ctx.cfg.seed + 99)
+        sgld = draw_sgld(networks, self.rng)
+        self.reference_accuracy = self.accuracy(sgld)
+        self.reference_information = mean_mutual_information(spec, sgld, self.x)
 
     def accuracy(self, weights: Tensor) -> float:
         return accuracy(predict_probs(self.spec, weights, self.x).mean(0), self.y)
@@ -161,6 +167,15 @@ class StoreBatches:
         return self.codec.encode(self.store.read(index.numpy())).to(self.device)
 
 
+def stored_draws(store: SampleStore, device: torch.device) -> Callable[[int, torch.Generator], Tensor]:
+    """``draw(k, generator)``: k rows of ``store`` drawn uniformly (with replacement) on ``device``, the
+    generator living on that device."""
+    def draw(k: int, generator: torch.Generator) -> Tensor:
+        rows = torch.randint(len(store), (k,), generator=generator, device=generator.device)
+        return store.read(rows).to(device)
+    return draw
+
+
 def distill_offline(ctx: RunContext) -> Path:
     cfg, d = ctx.cfg, ctx.cfg.distill
     path, manifest = generator_path(ctx), manifest_path(generator_path(ctx))
@@ -180,11 +195,9 @@ def distill_offline(ctx: RunContext) -> Path:
         codec = fit_codec(codec_kind(d), store.read(fit_rows), d.subspace_rank, d.subspace_residual,
                           seed=cfg.seed).to(ctx.device)
         real = StoreBatches(store, codec, d.batch_size, d.in_memory_gb, cfg.seed + 5, ctx.device)
-        monitor = EnsembleMonitor(ctx, spec, d.eval_networks)
-        reference = monitor.accuracy(store.read(torch.randint(len(store), (d.eval_networks,),
-                                                              generator=monitor.rng).numpy()).to(ctx.device))
+        monitor = EnsembleMonitor(ctx, spec, d.eval_networks, stored_draws(store, ctx.device))
         trainer = make_trainer(d, codec.code_dim, cfg.seed + 3, ctx.device)
-        summary = _train(ctx, trainer, codec, real, monitor, reference, stage_hash, inputs, setup_seconds=0.0,
+        summary = _train(ctx, trainer, codec, real, monitor, stage_hash, inputs, setup_seconds=0.0,
                          generators=(real.rng,))
         n_samples, store_bytes = len(store), source.stat().st_size
     summary["seconds"] = round(time.perf_counter() - started, 2)
@@ -193,15 +206,17 @@ def distill_offline(ctx: RunContext) -> Path:
 
 
 def _train(ctx: RunContext, trainer: GANTrainer, codec: WeightCodec, real: Callable[[], Tensor],
-           monitor: EnsembleMonitor, reference: float, stage_hash: str, inputs: dict, setup_seconds: float,
+           monitor: EnsembleMonitor, stage_hash: str, inputs: dict, setup_seconds: float,
            between_steps: Callable[[int], None] | None = None,
            generators: tuple[torch.Generator, ...] = ()) -> dict:
-    """The GAN loop shared by both modes: checkpoints, evaluation, best-generator tracking.
+    """The GAN loop shared by both modes: checkpoints, evaluation, best-generator tracking, and at the
+    end the residual's scale matched to SGLD's (:mod:`apd.residual`) when so configured.
 
     ``generators`` (e.g. the real-batch sampler's) are checkpointed with the trainer, so a resumed run
     repeats an uninterrupted one exactly."""
     generators = (*generators, monitor.rng)
     d = ctx.cfg.distill
+    reference = monitor.reference_accuracy
     model = DistilledGenerator(trainer.generator, codec)
     checkpoint = generator_path(ctx).with_suffix(".ckpt.pt")
     history: list[dict] = []
@@ -237,13 +252,39 @@ def _train(ctx: RunContext, trainer: GANTrainer, codec: WeightCodec, real: Calla
                 save_torch_atomic(checkpoint, {"config_hash": stage_hash, "inputs": inputs,
                                                "trainer": trainer.state_dict(), "history": history, "best": best,
                                                "generators": [rng.get_state() for rng in generators]})
-    save_torch_atomic(generator_path(ctx).with_name("generator-last.pt"), model.state_dict())
-    save_torch_atomic(generator_path(ctx), best["state"] if best["state"] is not None else model.state_dict())
+    last = copy.deepcopy(model.state_dict())
+    if best["state"] is not None:
+        model.load_state_dict(best["state"])
+    residual = _match_residual(ctx, model, monitor) if codec.residual.numel() else {}
+    last["codec.residual"] = codec.residual.clone()
+    save_torch_atomic(generator_path(ctx).with_name("generator-last.pt"), last)
+    save_torch_atomic(generator_path(ctx), model.state_dict())
     checkpoint.unlink(missing_ok=True)
     return {"history": history, "best_step": best["step"], "best_val_accuracy": best["val_accuracy"],
             "sgld_val_accuracy": reference, "val_accuracy_ratio": best["val_accuracy"] / reference,
             "generator_parameters": model.stored_parameters(), "setup_seconds": setup_seconds,
-            "final_stats": stats}
+            "final_stats": stats, **residual}
+
+
+def _match_residual(ctx: RunContext, model: DistilledGenerator, monitor: EnsembleMonitor) -> dict:
+    """Scale the codec's residual as configured (``matched``: :func:`scale_residual`; ``fitted``: α = 1);
+    returns what goes into the manifest."""
+    if ctx.cfg.distill.subspace_residual_scale == "fitted":
+        return {"residual_scale": 1.0}
+    alpha = scale_residual(model.codec, lambda k, rng: model.generator.sample(k, generator=rng), monitor)
+    return {"residual_scale": alpha, "sgld_val_mutual_information": monitor.reference_information}
+
+
+def scale_residual(codec: WeightCodec, sample_codes: Callable[[int, torch.Generator], Tensor],
+                   monitor: EnsembleMonitor) -> float:
+    """Multiply ``codec``'s residual in place by the α of :func:`~apd.residual.match_residual_scale` on the
+    monitor's validation inputs and SGLD reference, for codes drawn by ``sample_codes``; returns α."""
+    alpha = match_residual_scale(codec, sample_codes, monitor.spec, monitor.x, monitor.reference_information,
+                                 monitor.networks, monitor.rng)
+    codec.residual.mul_(alpha)
+    log.info("residual scaled by %.3f: mean mutual information on validation inputs matched to SGLD's %.4f",
+             alpha, monitor.reference_information)
+    return alpha
 
 
 def _finish(ctx: RunContext, spec: ParamSpec, codec: WeightCodec, summary: dict, stage_hash: str,
@@ -305,9 +346,8 @@ def distill_online(ctx: RunContext) -> Path:
                               device=ctx.device)
         return codec.encode(buffer[index])
 
-    monitor = EnsembleMonitor(ctx, spec, d.eval_networks)
-    reference = monitor.accuracy(buffer[torch.randint(d.buffer_size, (d.eval_networks,), generator=monitor.rng,
-                                                      device=ctx.device)])
+    monitor = EnsembleMonitor(ctx, spec, d.eval_networks, lambda k, rng: buffer[
+        torch.randint(d.buffer_size, (k,), generator=rng, device=ctx.device)])
     trainer = make_trainer(d, codec.code_dim, cfg.seed + 3, ctx.device)
     model = DistilledGenerator(trainer.generator, codec)
 
@@ -321,7 +361,7 @@ def distill_online(ctx: RunContext) -> Path:
                 spec.load_into(chain.net, theta)
 
     setup = time.perf_counter() - started
-    summary = _train(ctx, trainer, codec, real_batch, monitor, reference, stage_hash, {}, setup, between_steps)
+    summary = _train(ctx, trainer, codec, real_batch, monitor, stage_hash, {}, setup, between_steps)
     summary["seconds"] = round(time.perf_counter() - started, 2)
     summary["sgld_samples_seen"] = position["count"]
     _finish(ctx, spec, codec, summary, stage_hash, {}, 0, 0)

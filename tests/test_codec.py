@@ -45,6 +45,16 @@ def test_subspace_recovers_a_known_low_dimensional_structure():
     torch.testing.assert_close(codes.std(0), torch.ones(rank), atol=1e-3, rtol=0)
 
 
+def test_decode_is_the_principal_part_plus_the_residual_noise():
+    torch.manual_seed(3)
+    codec = fit_codec("subspace", torch.randn(40, 25) * torch.linspace(0.5, 2, 25), rank=3, residual=True)
+    codes = torch.randn(6, 3)
+    expected = codec.decode_principal(codes) + codec.residual_noise(6, torch.Generator().manual_seed(4))
+    torch.testing.assert_close(codec.decode(codes, torch.Generator().manual_seed(4)), expected)
+    noise = codec.residual_noise(20000, torch.Generator().manual_seed(5))
+    torch.testing.assert_close(noise.std(0), codec.residual, atol=0.0, rtol=0.03)  # s ⊙ ε has std s
+
+
 def test_empty_codec_loads_a_fitted_state():
     samples = torch.randn(30, 20)
     fitted = fit_codec("subspace", samples, rank=4, residual=True)

@@ -134,6 +134,30 @@ def test_interrupted_distillation_resumes_to_the_same_generator(pipeline, tmp_pa
         torch.testing.assert_close(resumed[key], value, msg=key)
 
 
+def test_matched_residual_is_saved_scaled(pipeline, tmp_path):
+    """With the residual on, the saved codec holds α times the fitted per-weight scale, α from the
+    matching (recorded in the manifest), in both saved generators."""
+    from apd import distill
+    from apd.codec import fit_codec
+    from apd.residual import MAX_SCALE
+
+    root, _ = pipeline
+    (tmp_path / "tiny").mkdir()
+    for name in ("samples.h5", "samples.json"):
+        (tmp_path / "tiny" / name).write_bytes((root / "tiny" / name).read_bytes())
+    ctx = tiny_context(tmp_path, distill={"subspace_residual": True, "steps": 40})
+    path = distill.run_distill(ctx)
+    manifest = json.loads(path.with_name("generator.json").read_text())
+    alpha = manifest["residual_scale"]
+    assert 0.0 < alpha < MAX_SCALE and manifest["sgld_val_mutual_information"] > 0
+    with SampleStore.open(path.with_name("samples.h5")) as store:
+        fit = store.read(distill.evenly_spaced(len(store), ctx.cfg.distill.fit_samples))
+    fitted = fit_codec("subspace", fit, 8, residual=True, seed=ctx.cfg.seed).residual
+    for name in ("generator.pt", "generator-last.pt"):
+        saved = torch.load(path.with_name(name), weights_only=True)["codec.residual"]
+        torch.testing.assert_close(saved, alpha * fitted, msg=name)
+
+
 def test_mixture_with_one_component_is_the_diagonal_gaussian(pipeline):
     root, _ = pipeline
     with SampleStore.open(root / "tiny" / "samples.h5") as store:

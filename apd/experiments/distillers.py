@@ -14,16 +14,18 @@ the protocol of ``apd evaluate`` (R runs, each a fresh draw of the same number o
 - ``dense APD``: the paper's WGAN-GP on raw D-dimensional weight vectors (Wang et al., 2018), for
   ``dense_steps`` generator steps or until ``max_seconds`` run out;
 - ``subspace APD r``: the same GAN on whitened coordinates in the top-r principal subspace, with the
-  pipeline's ``[distill]`` hyper-parameters, without (``ranks``) or with (``residual_ranks``) the
-  per-weight residual;
+  pipeline's ``[distill]`` hyper-parameters, without the residual (``ranks``), with the per-weight
+  residual scaled to SGLD's in-distribution disagreement (``residual_ranks``, :mod:`apd.residual`) or at
+  its fitted per-weight spread (``fitted_residual_ranks``);
 - ``Gaussian r``: the null model of subspace APD, θ = μ + U·diag(σ)·z with z ~ N(0, I_r), i.e. the same
-  codec with the GAN left out;
+  codec with the GAN left out, without (``ranks``) and with the matched residual (``residual_ranks``);
 - ``diagonal Gaussian``: θ = μ + σ ⊙ z per weight (the standardising codec with N(0, I) codes);
 - ``MoG-k``: diagonal mixtures of k Gaussians, as in the evaluation.
 
 Reported per distiller: storage in SGLD samples' worth, build time, accuracy and mean AUROC of BALD and
 the variation ratio as shares of SGLD's, the AUROC on every OOD set, the nearest-SGLD-sample distance
-ratio of :func:`apd.evaluate.fidelity`, and which of the targets it misses (``DistillerPlan``). Outputs:
+ratio of :func:`apd.evaluate.fidelity`, which of the targets it misses (``DistillerPlan``), and for a
+matched residual the factor α it was scaled by. Outputs:
 ``artifacts/NAME/experiments/distillers.{json,md,png}``.
 """
 
@@ -42,7 +44,15 @@ from torch import Tensor
 from apd.artifacts import manifest_path, read_json, write_json_atomic
 from apd.codec import WeightCodec, fit_codec, storage_in_samples
 from apd.config import DistillConfig, bounded, build_section, parse_override
-from apd.distill import DistilledGenerator, StoreBatches, evenly_spaced, make_trainer
+from apd.distill import (
+    DistilledGenerator,
+    EnsembleMonitor,
+    StoreBatches,
+    evenly_spaced,
+    make_trainer,
+    scale_residual,
+    stored_draws,
+)
 from apd.errors import ArtifactError, ConfigError
 from apd.evaluate import fidelity, fit_mixture, ood_inputs
 from apd.metrics import accuracy, detection, mean_std
@@ -72,7 +82,8 @@ class DistillerPlan:
     """
 
     ranks: list[int] = bounded([10, 18, 20, 50])  # subspace APD and its Gaussian null model, no residual
-    residual_ranks: list[int] = bounded([20])  # subspace APD with the per-weight residual
+    residual_ranks: list[int] = bounded([10, 17, 18])  # the same with the matched residual
+    fitted_residual_ranks: list[int] = bounded([20])  # subspace APD with the residual as fitted (α = 1)
     mog_components: list[int] = bounded([5, 10])
     projected: bool = True  # SGLD projected onto each subspace of ``ranks``, stored as coordinates
     decoupled: bool = True  # the projection plus an independent SGLD draw's residual, for each of ``ranks``
@@ -94,7 +105,7 @@ class Variant:
     name: str
     family: str
     rank: int = 0
-    residual: bool = False
+    residual: str = ""  # "" (none) or DistillConfig.subspace_residual_scale's "matched" / "fitted"
     components: int = 0
 
 
@@ -116,9 +127,11 @@ class CodecGaussian(WeightSpacePosterior):
         self.codec, self.spec, self.name = codec, spec, name
         self.device = codec.mean.device
 
+    def sample_codes(self, k: int, generator: torch.Generator | None = None) -> Tensor:
+        return torch.randn(k, self.codec.code_dim, generator=generator, device=self.device)
+
     def sample_weights(self, k: int, generator: torch.Generator | None = None) -> Tensor:
-        code = torch.randn(k, self.codec.code_dim, generator=generator, device=self.device)
-        return self.codec.decode(code, generator)
+        return self.codec.decode(self.sample_codes(k, generator), generator)
 
     def stored_parameters(self) -> int:
         return self.codec.stored_parameters()
@@ -173,9 +186,14 @@ def variants(plan: DistillerPlan) -> list[Variant]:
             for r in plan.ranks] if plan.decoupled else []
     out += [Variant("dense APD", "dense")] if plan.dense_steps else []
     out += [Variant(f"subspace APD r={r}", "subspace", rank=r) for r in plan.ranks]
-    out += [Variant(f"subspace APD r={r} + residual", "subspace", rank=r, residual=True)
+    out += [Variant(f"subspace APD r={r} + matched residual", "subspace", rank=r, residual="matched")
             for r in plan.residual_ranks]
-    out += [Variant(f"Gaussian r={r}", "gaussian", rank=r) for r in plan.ranks] if plan.gaussian else []
+    out += [Variant(f"subspace APD r={r} + fitted residual", "subspace", rank=r, residual="fitted")
+            for r in plan.fitted_residual_ranks]
+    if plan.gaussian:
+        out += [Variant(f"Gaussian r={r}", "gaussian", rank=r) for r in plan.ranks]
+        out += [Variant(f"Gaussian r={r} + matched residual", "gaussian", rank=r, residual="matched")
+                for r in plan.residual_ranks]
     out += [Variant("diagonal Gaussian", "diagonal")] if plan.diagonal else []
     out += [Variant(f"MoG-{k}", "mog", components=k) for k in plan.mog_components]
     return out
@@ -187,7 +205,9 @@ def gan_config(variant: Variant, pipeline: DistillConfig, plan: DistillerPlan) -
     if variant.family == "dense":
         return DistillConfig(steps=plan.dense_steps)
     return dataclasses.replace(pipeline, generator="subspace", subspace_rank=variant.rank,
-                               subspace_residual=variant.residual, steps=plan.subspace_steps or pipeline.steps)
+                               subspace_residual=bool(variant.residual),
+                               subspace_residual_scale=variant.residual or pipeline.subspace_residual_scale,
+                               steps=plan.subspace_steps or pipeline.steps)
 
 
 def train_generator(d: DistillConfig, codec: WeightCodec, store: SampleStore, seed: int, device: torch.device,
@@ -202,28 +222,44 @@ def train_generator(d: DistillConfig, codec: WeightCodec, store: SampleStore, se
     return DistilledGenerator(trainer.generator, codec).eval(), trainer.generator_steps
 
 
-def build(variant: Variant, ctx: RunContext, store: SampleStore, plan: DistillerPlan,
-          deadline: float) -> tuple[WeightSpacePosterior, int | None]:
-    """The posterior of ``variant`` fit to ``store`` and, for the GANs, the generator steps taken."""
+@dataclass
+class Built:
+    """A distiller of the comparison, fit: its posterior, the generator steps it took (GANs) and the
+    factor α its residual was scaled by (``matched`` residuals, :mod:`apd.residual`)."""
+
+    method: WeightSpacePosterior
+    steps: int | None = None
+    residual_scale: float | None = None
+
+
+def build(variant: Variant, ctx: RunContext, store: SampleStore, plan: DistillerPlan, deadline: float) -> Built:
+    """The posterior of ``variant`` fit to ``store``."""
     cfg, device, spec = ctx.cfg, ctx.device, store.spec
     if variant.family == "sgld":
-        return SGLDSamples(store, device), None
+        return Built(SGLDSamples(store, device))
     if variant.family == "mog":
-        mixture = fit_mixture(store, variant.components, cfg.evaluate.mog_fit_samples, cfg.seed, device)
-        return mixture, None
+        return Built(fit_mixture(store, variant.components, cfg.evaluate.mog_fit_samples, cfg.seed, device))
     if variant.family == "dense":
         codec = WeightCodec("identity", spec.numel)
     else:
         fit = store.read(evenly_spaced(len(store), cfg.distill.fit_samples))
         kind = "standardize" if variant.family == "diagonal" else "subspace"
-        codec = fit_codec(kind, fit, variant.rank, variant.residual, seed=cfg.seed).to(device)
+        codec = fit_codec(kind, fit, variant.rank, bool(variant.residual), seed=cfg.seed).to(device)
     if variant.family in ("gaussian", "diagonal"):
-        return CodecGaussian(codec, spec, variant.name), None
-    if variant.family in ("projected", "decoupled"):
+        method, steps = CodecGaussian(codec, spec, variant.name), None
+        sample_codes = method.sample_codes
+    elif variant.family in ("projected", "decoupled"):
         kind = ProjectedSamples if variant.family == "projected" else DecoupledResidual
-        return kind(SGLDSamples(store, device), codec, variant.name), None
-    model, steps = train_generator(gan_config(variant, cfg.distill, plan), codec, store, cfg.seed, device, deadline)
-    return APDGenerator(model, spec, variant.name), steps
+        return Built(kind(SGLDSamples(store, device), codec, variant.name))
+    else:
+        model, steps = train_generator(gan_config(variant, cfg.distill, plan), codec, store, cfg.seed, device,
+                                       deadline)
+        method = APDGenerator(model, spec, variant.name)
+        sample_codes = lambda k, rng: model.generator.sample(k, generator=rng)  # noqa: E731
+    if variant.residual != "matched":
+        return Built(method, steps)
+    monitor = EnsembleMonitor(ctx, spec, cfg.distill.eval_networks, stored_draws(store, device))
+    return Built(method, steps, scale_residual(codec, sample_codes, monitor))
 
 
 @torch.no_grad()
@@ -286,15 +322,17 @@ def compare_distillers(ctx: RunContext, plan: DistillerPlan) -> dict:
     with SampleStore.open(source, expect_spec=ParamSpec.from_module(mlp(ctx.net_sizes))) as store:
         sgld = SGLDSamples(store, ctx.device)
         limit = min(len(store), cfg.distill.fit_samples, store.spec.numel)
-        if any(r > limit for r in (*plan.ranks, *plan.residual_ranks)):
+        if any(r > limit for r in (*plan.ranks, *plan.residual_ranks, *plan.fitted_residual_ranks)):
             raise ConfigError(f"--option ranks: a subspace rank can be at most {limit} here (fit samples, weights)")
         for variant in variants(plan):
             t0 = time.perf_counter()
-            method, steps = build(variant, ctx, store, plan, deadline=t0 + plan.max_seconds)
+            built = build(variant, ctx, store, plan, deadline=t0 + plan.max_seconds)
+            method, steps = built.method, built.steps
             seconds = time.perf_counter() - t0
             if variant.family == "sgld":
                 seconds = read_json(manifest_path(source)).get("seconds", float("nan"))
-            row = {**dataclasses.asdict(variant), "steps": steps, "seconds": round(seconds, 2),
+            row = {**dataclasses.asdict(variant), "steps": steps, "residual_scale": built.residual_scale,
+                   "seconds": round(seconds, 2),
                    "parameters": method.stored_parameters(),
                    "in_sgld_samples": storage_in_samples(method.stored_parameters(), store.spec.numel),
                    **judge(method, inputs, e.runs, e.networks, cfg.seed),
@@ -330,7 +368,9 @@ def render_table(results: dict) -> str:
     body = []
     for row in results["rows"]:
         misses = row["missed_targets"]
-        body.append([row["name"], format_sample_count(row["in_sgld_samples"]), format_duration(row["seconds"]),
+        alpha = row.get("residual_scale")
+        name = row["name"] if alpha is None else f"{row['name']} (α = {alpha:.2f})"
+        body.append([name, format_sample_count(row["in_sgld_samples"]), format_duration(row["seconds"]),
                      "—" if row["steps"] is None else f"{row['steps']:,}", format_number(row["accuracy"]["mean"], 4),
                      format_number(100 * row["accuracy_share"], 1),
                      *(format_number(100 * row["mean_auroc_share"][s], 1) for s in SCORES),
@@ -355,7 +395,7 @@ def draw_figure(results: dict, path: Path) -> None:
             ax.plot(worth, shares, marker, color=f"C{FAMILIES.index(family)}", label=FAMILY_LABELS[family],
                     linestyle="none", markersize=9 if marker == "*" else 6)
             for row, x, y in zip(rows, worth, shares, strict=True):
-                tag = (f"r={row['rank']}" + ("+res" if row["residual"] else "") if row["rank"]
+                tag = (f"r={row['rank']}" + (f"+{row['residual']}" if row["residual"] else "") if row["rank"]
                        else f"k={row['components']}" if row["components"] else "")
                 ax.annotate(tag, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=6)
         ax.axhline(100, color="grey", linewidth=0.8)
