@@ -6,9 +6,10 @@ Three codecs, all θ = μ + A·c (+ s ⊙ ε with ε ~ N(0, I)):
 - ``standardize``: A = diag(σ), c = (θ − μ)/σ per dimension;
 - ``subspace``: A = U·diag(σ) with U ∈ R^{D×r} the top-r principal directions of the samples
   (orthonormal columns) and σ the samples' standard deviations along them, so that
-  c = Uᵀ(θ − μ)/σ ∈ R^r has unit variance per coordinate; and an optional per-dimension residual scale
-  s_d = std of the part of the samples outside the subspace, so that generated vectors keep the
-  posterior's spread in the directions the GAN does not model.
+  c = Uᵀ(θ − μ)/σ ∈ R^r has unit variance per coordinate; and an optional residual for the posterior's
+  spread in the directions the GAN does not model: per dimension, s ⊙ ε with s_d = std of the part of
+  the samples outside the subspace, or a Kronecker-factored Laplace draw projected off the subspace,
+  (I − UUᵀ)·ρ (:mod:`apd.kronecker`, attached as ``kronecker``).
 
 Parameters are buffers, so a codec is saved and loaded with the generator's state_dict.
 """
@@ -21,6 +22,8 @@ import numpy as np
 import torch
 from sklearn.utils.extmath import randomized_svd
 from torch import Tensor, nn
+
+from apd.kronecker import KroneckerResidual
 
 CODECS = ("identity", "standardize", "subspace")
 
@@ -39,6 +42,7 @@ class WeightCodec(nn.Module):
         self.register_buffer("scale", empty if scale is None else scale.float())
         self.register_buffer("basis", empty if basis is None else basis.float())
         self.register_buffer("residual", empty if residual is None else residual.float())
+        self.kronecker: KroneckerResidual | None = None
 
     @classmethod
     def empty(cls, kind: str, dim: int, rank: int, residual: bool) -> WeightCodec:
@@ -62,10 +66,14 @@ class WeightCodec(nn.Module):
         centred = theta - self.mean
         return (centred if self.kind == "standardize" else centred @ self.basis) / self.scale
 
+    @property
+    def has_residual(self) -> bool:
+        return bool(self.residual.numel()) or self.kronecker is not None
+
     def decode(self, code: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        """θ = μ + A·c (+ s ⊙ ε) for codes [k, code_dim]."""
+        """θ = μ + A·c (+ the residual) for codes [k, code_dim]."""
         theta = self.decode_principal(code)
-        if self.residual.numel():
+        if self.has_residual:
             theta.add_(self.residual_noise(len(code), generator))
         return theta
 
@@ -78,11 +86,21 @@ class WeightCodec(nn.Module):
         return torch.addmm(self.mean, code * self.scale, self.basis.t())
 
     def residual_noise(self, k: int, generator: torch.Generator | None = None) -> Tensor:
-        """s ⊙ ε for k draws of ε ~ N(0, I_D) (the subspace codec's residual; needs one)."""
+        """k draws of the residual: s ⊙ ε with ε ~ N(0, I_D), or (I − UUᵀ)·ρ for Kronecker draws ρ."""
+        if self.kronecker is not None:
+            noise = self.kronecker.sample(k, generator)
+            return noise - (noise @ self.basis) @ self.basis.t()
         if not self.residual.numel():
             raise ValueError("this codec has no residual")
         noise = torch.randn(k, self.dim, generator=generator, device=self.residual.device)
         return noise.mul_(self.residual)
+
+    def scale_residual_(self, alpha: float) -> None:
+        """Multiply the residual's draws by α from now on."""
+        if self.kronecker is not None:
+            self.kronecker.scale.mul_(alpha)
+        else:
+            self.residual.mul_(alpha)
 
     def stored_parameters(self) -> int:
         """Numbers the codec stores (counted in an artifact's size)."""

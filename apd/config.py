@@ -96,9 +96,11 @@ class DistillConfig:
 
     ``generator``: ``dense`` trains on the D-dimensional vectors (standardised per dimension if
     ``standardize``); ``subspace`` on their coordinates in the top-``subspace_rank`` principal
-    subspace of ``fit_samples`` samples, plus (``subspace_residual``) a per-dimension Gaussian residual,
-    scaled so that generated networks disagree on validation inputs as much as SGLD's (``matched``,
-    :mod:`apd.residual`) or kept at the samples' per-weight spread (``fitted``). Offline, the training vectors
+    subspace of ``fit_samples`` samples, plus (``subspace_residual``) a residual outside the subspace:
+    per weight (``diagonal``, the samples' spread) or Kronecker-factored Laplace (``kronecker``, keeping
+    the top ``kronecker_rank`` input directions per layer; :mod:`apd.kronecker`), scaled so that generated
+    networks disagree on validation inputs as much as SGLD's (``matched``, :mod:`apd.residual`) or not at
+    all (``fitted``). Offline, the training vectors
     are held in memory when they take at most ``in_memory_gb``, else read from the store per batch.
     Online: SGLD chains feed a FIFO buffer of ``buffer_size`` samples; every ``t_sgld`` new samples
     the GAN takes ``t_gan`` generator steps; every ``restart_every`` rounds (0: never) the chains
@@ -122,6 +124,8 @@ class DistillConfig:
     subspace_rank: int = bounded(20, ge=1)
     subspace_residual: bool = True
     subspace_residual_scale: Literal["matched", "fitted"] = "matched"
+    subspace_residual_model: Literal["diagonal", "kronecker"] = "diagonal"
+    kronecker_rank: int = bounded(50, ge=1)
     fit_samples: int = bounded(2000, ge=2)
     in_memory_gb: float = bounded(4.0, ge=0)
     eval_every: int = bounded(500, ge=1)

@@ -35,6 +35,7 @@ from apd.codec import WeightCodec, fit_codec, storage_in_samples
 from apd.config import DistillConfig, config_hash
 from apd.errors import ArtifactError
 from apd.gan import Critic, GANTrainer, Generator, make_loss
+from apd.kronecker import KroneckerResidual
 from apd.metrics import accuracy
 from apd.nets import ParamSpec, mlp, predict_probs
 from apd.residual import match_residual_scale, mean_mutual_information
@@ -45,6 +46,7 @@ from apd.store import SampleStore
 log = logging.getLogger(__name__)
 
 MONITOR_SIZE = 2000  # validation images the generated ensemble is scored on during training
+FISHER_INPUTS = 5000  # training images the Kronecker residual's factors are estimated on
 
 
 class DistilledGenerator(nn.Module):
@@ -62,21 +64,45 @@ class DistilledGenerator(nn.Module):
         return sum(p.numel() for p in self.generator.parameters()) + self.codec.stored_parameters()
 
 
+def uses_kronecker(cfg: DistillConfig) -> bool:
+    return cfg.generator == "subspace" and cfg.subspace_residual and cfg.subspace_residual_model == "kronecker"
+
+
+def make_codec(ctx: RunContext, cfg: DistillConfig, samples: Tensor) -> WeightCodec:
+    """The codec of ``cfg`` fit to ``samples`` [n, D] (CPU), on the run's device. A Kronecker residual is
+    fit at the samples' mean on :data:`FISHER_INPUTS` random training images, for the SGLD posterior's
+    N/T data points and prior precision 1/(prior_var·T)."""
+    kronecker = uses_kronecker(cfg)
+    codec = fit_codec(codec_kind(cfg), samples, cfg.subspace_rank, cfg.subspace_residual and not kronecker,
+                      seed=ctx.cfg.seed)
+    if kronecker:
+        s, x = ctx.cfg.sgld, ctx.data.x_train
+        rng = torch.Generator().manual_seed(ctx.cfg.seed + 7)
+        rows = torch.randperm(len(x), generator=rng)[:FISHER_INPUTS]
+        codec.kronecker = KroneckerResidual.fit(ctx.net_sizes, cfg.kronecker_rank, codec.mean, x[rows],
+                                                len(x) / s.temperature, 1.0 / (s.prior_var * s.temperature), rng)
+    return codec.to(ctx.device)
+
+
 def codec_kind(cfg: DistillConfig) -> str:
     if cfg.generator == "subspace":
         return "subspace"
     return "standardize" if cfg.standardize else "identity"
 
 
-def architecture(cfg: DistillConfig, dim: int) -> dict:
+def architecture(cfg: DistillConfig, dim: int, layer_sizes: list[int]) -> dict:
     """What :func:`load_generator` needs to rebuild the modules (stored in ``generator.json``)."""
-    return {"codec": codec_kind(cfg), "dim": dim, "rank": cfg.subspace_rank, "residual": cfg.subspace_residual,
-            "z_dim": cfg.z_dim, "gen_hidden": cfg.gen_hidden, "critic_hidden": cfg.critic_hidden,
-            "loss": cfg.loss}
+    kronecker = uses_kronecker(cfg)
+    return {"codec": codec_kind(cfg), "dim": dim, "rank": cfg.subspace_rank,
+            "residual": cfg.subspace_residual and not kronecker,
+            "kronecker_rank": cfg.kronecker_rank if kronecker else 0, "layer_sizes": layer_sizes,
+            "z_dim": cfg.z_dim, "gen_hidden": cfg.gen_hidden, "critic_hidden": cfg.critic_hidden, "loss": cfg.loss}
 
 
 def build_generator(arch: dict) -> DistilledGenerator:
     codec = WeightCodec.empty(arch["codec"], arch["dim"], arch["rank"], arch["residual"])
+    if arch.get("kronecker_rank"):
+        codec.kronecker = KroneckerResidual(arch["layer_sizes"], arch["kronecker_rank"])
     return DistilledGenerator(Generator(arch["z_dim"], arch["gen_hidden"], codec.code_dim), codec)
 
 
@@ -192,8 +218,7 @@ def distill_offline(ctx: RunContext) -> Path:
     started = time.perf_counter()
     with SampleStore.open(source, expect_spec=spec) as store:
         fit_rows = evenly_spaced(len(store), d.fit_samples)
-        codec = fit_codec(codec_kind(d), store.read(fit_rows), d.subspace_rank, d.subspace_residual,
-                          seed=cfg.seed).to(ctx.device)
+        codec = make_codec(ctx, d, store.read(fit_rows))
         real = StoreBatches(store, codec, d.batch_size, d.in_memory_gb, cfg.seed + 5, ctx.device)
         monitor = EnsembleMonitor(ctx, spec, d.eval_networks, stored_draws(store, ctx.device))
         trainer = make_trainer(d, codec.code_dim, cfg.seed + 3, ctx.device)
@@ -255,8 +280,8 @@ def _train(ctx: RunContext, trainer: GANTrainer, codec: WeightCodec, real: Calla
     last = copy.deepcopy(model.state_dict())
     if best["state"] is not None:
         model.load_state_dict(best["state"])
-    residual = _match_residual(ctx, model, monitor) if codec.residual.numel() else {}
-    last["codec.residual"] = codec.residual.clone()
+    residual = _match_residual(ctx, model, monitor) if codec.has_residual else {}
+    last.update({f"codec.{name}": value.clone() for name, value in codec.state_dict().items()})
     save_torch_atomic(generator_path(ctx).with_name("generator-last.pt"), last)
     save_torch_atomic(generator_path(ctx), model.state_dict())
     checkpoint.unlink(missing_ok=True)
@@ -281,7 +306,7 @@ def scale_residual(codec: WeightCodec, sample_codes: Callable[[int, torch.Genera
     monitor's validation inputs and SGLD reference, for codes drawn by ``sample_codes``; returns α."""
     alpha = match_residual_scale(codec, sample_codes, monitor.spec, monitor.x, monitor.reference_information,
                                  monitor.networks, monitor.rng)
-    codec.residual.mul_(alpha)
+    codec.scale_residual_(alpha)
     log.info("residual scaled by %.3f: mean mutual information on validation inputs matched to SGLD's %.4f",
              alpha, monitor.reference_information)
     return alpha
@@ -293,7 +318,7 @@ def _finish(ctx: RunContext, spec: ParamSpec, codec: WeightCodec, summary: dict,
     d = ctx.cfg.distill
     parameters = summary["generator_parameters"]
     write_manifest(manifest_path(path), "distill", stage_hash, inputs, spec=spec.to_json(),
-                   architecture=architecture(d, spec.numel), mode=d.mode,
+                   architecture=architecture(d, spec.numel, ctx.net_sizes), mode=d.mode,
                    storage={"generator_parameters": parameters, "generator_bytes": path.stat().st_size,
                             "in_sgld_samples": round(storage_in_samples(parameters, spec.numel), 2),
                             "store_samples": n_samples, "store_bytes": store_bytes},
@@ -337,8 +362,7 @@ def distill_online(ctx: RunContext) -> Path:
 
     log.info("online distillation: warming up the buffer with %d samples", d.buffer_size)
     add_samples(d.buffer_size)
-    codec = fit_codec(codec_kind(d), buffer.cpu(), d.subspace_rank, d.subspace_residual, seed=cfg.seed)
-    codec = codec.to(ctx.device)
+    codec = make_codec(ctx, d, buffer.cpu())
     batch_rng = torch.Generator(device=ctx.device).manual_seed(cfg.seed + 5)
 
     def real_batch() -> Tensor:

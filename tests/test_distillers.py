@@ -17,8 +17,8 @@ from tests.test_pipeline import TINY, _toml
 
 D = 64 * 32 + 32 + 32 * 10 + 10  # weights of the tiny 64-32-10 network: 2,410
 RANK = 4
-OPTIONS = [f"ranks=[{RANK}]", f"residual_ranks=[{RANK}]", "fitted_residual_ranks=[]", "mog_components=[]",
-           "diagonal=false", "dense_steps=0", "subspace_steps=60"]
+OPTIONS = [f"ranks=[{RANK}]", f"residual_ranks=[{RANK}]", "fitted_residual_ranks=[]", f"kronecker_ranks=[{RANK}]",
+           "mog_components=[]", "diagonal=false", "dense_steps=0", "subspace_steps=60"]
 
 
 @pytest.fixture(scope="module")
@@ -41,16 +41,18 @@ def test_outputs_hold_one_row_per_distiller(experiment):
                                                         f"SGLD in subspace r={RANK} + another sample's residual",
                                                         f"subspace APD r={RANK}",
                                                         f"subspace APD r={RANK} + matched residual",
-                                                        f"Gaussian r={RANK}", f"Gaussian r={RANK} + matched residual"]
+                                                        f"subspace APD r={RANK} + Kronecker residual",
+                                                        f"Gaussian r={RANK}", f"Gaussian r={RANK} + matched residual",
+                                                        f"Gaussian r={RANK} + Kronecker residual"]
     assert results["runs"] == 1 and results["ood_sets"] == ["gaussian", "uniform"] and results["dim"] == D
     markdown = (out / "distillers.md").read_text()
-    assert markdown.count("\n| ") == 1 + 7  # header and seven rows
+    assert markdown.count("\n| ") == 1 + 9  # header and nine rows
     assert "| SGLD | 200 |" in markdown and "(reference)" in markdown
     assert (out / "distillers.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_storage_counted_by_hand(experiment):
-    sgld, projected, decoupled, gan, gan_residual, gaussian, gaussian_residual = experiment[0]["rows"]
+    sgld, projected, decoupled, gan, gan_residual, gan_kronecker, gaussian, gaussian_residual, _ = experiment[0]["rows"]
     assert sgld["in_sgld_samples"] == 200  # the tiny store: (2500 − 500) / 10 samples
     assert projected["parameters"] == gaussian["parameters"] + 200 * RANK  # the codec and r numbers per sample
     assert decoupled["parameters"] == 200 * D  # the whole store: residuals are drawn from it
@@ -63,12 +65,18 @@ def test_storage_counted_by_hand(experiment):
     # The residual adds its D per-weight scales.
     assert gan_residual["parameters"] == gan["parameters"] + D
     assert gaussian_residual["parameters"] == gaussian["parameters"] + D
+    # The Kronecker residual keeps, per layer, the top kronecker_rank = 50 eigenpairs of A (all 33 in
+    # layer 2) and the tail's mean eigenvalue, all of G's eigenpairs; and N, λ and α.
+    layer_1 = 65 * 50 + 50 + 1 + 32 * 32 + 32
+    layer_2 = 33 * 33 + 33 + 1 + 10 * 10 + 10
+    assert gan_kronecker["parameters"] == gan["parameters"] + layer_1 + layer_2 + 3
 
 
 def test_matched_residuals_record_their_scale(experiment):
     results, out = experiment
     scales = {row["name"]: row["residual_scale"] for row in results["rows"]}
-    for name in (f"subspace APD r={RANK} + matched residual", f"Gaussian r={RANK} + matched residual"):
+    for name in (f"subspace APD r={RANK} + matched residual", f"Gaussian r={RANK} + matched residual",
+                 f"subspace APD r={RANK} + Kronecker residual", f"Gaussian r={RANK} + Kronecker residual"):
         assert 0.0 <= scales.pop(name) <= 2.0
         assert f"{name} (α = " in (out / "distillers.md").read_text()
     assert set(scales.values()) == {None}
@@ -117,11 +125,13 @@ def test_decoupled_residual_joins_one_draw_inside_the_subspace_to_another_outsid
 def test_plan_options_are_checked():
     plan = plan_from_options(["ranks=[3, 5]", "max_seconds=60", "diagonal=false"])
     assert (plan.ranks, plan.max_seconds, plan.diagonal) == ([3, 5], 60.0, False)
-    plan = DistillerPlan(ranks=[3], residual_ranks=[4], fitted_residual_ranks=[5], mog_components=[2])
+    plan = DistillerPlan(ranks=[3], residual_ranks=[4], fitted_residual_ranks=[5], kronecker_ranks=[6],
+                         mog_components=[2])
     names = [v.name for v in variants(plan)]
     assert names == ["SGLD", "SGLD in subspace r=3", "SGLD in subspace r=3 + another sample's residual", "dense APD",
                      "subspace APD r=3", "subspace APD r=4 + matched residual", "subspace APD r=5 + fitted residual",
-                     "Gaussian r=3", "Gaussian r=4 + matched residual", "diagonal Gaussian", "MoG-2"]
+                     "subspace APD r=6 + Kronecker residual", "Gaussian r=3", "Gaussian r=4 + matched residual",
+                     "Gaussian r=6 + Kronecker residual", "diagonal Gaussian", "MoG-2"]
     with pytest.raises(ConfigError, match="unknown key 'rank'"):
         plan_from_options(["rank=[3]"])
     with pytest.raises(ConfigError, match="'dense_steps' must be at least 0"):

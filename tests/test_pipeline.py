@@ -134,6 +134,12 @@ def test_interrupted_distillation_resumes_to_the_same_generator(pipeline, tmp_pa
         torch.testing.assert_close(resumed[key], value, msg=key)
 
 
+def _copy_samples(root, tmp_path) -> None:
+    (tmp_path / "tiny").mkdir()
+    for name in ("samples.h5", "samples.json"):
+        (tmp_path / "tiny" / name).write_bytes((root / "tiny" / name).read_bytes())
+
+
 def test_matched_residual_is_saved_scaled(pipeline, tmp_path):
     """With the residual on, the saved codec holds α times the fitted per-weight scale, α from the
     matching (recorded in the manifest), in both saved generators."""
@@ -141,10 +147,7 @@ def test_matched_residual_is_saved_scaled(pipeline, tmp_path):
     from apd.codec import fit_codec
     from apd.residual import MAX_SCALE
 
-    root, _ = pipeline
-    (tmp_path / "tiny").mkdir()
-    for name in ("samples.h5", "samples.json"):
-        (tmp_path / "tiny" / name).write_bytes((root / "tiny" / name).read_bytes())
+    _copy_samples(pipeline[0], tmp_path)
     ctx = tiny_context(tmp_path, distill={"subspace_residual": True, "steps": 40})
     path = distill.run_distill(ctx)
     manifest = json.loads(path.with_name("generator.json").read_text())
@@ -156,6 +159,24 @@ def test_matched_residual_is_saved_scaled(pipeline, tmp_path):
     for name in ("generator.pt", "generator-last.pt"):
         saved = torch.load(path.with_name(name), weights_only=True)["codec.residual"]
         torch.testing.assert_close(saved, alpha * fitted, msg=name)
+
+
+def test_kronecker_residual_round_trips_with_its_scale(pipeline, tmp_path):
+    from apd import distill
+
+    _copy_samples(pipeline[0], tmp_path)
+    ctx = tiny_context(tmp_path, distill={"subspace_residual": True, "subspace_residual_model": "kronecker",
+                                          "kronecker_rank": 10, "steps": 40})
+    path = distill.run_distill(ctx)
+    alpha = json.loads(path.with_name("generator.json").read_text())["residual_scale"]
+    assert alpha > 0
+    for name in ("generator.pt", "generator-last.pt"):
+        state = torch.load(path.with_name(name), weights_only=True)
+        assert state["codec.kronecker.scale"].item() == pytest.approx(alpha) and state["codec.residual"].numel() == 0
+        assert state["codec.kronecker.input_basis_0"].shape == (65, 10)  # the top 10 of 64 pixels + bias
+    model, _ = load_generator(path)
+    draws = model.sample_weights(3, torch.Generator().manual_seed(0))
+    assert draws.shape == (3, ParamSpec.from_module(mlp([64, 32, 10])).numel) and torch.isfinite(draws).all()
 
 
 def test_mixture_with_one_component_is_the_diagonal_gaussian(pipeline):

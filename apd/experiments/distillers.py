@@ -16,9 +16,11 @@ the protocol of ``apd evaluate`` (R runs, each a fresh draw of the same number o
 - ``subspace APD r``: the same GAN on whitened coordinates in the top-r principal subspace, with the
   pipeline's ``[distill]`` hyper-parameters, without the residual (``ranks``), with the per-weight
   residual scaled to SGLD's in-distribution disagreement (``residual_ranks``, :mod:`apd.residual`) or at
-  its fitted per-weight spread (``fitted_residual_ranks``);
+  its fitted per-weight spread (``fitted_residual_ranks``), or with the Kronecker-factored Laplace
+  residual, matched likewise (``kronecker_ranks``, :mod:`apd.kronecker`);
 - ``Gaussian r``: the null model of subspace APD, θ = μ + U·diag(σ)·z with z ~ N(0, I_r), i.e. the same
-  codec with the GAN left out, without (``ranks``) and with the matched residual (``residual_ranks``);
+  codec with the GAN left out, without (``ranks``) and with the matched residuals (``residual_ranks``,
+  ``kronecker_ranks``);
 - ``diagonal Gaussian``: θ = μ + σ ⊙ z per weight (the standardising codec with N(0, I) codes);
 - ``MoG-k``: diagonal mixtures of k Gaussians, as in the evaluation.
 
@@ -49,6 +51,7 @@ from apd.distill import (
     EnsembleMonitor,
     StoreBatches,
     evenly_spaced,
+    make_codec,
     make_trainer,
     scale_residual,
     stored_draws,
@@ -84,6 +87,7 @@ class DistillerPlan:
     ranks: list[int] = bounded([10, 18, 20, 50])  # subspace APD and its Gaussian null model, no residual
     residual_ranks: list[int] = bounded([10, 17, 18])  # the same with the matched residual
     fitted_residual_ranks: list[int] = bounded([20])  # subspace APD with the residual as fitted (α = 1)
+    kronecker_ranks: list[int] = bounded([17])  # the Kronecker-factored residual, matched
     mog_components: list[int] = bounded([5, 10])
     projected: bool = True  # SGLD projected onto each subspace of ``ranks``, stored as coordinates
     decoupled: bool = True  # the projection plus an independent SGLD draw's residual, for each of ``ranks``
@@ -106,6 +110,7 @@ class Variant:
     family: str
     rank: int = 0
     residual: str = ""  # "" (none) or DistillConfig.subspace_residual_scale's "matched" / "fitted"
+    residual_model: str = "diagonal"  # DistillConfig.subspace_residual_model
     components: int = 0
 
 
@@ -190,10 +195,14 @@ def variants(plan: DistillerPlan) -> list[Variant]:
             for r in plan.residual_ranks]
     out += [Variant(f"subspace APD r={r} + fitted residual", "subspace", rank=r, residual="fitted")
             for r in plan.fitted_residual_ranks]
+    out += [Variant(f"subspace APD r={r} + Kronecker residual", "subspace", rank=r, residual="matched",
+                    residual_model="kronecker") for r in plan.kronecker_ranks]
     if plan.gaussian:
         out += [Variant(f"Gaussian r={r}", "gaussian", rank=r) for r in plan.ranks]
         out += [Variant(f"Gaussian r={r} + matched residual", "gaussian", rank=r, residual="matched")
                 for r in plan.residual_ranks]
+        out += [Variant(f"Gaussian r={r} + Kronecker residual", "gaussian", rank=r, residual="matched",
+                        residual_model="kronecker") for r in plan.kronecker_ranks]
     out += [Variant("diagonal Gaussian", "diagonal")] if plan.diagonal else []
     out += [Variant(f"MoG-{k}", "mog", components=k) for k in plan.mog_components]
     return out
@@ -207,6 +216,7 @@ def gan_config(variant: Variant, pipeline: DistillConfig, plan: DistillerPlan) -
     return dataclasses.replace(pipeline, generator="subspace", subspace_rank=variant.rank,
                                subspace_residual=bool(variant.residual),
                                subspace_residual_scale=variant.residual or pipeline.subspace_residual_scale,
+                               subspace_residual_model=variant.residual_model,
                                steps=plan.subspace_steps or pipeline.steps)
 
 
@@ -243,8 +253,8 @@ def build(variant: Variant, ctx: RunContext, store: SampleStore, plan: Distiller
         codec = WeightCodec("identity", spec.numel)
     else:
         fit = store.read(evenly_spaced(len(store), cfg.distill.fit_samples))
-        kind = "standardize" if variant.family == "diagonal" else "subspace"
-        codec = fit_codec(kind, fit, variant.rank, bool(variant.residual), seed=cfg.seed).to(device)
+        codec = (fit_codec("standardize", fit).to(device) if variant.family == "diagonal"
+                 else make_codec(ctx, gan_config(variant, cfg.distill, plan), fit))
     if variant.family in ("gaussian", "diagonal"):
         method, steps = CodecGaussian(codec, spec, variant.name), None
         sample_codes = method.sample_codes
@@ -322,7 +332,8 @@ def compare_distillers(ctx: RunContext, plan: DistillerPlan) -> dict:
     with SampleStore.open(source, expect_spec=ParamSpec.from_module(mlp(ctx.net_sizes))) as store:
         sgld = SGLDSamples(store, ctx.device)
         limit = min(len(store), cfg.distill.fit_samples, store.spec.numel)
-        if any(r > limit for r in (*plan.ranks, *plan.residual_ranks, *plan.fitted_residual_ranks)):
+        if any(r > limit for r in (*plan.ranks, *plan.residual_ranks, *plan.fitted_residual_ranks,
+                                   *plan.kronecker_ranks)):
             raise ConfigError(f"--option ranks: a subspace rank can be at most {limit} here (fit samples, weights)")
         for variant in variants(plan):
             t0 = time.perf_counter()
@@ -395,7 +406,8 @@ def draw_figure(results: dict, path: Path) -> None:
             ax.plot(worth, shares, marker, color=f"C{FAMILIES.index(family)}", label=FAMILY_LABELS[family],
                     linestyle="none", markersize=9 if marker == "*" else 6)
             for row, x, y in zip(rows, worth, shares, strict=True):
-                tag = (f"r={row['rank']}" + (f"+{row['residual']}" if row["residual"] else "") if row["rank"]
+                residual = "kronecker" if row.get("residual_model") == "kronecker" else row["residual"]
+                tag = (f"r={row['rank']}" + (f"+{residual}" if residual else "") if row["rank"]
                        else f"k={row['components']}" if row["components"] else "")
                 ax.annotate(tag, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=6)
         ax.axhline(100, color="grey", linewidth=0.8)
