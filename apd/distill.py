@@ -149,7 +149,10 @@ class EnsembleMonitor:
         return accuracy(predict_probs(self.spec, weights, self.x).mean(0), self.y)
 
     def generated_accuracy(self, model: DistilledGenerator) -> float:
-        return self.accuracy(model.sample_weights(self.networks, generator=self.rng))
+        """Accuracy of the generator's networks without the residual, which is only scaled after training
+        (at its fitted scale it would swamp the comparison between generator steps)."""
+        codes = model.generator.sample(self.networks, generator=self.rng)
+        return self.accuracy(model.codec.decode_principal(codes))
 
 
 def make_trainer(cfg: DistillConfig, code_dim: int, seed: int, device: torch.device) -> GANTrainer:
