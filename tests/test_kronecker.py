@@ -77,3 +77,17 @@ def test_codec_carries_the_kronecker_residual_off_the_subspace():
     fresh.kronecker = KroneckerResidual(sizes, 2)
     fresh.load_state_dict(codec.state_dict())
     torch.testing.assert_close(fresh.residual_noise(50, torch.Generator().manual_seed(3)), half)
+
+
+def test_deeper_networks_get_one_factor_pair_per_layer():
+    sizes = [6, 5, 4, 3]
+    spec = ParamSpec.from_module(mlp(sizes))
+    theta = torch.randn(spec.numel, generator=torch.Generator().manual_seed(0))
+    factors = fisher_factors(sizes, theta, torch.randn(100, 6), torch.Generator().manual_seed(1))
+    assert [(a.shape, g.shape) for a, g in factors] == [((7, 7), (5, 5)), ((6, 6), (4, 4)), ((5, 5), (3, 3))]
+    model = KroneckerResidual.from_factors(sizes, 3, factors, 100, 1.0)
+    draws = model.sample(4000, torch.Generator().manual_seed(2))
+    assert draws.shape == (4000, spec.numel)
+    # Every weight varies, and at most by the prior's variance 1/λ.
+    variances = draws.var(0)
+    assert bool((variances > 0).all()) and float(variances.max()) < 1.1
