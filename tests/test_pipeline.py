@@ -106,14 +106,19 @@ def test_evaluate_without_generator_names_the_stage(tmp_path, capsys):
     assert "run `apd sample" in capsys.readouterr().err
 
 
+def _copy_samples(root, tmp_path) -> None:
+    """The tiny pipeline's sample store, copied under ``tmp_path`` for a stage to run on."""
+    (tmp_path / "tiny").mkdir()
+    for name in ("samples.h5", "samples.json"):
+        (tmp_path / "tiny" / name).write_bytes((root / "tiny" / name).read_bytes())
+
+
 def test_interrupted_distillation_resumes_to_the_same_generator(pipeline, tmp_path, monkeypatch):
     from apd import distill
     from apd.gan import GANTrainer
 
     root, _ = pipeline
-    for name in ("samples.h5", "samples.json"):
-        (tmp_path / "tiny").mkdir(exist_ok=True)
-        (tmp_path / "tiny" / name).write_bytes((root / "tiny" / name).read_bytes())
+    _copy_samples(root, tmp_path)
     reference = torch.load(generator_path(tiny_context(root)).with_name("generator-last.pt"), weights_only=True)
     real_step, calls = GANTrainer.step, []
 
@@ -132,12 +137,6 @@ def test_interrupted_distillation_resumes_to_the_same_generator(pipeline, tmp_pa
     resumed = torch.load(generator_path(ctx).with_name("generator-last.pt"), weights_only=True)
     for key, value in reference.items():
         torch.testing.assert_close(resumed[key], value, msg=key)
-
-
-def _copy_samples(root, tmp_path) -> None:
-    (tmp_path / "tiny").mkdir()
-    for name in ("samples.h5", "samples.json"):
-        (tmp_path / "tiny" / name).write_bytes((root / "tiny" / name).read_bytes())
 
 
 def test_matched_residual_is_saved_scaled(pipeline, tmp_path):
