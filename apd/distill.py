@@ -65,6 +65,7 @@ class DistilledGenerator(nn.Module):
 
 
 def uses_kronecker(cfg: DistillConfig) -> bool:
+    """Whether the codec's residual is the Kronecker-factored one (:mod:`apd.kronecker`)."""
     return cfg.generator == "subspace" and cfg.subspace_residual and cfg.subspace_residual_model == "kronecker"
 
 
