@@ -10,14 +10,18 @@ Layout of one file:
 * ``step`` (int64), ``chain`` (int32), ``lr`` (float64), ``log_lik`` (float64, NaN when not given):
   one entry per sample, resizable.
 * root attributes: ``format`` = ``"apd-samples"``, ``format_version``, ``spec`` (:meth:`ParamSpec.to_json`),
-  ``meta`` (a JSON string chosen by the caller), ``created`` (ISO time) and ``n_complete``.
+  ``meta`` (a JSON string chosen by the caller), ``created`` (ISO time), ``n_complete`` and
+  ``writing`` (1 while a writer holds the file, 0 once it closed it).
 
 Crash safety. Every append writes its rows, flushes, then raises ``n_complete`` and flushes again, so
 the committed count only ever covers rows whose data and chunk index already reached the file; a reader
 trusts ``min(n_complete, dataset lengths)``. A writer killed at any moment (even by SIGKILL) therefore
 leaves a file that opens and holds every sample whose ``append`` returned (``tests/test_store.py`` kills
-a writer to check it). A flush hands the bytes to the operating system without fsync: this covers a
-crashed or killed process, not a power cut. Two HDF5 choices support it:
+a writer to check it). Such a file reads correctly, but appending to it was seen to fail (once in about
+30 killed writers: HDF5 "addr overflow", its record of the file's end behind what the killed writer had
+placed); so a store left with ``writing`` = 1 is rebuilt (its committed rows copied into a
+fresh file that then replaces it) before it is appended to. A flush hands the bytes to the operating
+system without fsync: this covers a crashed or killed process, not a power cut. Two HDF5 choices support it:
 
 * the file format is capped at the 1.8 level (``_LIBVER``): the 1.10+ superblock records "open for
   writing" and then refuses to open a crashed writer's file (short of SWMR reading) until ``h5clear``
@@ -51,6 +55,7 @@ COMPRESSIONS = ("none", "lzf", "gzip")
 
 _SAMPLES = "samples"
 _N_COMPLETE = "n_complete"
+_WRITING = "writing"
 # Per-sample columns and their dtypes; ``steps``/``chains``/``lrs``/``log_liks`` read them back.
 _COLUMNS: dict[str, np.dtype] = {
     "step": np.dtype(np.int64),
@@ -60,6 +65,7 @@ _COLUMNS: dict[str, np.dtype] = {
 }
 # Entries per chunk of a column: every flush rewrites the column's last chunk, so it stays small (2 KB).
 _COLUMN_CHUNK = 256
+_REBUILD_ROWS = 1000  # rows copied per append when a crashed writer's store is rebuilt
 # File format bounds: 1.8-level objects and a version 0 superblock, which has no "open for write" flag.
 _LIBVER = ("earliest", "v108")
 _LOCKING = "best-effort"
@@ -115,6 +121,7 @@ class SampleStore:
         file.attrs["meta"] = meta_json
         file.attrs["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         file.attrs[_N_COMPLETE] = np.int64(0)
+        file.attrs[_WRITING] = np.int8(1)
         file.create_dataset(
             _SAMPLES, shape=(0, dim), maxshape=(None, dim), dtype=np.float32,
             chunks=(chunk_rows or 1, dim), **_filters(compression),
@@ -151,15 +158,23 @@ class SampleStore:
         except BaseException:
             file.close()
             raise
+        if mode == "a" and file.attrs.get(_WRITING, 0):
+            file.close()
+            _rebuild(path, spec, meta)
+            return cls.open(path, mode, expect_spec)
         store = cls(file, path, spec, meta, n)
-        if mode == "a" and any(ds.shape[0] != n for ds in store._datasets()):
-            store._resize(n)
+        if mode == "a":
+            if any(ds.shape[0] != n for ds in store._datasets()):
+                store._resize(n)
+            file.attrs[_WRITING] = np.int8(1)
             file.flush()
         return store
 
     def close(self) -> None:
-        """Flush and close the file (idempotent)."""
+        """Mark the file as no longer being written (in ``"a"`` mode), flush and close it (idempotent)."""
         if self._file.id.valid:
+            if self._file.mode == "r+":
+                self._file.attrs[_WRITING] = np.int8(0)
             self._file.close()
 
     def __enter__(self) -> SampleStore:
@@ -359,6 +374,25 @@ def _write_at(dataset: h5py.Dataset, start: int, values: np.ndarray) -> None:
 def _read_at(dataset: h5py.Dataset, start: int, out: np.ndarray) -> None:
     """Fill the C-contiguous ``out`` [k, …] with rows start:start+k of ``dataset``."""
     dataset.id.read(h5s.create_simple(out.shape), _rows_selection(dataset, start, out.shape), out)
+
+
+def _rebuild(path: Path, spec: ParamSpec, meta: dict) -> None:
+    """Replace the store at ``path`` by a fresh file holding its committed rows and columns, with the same
+    chunking, compression and creation time; the original stays in place until the copy is complete."""
+    fresh = path.with_name(path.name + ".rebuild")
+    try:
+        with SampleStore.open(path) as old:
+            samples = old.samples
+            with SampleStore.create(fresh, spec, meta, compression=samples.compression or "none",
+                                    chunk_rows=samples.chunks[0], overwrite=True) as new:
+                new._file.attrs["created"] = old._file.attrs["created"]
+                columns = [old.steps, old.chains, old.lrs, old.log_liks]
+                for start in range(0, len(old), _REBUILD_ROWS):
+                    stop = min(len(old), start + _REBUILD_ROWS)
+                    new.append_many(old.read_all(start, stop), *(column[start:stop] for column in columns))
+        fresh.replace(path)
+    finally:
+        fresh.unlink(missing_ok=True)
 
 
 def _validate(file: h5py.File, path: Path, expect_spec: ParamSpec | None) -> tuple[ParamSpec, dict, int]:

@@ -175,6 +175,35 @@ def test_rows_past_n_complete_are_ignored_then_dropped(tmp_path):
         np.testing.assert_array_equal(store.read_all().numpy(), rows(6))
 
 
+def test_store_left_open_by_a_dead_writer_is_rebuilt_before_appending(tmp_path):
+    """``writing`` = 1 (as a killed writer leaves it): appending first copies the committed rows, columns,
+    chunking, compression and creation time into a fresh file; a reader never touches it."""
+    path = tmp_path / "s.h5"
+    with SampleStore.create(path, SPEC, META, compression="lzf", chunk_rows=2) as store:
+        for i in range(5):
+            store.append(row(i), step=10 * i, chain=3, lr=0.5, log_lik=-float(i))
+    with h5py.File(path, "r+") as f:
+        assert f.attrs["writing"] == 0  # a clean close
+        f.attrs["writing"] = np.int8(1)
+        f["samples"].resize(7, axis=0)  # and rows past n_complete
+        created = f.attrs["created"]
+    before = path.read_bytes()
+    with SampleStore.open(path) as store:
+        assert len(store) == 5
+    assert path.read_bytes() == before
+    with SampleStore.open(path, mode="a") as store:
+        assert store.append(row(5), step=50, chain=3) == 5
+    with h5py.File(path, "r") as f:
+        assert f.attrs["writing"] == 0 and f.attrs["created"] == created
+        assert f["samples"].compression == "lzf" and f["samples"].chunks == (2, SPEC.numel)
+    with SampleStore.open(path) as store:
+        np.testing.assert_array_equal(store.read_all().numpy(), rows(6))
+        np.testing.assert_array_equal(store.steps, [0, 10, 20, 30, 40, 50])
+        assert (store.chains == 3).all() and list(store.lrs[:5]) == [0.5] * 5
+        np.testing.assert_array_equal(store.log_liks[:5], -np.arange(5.0))
+    assert not (tmp_path / "s.h5.rebuild").exists()
+
+
 def _missing(path: Path) -> None:
     pass
 
