@@ -18,18 +18,20 @@ import torch
 
 from apd import __version__
 from apd.config import config_hash, load_config
-from apd.errors import ApdError
-from apd.runtime import RunContext, setup_logging
+from apd.errors import ApdError, ArtifactError
+from apd.pipeline.locks import artifact_lock
+from apd.pipeline.runtime import RunContext, setup_logging
 
 log = logging.getLogger("apd")
 
 # Stage commands: name → (module, function, help). Modules are imported only when their command runs.
 STAGES = {
-    "sample": ("apd.sampling", "run_sample", "SGLD posterior samples into HDF5, plus SGD and MC-dropout"),
-    "distill": ("apd.distill", "run_distill", "train the APD generator on the samples (WGAN-GP)"),
-    "evaluate": ("apd.evaluate", "run_evaluate", "compare every method; write tables and figures"),
-    "report": ("apd.report", "run_report", "re-render tables and figures from results.json"),
+    "sample": ("apd.pipeline.sample", "run_sample", "SGLD posterior samples into HDF5, plus SGD and MC-dropout"),
+    "distill": ("apd.pipeline.distill", "run_distill", "train the APD generator on the samples (WGAN-GP)"),
+    "evaluate": ("apd.pipeline.evaluate", "run_evaluate", "compare every method; write tables and figures"),
+    "report": ("apd.pipeline.report", "run_report", "re-render tables and figures from results.json"),
 }
+READ_ONLY = ("report", "info")  # commands that take the artifact lock shared
 # Experiments (`apd experiment NAME`): name → (module, function(ctx, options), help), dispatched like STAGES.
 EXPERIMENTS = {
     "distillers": ("apd.experiments.distillers", "run_distillers",
@@ -90,16 +92,24 @@ def main(argv: list[str] | None = None) -> int:
                          data_dir=args.data_dir, device_name=args.device, force=args.force, quiet=args.quiet)
         if ctx.cfg.threads:
             torch.set_num_threads(ctx.cfg.threads)
-        if args.command == "info":
-            info(ctx)
-        elif args.command == "experiment":
-            module, function, _ = EXPERIMENTS[args.name]
-            getattr(importlib.import_module(module), function)(ctx, args.option)
-        else:
-            module, function, _ = STAGES[args.command]
-            getattr(importlib.import_module(module), function)(ctx)
+        if ctx.artifacts_root.exists() and not ctx.artifacts_root.is_dir():
+            raise ArtifactError(f"--artifacts {ctx.artifacts_root}: not a directory")
+        with artifact_lock(ctx.layout.lock, shared=args.command in READ_ONLY):
+            if args.command == "info":
+                info(ctx)
+            elif args.command == "experiment":
+                module, function, _ = EXPERIMENTS[args.name]
+                getattr(importlib.import_module(module), function)(ctx, args.option)
+            else:
+                module, function, _ = STAGES[args.command]
+                getattr(importlib.import_module(module), function)(ctx)
     except ApdError as exc:
         print(f"apd {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # full disk, read-only file system, unreadable file: nothing complete was replaced
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"apd {args.command}: error: {exc.strerror or exc}{where}; complete artifacts are unchanged",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"apd {args.command}: interrupted; run the same command again to resume", file=sys.stderr)

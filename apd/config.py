@@ -12,13 +12,17 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import tomllib
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from apd.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def bounded(default: Any, **bounds: float) -> Any:
@@ -54,7 +58,7 @@ class NetConfig:
 
 @dataclass
 class SGLDConfig:
-    """SGLD sampling (DESIGN.md): step ε = lr/N, prior N(0, prior_var·I), burn-in and thinning in
+    """SGLD sampling (docs/design.md): step ε = lr/N, prior N(0, prior_var·I), burn-in and thinning in
     iterations. Schedules: constant; polynomial a·(b+t)^(−γ) with a = lr; cyclical cosine (cSGLD)
     sampling only in the last ``1 − explore_fraction`` of each of ``cycles`` cycles."""
 
@@ -91,17 +95,29 @@ class BaselineConfig:
 
 
 @dataclass
+class ResidualConfig:
+    """The subspace generator's residual outside the principal subspace (:mod:`apd.distillation.codec`):
+    none, per weight (``diagonal``: each weight's spread outside the subspace) or a Kronecker-factored
+    Laplace draw keeping the top ``kronecker_rank`` input directions per layer (``kronecker``;
+    :mod:`apd.distillation.kronecker`); scaled after training so that generated networks disagree on
+    validation inputs as much as SGLD's (``matched``; :mod:`apd.distillation.residual`) or kept at the
+    fitted spread (``fitted``)."""
+
+    model: Literal["none", "diagonal", "kronecker"] = "diagonal"
+    scale: Literal["matched", "fitted"] = "matched"
+    kronecker_rank: int = bounded(50, ge=1)
+
+
+@dataclass
 class DistillConfig:
-    """GAN distillation of the samples into a generator over flat weight vectors (DESIGN.md).
+    """GAN distillation of the samples into a generator over flat weight vectors (docs/design.md).
 
     ``generator``: ``dense`` trains on the D-dimensional vectors (standardised per dimension if
     ``standardize``); ``subspace`` on their coordinates in the top-``subspace_rank`` principal
-    subspace of ``fit_samples`` samples, plus (``subspace_residual``) a residual outside the subspace:
-    per weight (``diagonal``, the samples' spread) or Kronecker-factored Laplace (``kronecker``, keeping
-    the top ``kronecker_rank`` input directions per layer; :mod:`apd.kronecker`), scaled so that generated
-    networks disagree on validation inputs as much as SGLD's (``matched``, :mod:`apd.residual`) or not at
-    all (``fitted``). Offline, the training vectors
+    subspace of ``fit_samples`` samples, plus the ``residual`` outside it. Offline, the training vectors
     are held in memory when they take at most ``in_memory_gb``, else read from the store per batch.
+    Every ``eval_every`` generator steps the generator is scored by ``selection`` on validation inputs
+    (:mod:`apd.distillation.selection`) and the best step is kept (``last``: the last one).
     Online: SGLD chains feed a FIFO buffer of ``buffer_size`` samples; every ``t_sgld`` new samples
     the GAN takes ``t_gan`` generator steps; every ``restart_every`` rounds (0: never) the chains
     restart from generated weights."""
@@ -122,12 +138,10 @@ class DistillConfig:
     steps: int = bounded(100_000, ge=1)
     standardize: bool = False
     subspace_rank: int = bounded(20, ge=1)
-    subspace_residual: bool = True
-    subspace_residual_scale: Literal["matched", "fitted"] = "matched"
-    subspace_residual_model: Literal["diagonal", "kronecker"] = "diagonal"
-    kronecker_rank: int = bounded(50, ge=1)
+    residual: ResidualConfig = field(default_factory=ResidualConfig)
     fit_samples: int = bounded(2000, ge=2)
     in_memory_gb: float = bounded(4.0, ge=0)
+    selection: Literal["function-space", "last"] = "function-space"
     eval_every: int = bounded(500, ge=1)
     eval_networks: int = bounded(100, ge=1)
     checkpoint_every: int = bounded(1000, ge=1)
@@ -136,20 +150,45 @@ class DistillConfig:
     t_gan: int = bounded(10, ge=1)
     restart_every: int = bounded(0, ge=0)
 
+    def has_residual(self) -> bool:
+        """Whether generated networks carry a residual outside the principal subspace."""
+        return self.generator == "subspace" and self.residual.model != "none"
+
+    def uses_kronecker(self) -> bool:
+        """Whether that residual is the Kronecker-factored one (:mod:`apd.distillation.kronecker`)."""
+        return self.generator == "subspace" and self.residual.model == "kronecker"
+
 
 ADVERSARIAL_SOURCES = ("sgd", "mcdropout", "sgld", "apd", "mog")  # methods an attack can be crafted on
 
 
 @dataclass
+class AdversarialConfig:
+    """Adversarial-example detection (:mod:`apd.pipeline.adversarial`): gray-box attacks on one member of
+    each of ``sources`` (FGSM with the smallest ε of ``fgsm_eps_grid`` per example, and PGD), up to
+    ``examples`` successful examples each, scored by every method over ``samples`` members; with
+    ``whitebox`` also white-box attacks on each source's expected predictive over ``eot_members``
+    members, up to ``whitebox_examples`` examples each."""
+
+    enabled: bool = False
+    examples: int = bounded(6000, ge=1)
+    samples: int = bounded(1000, ge=1)
+    pgd_eps: float = bounded(0.3, gt=0)
+    pgd_steps: int = bounded(40, ge=0)
+    pgd_step_size: float = bounded(0.02, gt=0)
+    fgsm_eps_grid: list[float] = bounded([round(0.02 * i, 2) for i in range(1, 16)])  # 0.02, 0.04, …, 0.30
+    sources: list[str] = bounded(["mcdropout", "sgld", "apd"])
+    whitebox: bool = True
+    whitebox_examples: int = bounded(500, ge=1)
+    eot_members: int = bounded(20, ge=1)
+
+
+@dataclass
 class EvaluateConfig:
-    """Evaluation protocol (DESIGN.md): R runs of fresh draws per method, OOD and adversarial parts.
+    """Evaluation protocol (docs/design.md): R runs of fresh draws per method, OOD and adversarial parts.
+    ``methods`` lists the methods compared (:mod:`apd.pipeline.methods`)."""
 
-    Adversarial part (``adversarial``): gray-box attacks on one member of each of ``adv_sources``
-    (FGSM with the smallest ε of ``fgsm_eps_grid`` per example, and PGD), up to ``adv_examples``
-    successful examples each, scored by every method over ``adv_samples`` members; with ``adv_whitebox``
-    also white-box attacks on each source's expected predictive over ``adv_eot_members`` members, up to
-    ``adv_whitebox_examples`` examples each."""
-
+    methods: list[str] = bounded(["sgd", "mcdropout", "sgld", "apd", "mog"])
     runs: int = bounded(10, ge=1)
     networks: int = bounded(100, ge=1)
     sgld_samples: int = bounded(100, ge=1)
@@ -159,17 +198,7 @@ class EvaluateConfig:
     scores: list[str] = bounded(["variation_ratio", "bald", "entropy", "max_prob", "model_variance"])
     mog_components: list[int] = bounded([1, 5, 10, 20, 60])
     mog_fit_samples: int = bounded(2000, ge=2)
-    adversarial: bool = False
-    adv_examples: int = bounded(6000, ge=1)
-    adv_samples: int = bounded(1000, ge=1)
-    pgd_eps: float = bounded(0.3, gt=0)
-    pgd_steps: int = bounded(40, ge=0)
-    pgd_step_size: float = bounded(0.02, gt=0)
-    fgsm_eps_grid: list[float] = bounded([round(0.02 * i, 2) for i in range(1, 16)])  # 0.02, 0.04, …, 0.30
-    adv_sources: list[str] = bounded(["mcdropout", "sgld", "apd"])
-    adv_whitebox: bool = True
-    adv_whitebox_examples: int = bounded(500, ge=1)
-    adv_eot_members: int = bounded(20, ge=1)
+    adversarial: AdversarialConfig = field(default_factory=AdversarialConfig)
 
 
 @dataclass
@@ -254,9 +283,50 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> PipelineConfig:
 
 def from_dict(raw: dict[str, Any], where: str = "<config>") -> PipelineConfig:
     """Build a validated :class:`PipelineConfig` from nested dicts (as TOML gives)."""
-    cfg = build_section(PipelineConfig, raw, where, prefix="")
+    cfg = build_section(PipelineConfig, upgrade_deprecated_keys(raw, where), where, prefix="")
     _check_consistency(cfg, where)
     return cfg
+
+
+# Flat keys of earlier releases: (section, old key) → (sub-table, new key, value map). Accepted for one
+# release with a one-line warning each.
+DEPRECATED_KEYS: dict[tuple[str, str], tuple[str, str, Callable[[Any], Any]]] = {
+    ("distill", "subspace_residual"): ("residual", "model", lambda on: "diagonal" if on else "none"),
+    ("distill", "subspace_residual_model"): ("residual", "model", lambda model: model),
+    ("distill", "subspace_residual_scale"): ("residual", "scale", lambda scale: scale),
+    ("distill", "kronecker_rank"): ("residual", "kronecker_rank", lambda rank: rank),
+    **{("evaluate", f"adv_{name}"): ("adversarial", name, lambda value: value)
+       for name in ("examples", "samples", "sources", "whitebox", "whitebox_examples", "eot_members")},
+    **{("evaluate", name): ("adversarial", name, lambda value: value)
+       for name in ("pgd_eps", "pgd_steps", "pgd_step_size", "fgsm_eps_grid")},
+}
+
+
+def upgrade_deprecated_keys(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """A copy of ``raw`` with the flat keys of :data:`DEPRECATED_KEYS` moved into their sub-tables (and
+    ``evaluate.adversarial = true|false`` into ``[evaluate.adversarial] enabled``), warning once per key.
+    ``subspace_residual = false`` wins over a residual model given beside it, as it did before."""
+    upgraded = {key: dict(value) if isinstance(value, dict) else value for key, value in raw.items()}
+    for section in ("distill", "evaluate"):
+        table = upgraded.get(section)
+        if not isinstance(table, dict):
+            continue
+        if isinstance(table.get("adversarial"), bool):
+            table["adversarial"] = {"enabled": table["adversarial"]}
+            log.warning("%s: 'evaluate.adversarial = true|false' is deprecated; write [evaluate.adversarial] "
+                        "enabled = …", where)
+        switched_off = table.get("subspace_residual") is False
+        for (owner, old), (sub, new, convert) in DEPRECATED_KEYS.items():
+            if owner != section or old not in table:
+                continue
+            nested = table.setdefault(sub, {})
+            if not isinstance(nested, dict):
+                raise ConfigError(f"{where}: '{section}.{sub}' must be a table")
+            nested[new] = convert(table.pop(old))
+            log.warning("%s: '%s.%s' is deprecated; write [%s.%s] %s = …", where, section, old, section, sub, new)
+        if switched_off:
+            table["residual"]["model"] = "none"
+    return upgraded
 
 
 def build_section(cls: type, raw: Any, where: str, prefix: str) -> Any:
@@ -341,12 +411,14 @@ def _check_consistency(cfg: PipelineConfig, where: str) -> None:
                           f"'sgld.iterations' ({cfg.sgld.iterations})")
     if cfg.device != "auto" and cfg.device != "cpu" and not cfg.device.startswith("cuda"):
         raise ConfigError(f"{where}: 'device' must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {cfg.device!r}")
-    unknown_sources = sorted(set(cfg.evaluate.adv_sources) - set(ADVERSARIAL_SOURCES))
+    adversarial = cfg.evaluate.adversarial
+    unknown_sources = sorted(set(adversarial.sources) - set(ADVERSARIAL_SOURCES))
     if unknown_sources:
-        raise ConfigError(f"{where}: 'evaluate.adv_sources' has unknown method {unknown_sources[0]!r} "
+        raise ConfigError(f"{where}: 'evaluate.adversarial.sources' has unknown method {unknown_sources[0]!r} "
                           f"(choose from {', '.join(ADVERSARIAL_SOURCES)})")
-    if not cfg.evaluate.fgsm_eps_grid or min(cfg.evaluate.fgsm_eps_grid) <= 0:
-        raise ConfigError(f"{where}: 'evaluate.fgsm_eps_grid' must be a non-empty list of positive numbers")
+    if not adversarial.fgsm_eps_grid or min(adversarial.fgsm_eps_grid) <= 0:
+        raise ConfigError(f"{where}: 'evaluate.adversarial.fgsm_eps_grid' must be a non-empty list of positive "
+                          "numbers")
     if cfg.evaluate.mog_fit_samples < max(cfg.evaluate.mog_components):
         raise ConfigError(f"{where}: 'evaluate.mog_fit_samples' must be at least the largest "
                           f"'evaluate.mog_components'")

@@ -90,11 +90,12 @@ def load_dataset(cfg: DataConfig, seed: int, data_dir: str | None = None) -> Dat
     return _split_official(cfg, seed, images, labels, test_images, test_labels)
 
 
-def resolve_data_dir(dataset: str, given: str) -> Path:
-    """Where an IDX dataset lives: the given directory, else ``$APD_DATA_DIR``, else the Debian path."""
+def resolve_data_dir(dataset: str, given: str, use_environment: bool = True) -> Path:
+    """Where an IDX dataset lives: the given directory, else ``$APD_DATA_DIR`` (for the pipeline's own
+    dataset only: ``use_environment``), else the Debian path."""
     if given:
         return Path(given).expanduser()
-    if os.environ.get("APD_DATA_DIR"):
+    if use_environment and os.environ.get("APD_DATA_DIR"):
         return Path(os.environ["APD_DATA_DIR"]).expanduser()
     if dataset == "fashion-mnist":
         return Path(FASHION_MNIST_DIR)
@@ -209,27 +210,40 @@ def available_ood(cfg: DataConfig, dataset: Dataset) -> list[str]:
         names.append("digits")
     if dataset.name != "fashion-mnist" and Path(FASHION_MNIST_DIR).is_dir():
         names.append("fashion")
-    if dataset.name != "mnist" and ("mnist" in cfg.ood_dirs or os.environ.get("APD_DATA_DIR")):
+    if dataset.name != "mnist" and "mnist" in cfg.ood_dirs:
         names.append("mnist")
     names.extend(name for name in DIRECTORY_OOD if name in cfg.ood_dirs)
     return names
 
 
-def ood_set(name: str, dataset: Dataset, n: int, seed: int, ood_dirs: dict[str, str] | None = None) -> Tensor:
+OOD_ROLES = ("evaluate", "tuning")
+
+
+def ood_set(name: str, dataset: Dataset, n: int, seed: int, ood_dirs: dict[str, str] | None = None,
+            role: str = "evaluate") -> Tensor:
     """``n`` OOD images for ``dataset``, seeded, resized to its image shape, normalised like it.
+
+    ``role`` keeps the sets that ``apd evaluate`` reports (``evaluate``) apart from the *tuning* pool
+    that settings may be chosen on (``tuning``): the two draw from separate random streams and from
+    disjoint sources: the top and bottom halves of each photograph, alternate images of the digits,
+    the test and the training split of Fashion-MNIST / MNIST, alternate files of a directory set.
 
     - ``gaussian``: pixels N(m, s²) with the training pixels' mean and std, clipped to [0, 1];
     - ``uniform``: pixels U[0, 1];
     - ``photos``: grey square crops of scikit-learn's bundled sample photographs, resized;
     - ``digits``: scikit-learn's 8×8 digits, upscaled (for 28×28 datasets);
     - ``fashion``: Fashion-MNIST test images from the Debian package, resized; ``mnist``: MNIST test
-      images from ``ood_dirs['mnist']`` or ``$APD_DATA_DIR``;
+      images from ``ood_dirs['mnist']`` (never from ``$APD_DATA_DIR``, which names the pipeline's own
+      dataset);
     - ``notmnist`` (letter folders of PNGs), ``omniglot`` (``images_background`` alphabet folders of
       PNGs, inverted so strokes are bright like MNIST's), ``cifar10`` (the binary version's ``*.bin``
       batches, to grey): read from ``ood_dirs[name]``.
     """
+    if role not in OOD_ROLES:
+        raise ValueError(f"role must be one of {OOD_ROLES}, got {role!r}")
     ood_dirs = ood_dirs or {}
-    rng = np.random.default_rng([seed, _name_seed(name)])
+    part = OOD_ROLES.index(role)
+    rng = np.random.default_rng([seed, _name_seed(name), part])
     h, w = dataset.image_shape
     if name == "gaussian":
         pixels01 = (dataset.x_train + 1.0) / 2.0
@@ -238,21 +252,21 @@ def ood_set(name: str, dataset: Dataset, n: int, seed: int, ood_dirs: dict[str, 
     elif name == "uniform":
         pixels = rng.uniform(0.0, 1.0, size=(n, h, w))
     elif name == "photos":
-        pixels = _photo_patches(n, (h, w), rng)
+        pixels = _photo_patches(n, (h, w), rng, half=part)
     elif name == "digits":
         from sklearn.datasets import load_digits
 
-        pixels = _resize(_draw(load_digits().images / 16.0, n, rng), (h, w))
+        pixels = _resize(_draw(load_digits().images[part::2] / 16.0, n, rng), (h, w))
     elif name in ("fashion", "mnist"):
         dataset_name = "fashion-mnist" if name == "fashion" else "mnist"
-        directory = resolve_data_dir(dataset_name, ood_dirs.get(name, ""))
-        test_images = read_idx_dataset(directory, dataset_name)[2]
-        pixels = _resize(_draw(test_images / 255.0, n, rng), (h, w))
+        directory = resolve_data_dir(dataset_name, ood_dirs.get(name, ""), use_environment=False)
+        images = read_idx_dataset(directory, dataset_name)[2 if role == "evaluate" else 0]
+        pixels = _resize(_draw(images / 255.0, n, rng), (h, w))
     elif name in DIRECTORY_OOD:
         if name not in ood_dirs:
             raise DataError(f"OOD set {name!r} needs a directory: set data.ood_dirs.{name} in the pipeline")
         reader = {"notmnist": _read_notmnist, "omniglot": _read_omniglot, "cifar10": _read_cifar10}[name]
-        pixels = _resize(reader(Path(ood_dirs[name]).expanduser(), n, rng), (h, w))
+        pixels = _resize(reader(Path(ood_dirs[name]).expanduser(), n, rng, part), (h, w))
     else:
         known = ", ".join(BUILTIN_OOD + ("digits", "fashion", "mnist") + DIRECTORY_OOD)
         raise DataError(f"unknown OOD set {name!r} (known: {known})")
@@ -286,10 +300,15 @@ def _grey(rgb: np.ndarray) -> np.ndarray:
     return (rgb[..., :3] @ np.array([0.299, 0.587, 0.114], dtype=np.float32)) / 255.0
 
 
-def _photo_patches(n: int, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
+def _photo_patches(n: int, shape: tuple[int, int], rng: np.random.Generator, half: int) -> np.ndarray:
+    """Square crops from the top (``half`` 0) or bottom (1) half of each bundled photograph."""
     from sklearn.datasets import load_sample_images
 
-    photos = [_grey(np.asarray(img, dtype=np.float32)) for img in load_sample_images().images]
+    photos = []
+    for img in load_sample_images().images:
+        grey = _grey(np.asarray(img, dtype=np.float32))
+        middle = grey.shape[0] // 2
+        photos.append(grey[:middle] if half == 0 else grey[middle:])
     patches = np.empty((n, *shape), dtype=np.float32)
     for i in range(n):
         photo = photos[rng.integers(len(photos))]
@@ -301,6 +320,7 @@ def _photo_patches(n: int, shape: tuple[int, int], rng: np.random.Generator) -> 
 
 
 def _load_pngs(paths: list[Path], n: int, rng: np.random.Generator, what: str) -> np.ndarray:
+    """``n`` of the PNG files ``paths`` (drawn by ``rng``), grey, 28×28, in [0, 1]."""
     if not paths:
         raise DataError(f"{what}: no PNG images found")
     chosen = _draw(np.array(paths, dtype=object), n, rng)
@@ -315,17 +335,18 @@ def _load_pngs(paths: list[Path], n: int, rng: np.random.Generator, what: str) -
     return np.stack(images)
 
 
-def _read_notmnist(directory: Path, n: int, rng: np.random.Generator) -> np.ndarray:
-    return _load_pngs(sorted(directory.glob("*/*.png")), n, rng, f"notMNIST ({directory}, letter folders)")
+def _read_notmnist(directory: Path, n: int, rng: np.random.Generator, part: int) -> np.ndarray:
+    paths = sorted(directory.glob("*/*.png"))[part::2]
+    return _load_pngs(paths, n, rng, f"notMNIST ({directory}, letter folders)")
 
 
-def _read_omniglot(directory: Path, n: int, rng: np.random.Generator) -> np.ndarray:
+def _read_omniglot(directory: Path, n: int, rng: np.random.Generator, part: int) -> np.ndarray:
     root = directory / "images_background" if (directory / "images_background").is_dir() else directory
-    paths = sorted(root.glob("*/*/*.png"))
+    paths = sorted(root.glob("*/*/*.png"))[part::2]
     return 1.0 - _load_pngs(paths, n, rng, f"Omniglot ({root}, alphabet/character folders)")
 
 
-def _read_cifar10(directory: Path, n: int, rng: np.random.Generator) -> np.ndarray:
+def _read_cifar10(directory: Path, n: int, rng: np.random.Generator, part: int) -> np.ndarray:
     """CIFAR-10 binary version: records of 1 label byte + 3·1024 channel-planar bytes (32×32 RGB)."""
     files = sorted(directory.glob("*.bin"))
     if not files:
@@ -336,14 +357,14 @@ def _read_cifar10(directory: Path, n: int, rng: np.random.Generator) -> np.ndarr
         if raw.size % 3073:
             raise DataError(f"CIFAR-10: {path} is not a whole number of 3073-byte records")
         records.append(raw.reshape(-1, 3073)[:, 1:])
-    planar = _draw(np.concatenate(records), n, rng).reshape(-1, 3, 32, 32).astype(np.float32)
+    planar = _draw(np.concatenate(records)[part::2], n, rng).reshape(-1, 3, 32, 32).astype(np.float32)
     return _grey(planar.transpose(0, 2, 3, 1))
 
 
 class MinibatchOrder:
     """Minibatch indices as a pure function of the iteration: epoch e is a permutation seeded by
-    (seed, e), batch t is its slice t mod (N // B). A run resumed at iteration t sees exactly the
-    batches an uninterrupted run would, with no sampler state to save."""
+    (seed, e) (numpy's ``SeedSequence`` of the pair), batch t is its slice t mod (N // B). A run resumed
+    at iteration t sees exactly the batches an uninterrupted run would, with no sampler state to save."""
 
     def __init__(self, n: int, batch_size: int, seed: int, device: torch.device | str = "cpu") -> None:
         if not 1 <= batch_size <= n:
@@ -355,7 +376,8 @@ class MinibatchOrder:
     def indices(self, t: int) -> Tensor:
         epoch, position = divmod(t, self.batches_per_epoch)
         if epoch != self._epoch:
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            state = np.random.SeedSequence([self.seed, epoch]).generate_state(1, np.uint64)[0]
+            generator = torch.Generator().manual_seed(int(state) % 2**63)
             self._perm = torch.randperm(self.n, generator=generator).to(self.device)
             self._epoch = epoch
         return self._perm[position * self.batch_size:(position + 1) * self.batch_size]

@@ -6,8 +6,12 @@ positive class. ``max_prob`` follows the convention too: it is 1 − max_c p̄_c
 
 Input is ``probs[K, N, C]``: p_k(c | x_n) for member k (a weight sample, a dropout mask, ...), input n
 and class c. The predictive distribution is the member average p̄(c | x_n) = (1/K) Σ_k p_k(c | x_n).
-Every function returns a tensor [N] on the device and in the dtype of ``probs`` (float32 in,
-float32 out). Entropies use the natural logarithm and treat 0·log 0 as 0.
+Every function computes in float64 from the probabilities and returns a float64 tensor [N] on the
+device of ``probs``: members that differ by less than float32 resolves still give their (tiny) BALD and
+model variance instead of rounding noise. Entropies use the natural logarithm and treat 0·log 0 as 0.
+
+Scores that measure disagreement between members (:data:`ENSEMBLE_SCORES`) are identically 0 for a
+single network; callers report them as n/a there rather than as a number.
 """
 
 from __future__ import annotations
@@ -17,13 +21,17 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+ENSEMBLE_SCORES = ("variation_ratio", "bald", "model_variance")  # undefined (always 0) for one network
 
-def _check_member_probs(probs: Tensor) -> None:
+
+def _checked(probs: Tensor) -> Tensor:
+    """``probs`` [K, N, C] in float64, after checking its shape."""
     if probs.ndim != 3 or not probs.is_floating_point():
         raise ValueError(f"probs must be a floating-point tensor [K, N, C], got {probs.dtype} "
                          f"{list(probs.shape)}")
     if probs.shape[0] == 0 or probs.shape[2] == 0:
         raise ValueError(f"probs needs at least one member and one class, got {list(probs.shape)}")
+    return probs.double()
 
 
 def _entropy(p: Tensor) -> Tensor:
@@ -46,7 +54,7 @@ def predictive_entropy(probs: Tensor) -> Tensor:
     Total uncertainty, aleatoric plus epistemic (Gal, "Uncertainty in Deep Learning",
     PhD thesis, 2016). Ranges over [0, log C]; log C for a uniform predictive.
     """
-    _check_member_probs(probs)
+    probs = _checked(probs)
     return _entropy(probs.mean(0))
 
 
@@ -57,7 +65,7 @@ def variation_ratio(probs: Tensor) -> Tensor:
     f_m is the number of votes for the modal class. 0 when all members agree; at most 1 − ⌈K/C⌉/K.
     This is not 1 − max_c p̄_c, which is :func:`max_prob`.
     """
-    _check_member_probs(probs)
+    probs = _checked(probs)
     n_members, _, n_classes = probs.shape
     member_votes = probs.argmax(-1).T  # [N, K]
     vote_counts = probs.new_zeros(member_votes.shape[0], n_classes)
@@ -69,7 +77,7 @@ def variation_ratio(probs: Tensor) -> Tensor:
 def max_prob(probs: Tensor) -> Tensor:
     """One minus the largest predictive probability, 1 − max_c p̄_c (the maximum-softmax-probability
     baseline of Hendrycks & Gimpel, 2017, negated so that higher = more uncertain)."""
-    _check_member_probs(probs)
+    probs = _checked(probs)
     return _one_minus_max(probs.mean(0))
 
 
@@ -81,7 +89,7 @@ def bald(probs: Tensor) -> Tensor:
     the epistemic part of the predictive entropy. Zero when all members agree; tiny negative values
     from rounding are clamped to 0.
     """
-    _check_member_probs(probs)
+    probs = _checked(probs)
     return _mutual_information(_entropy(probs.mean(0)), probs)
 
 
@@ -94,7 +102,7 @@ def model_variance(probs: Tensor) -> Tensor:
     the population variance over members (divisor K, so one member gives 0), averaged over classes.
     Feinman et al. (2017) sum over classes instead, which is C·σ²(x) and ranks inputs identically.
     """
-    _check_member_probs(probs)
+    probs = _checked(probs)
     return probs.var(0, correction=0).mean(-1)
 
 
@@ -110,7 +118,7 @@ SCORE_FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
 def scores(probs: Tensor) -> dict[str, Tensor]:
     """All scores of :data:`SCORE_FUNCTIONS` for ``probs[K, N, C]``, each a tensor [N] where higher
     means more uncertain. The predictive p̄ and its entropy are computed once and shared."""
-    _check_member_probs(probs)
+    probs = _checked(probs)
     mean_probs = probs.mean(0)
     entropy = _entropy(mean_probs)
     return {

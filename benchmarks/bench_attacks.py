@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from apd.attacks import craft, module_fn, weight_sample_fn
 from apd.config import load_config
+from apd.evaluation.attacks import craft, module_fn, weight_sample_fn
 from apd.nets import ParamSpec, mlp
 
 SIZES = [784, 100, 10]
@@ -88,10 +88,10 @@ def digits_evaluate() -> None:
     if missing or not all((DIGITS / "baselines" / f"{m}.json").is_file() for m in ("sgd", "mcdropout")):
         print(f"\n(skipped the digits timing: {DIGITS} is incomplete; run `make sample distill` first)")
         return
-    from apd.evaluate import load_methods
-    from apd.experiments.adversarial import evaluate_adversarial
-    from apd.report import adversarial_table
-    from apd.runtime import RunContext
+    from apd.pipeline.adversarial import evaluate_adversarial
+    from apd.pipeline.evaluate import load_methods
+    from apd.pipeline.report import adversarial_table
+    from apd.pipeline.runtime import RunContext
 
     cfg = load_config("pipelines/digits.toml")
     # a 1-component MoG keeps the fit quick: its column is MoG-1, not the pipeline's MoG-60

@@ -17,7 +17,7 @@ import resource
 import torch
 from timing import best_time
 
-from apd.gan import Critic, GANTrainer, Generator
+from apd.distillation.gan import Critic, GANTrainer, Generator
 
 DIMS = [7_510, 79_510, 478_410]
 REPEATS = {7_510: 10, 79_510: 3, 478_410: 2}  # steps timed per kind at each D
@@ -70,7 +70,7 @@ def main() -> None:
               f"{rss:>11.0f}", flush=True)
         del trainer, generator, critic, real
     print(f"\nms/iter: one trainer.step with {N_CRITIC} critic steps and 1 generator step; "
-          "speed-up: textbook critic step time / apd.gan critic step time.")
+          "speed-up: textbook critic step time / apd.distillation.gan critic step time.")
 
 
 if __name__ == "__main__":

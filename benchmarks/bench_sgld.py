@@ -1,7 +1,7 @@
 """SGLD step time against SGD step time on the paper's nets (fcNN1 784-100-10, fcNN2 784-400-400-10).
 
 One training iteration (zero_grad, forward, mean cross-entropy, backward, optimizer step) on batches of
-100 random MNIST-shaped inputs, for torch.optim.SGD (lr 0.05, weight decay 0.001) and apd.sgld.SGLD (the
+100 random MNIST-shaped inputs, for torch.optim.SGD (lr 0.05, weight decay 0.001) and apd.samplers.sgld.SGLD (the
 paper's run: lr 0.05, N 50,000, prior variance 0.02) with and without noise prefetching (drawing the next
 step's noise on a worker thread, which ``prefetch_noise = "auto"`` does when torch leaves a core free).
 Methods are timed in interleaved blocks and each reports the median over repetitions, so drift on a
@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from apd.nets import ParamSpec, mlp
-from apd.sgld import SGLD
+from apd.samplers.sgld import SGLD
 
 NETS = {"fcNN1": [784, 100, 10], "fcNN2": [784, 400, 400, 10]}
 LR, NUM_DATA, PRIOR_VAR, BATCH = 0.05, 50_000, 0.02, 100

@@ -27,7 +27,7 @@ import torch
 from timing import best_time
 
 from apd.nets import ParamSpec, mlp
-from apd.store import COMPRESSIONS, SampleStore
+from apd.samplers.store import COMPRESSIONS, SampleStore
 
 NETS = {"fcNN1": ([784, 100, 10], 1.3e-3), "fcNN2": ([784, 400, 400, 10], 5e-3)}
 THIN = 20

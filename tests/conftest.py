@@ -32,3 +32,18 @@ def pytest_collection_modifyitems(config, items):
 def digits():
     """The default pipeline's digits split (1000 / 300 / 497)."""
     return load_dataset(DataConfig(dataset="digits", train_size=1000, val_size=300), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline(tmp_path_factory):
+    """The tiny pipeline (tests/tiny_pipeline.py) run through sample, distill and evaluate once per session:
+    (artifacts root, config path)."""
+    from apd.cli import main
+    from tests.tiny_pipeline import TINY, toml
+
+    root = tmp_path_factory.mktemp("artifacts")
+    config = root / "tiny.toml"
+    config.write_text(toml(TINY))
+    for stage in ("sample", "distill", "evaluate"):
+        assert main([stage, "--config", str(config), "--artifacts", str(root), "--quiet"]) == 0
+    return root, config

@@ -95,3 +95,22 @@ def test_overrides(tmp_path):
         load_config(path, ["sgld.lr"])
     with pytest.raises(ConfigError, match="unknown key 'sgld.speed'"):
         load_config(path, ["sgld.speed=1"])
+
+
+def test_flat_keys_of_the_last_release_still_load_with_one_line_each(caplog):
+    """``subspace_residual*``, ``kronecker_rank`` and ``adv_*`` move into [distill.residual] and
+    [evaluate.adversarial], each with a one-line deprecation warning."""
+    raw = {"distill": {"subspace_residual": True, "subspace_residual_model": "kronecker", "kronecker_rank": 7,
+                       "subspace_residual_scale": "fitted"},
+           "evaluate": {"adversarial": True, "adv_examples": 12, "adv_sources": ["sgld"], "pgd_steps": 3}}
+    with caplog.at_level("WARNING"):
+        cfg = from_dict(raw)
+    assert (cfg.distill.residual.model, cfg.distill.residual.kronecker_rank, cfg.distill.residual.scale) == (
+        "kronecker", 7, "fitted")
+    adversarial = cfg.evaluate.adversarial
+    assert adversarial.enabled and adversarial.examples == 12 and adversarial.sources == ["sgld"]
+    assert adversarial.pgd_steps == 3
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 8 and all("deprecated" in w and "\n" not in w for w in warnings)
+    off = from_dict({"distill": {"subspace_residual": False, "subspace_residual_model": "kronecker"}})
+    assert off.distill.residual.model == "none" and not off.distill.has_residual()

@@ -26,7 +26,7 @@ def test_keys_and_single_functions_match_scores():
     for name, fn in SCORE_FUNCTIONS.items():
         torch.testing.assert_close(fn(probs), result[name], rtol=0, atol=0)
         assert result[name].shape == (50,)
-        assert result[name].dtype == torch.float32
+        assert result[name].dtype == torch.float64
 
 
 def test_two_members_two_classes_by_hand():
@@ -57,9 +57,9 @@ def test_members_agreeing_on_the_class_but_not_the_probability():
 def test_identical_members_have_no_epistemic_uncertainty():
     member = random_member_probs(k=1, n=20, c=4, seed=1)[0]
     result = scores(member.expand(6, -1, -1))
-    assert torch.equal(result["variation_ratio"], torch.zeros(20))
-    assert torch.equal(result["model_variance"], torch.zeros(20))
-    torch.testing.assert_close(result["bald"], torch.zeros(20), rtol=0, atol=1e-6)
+    assert torch.equal(result["variation_ratio"], torch.zeros(20, dtype=torch.float64))
+    assert torch.equal(result["model_variance"], torch.zeros(20, dtype=torch.float64))
+    torch.testing.assert_close(result["bald"], torch.zeros(20, dtype=torch.float64), rtol=0, atol=1e-12)
     # the aleatoric part remains
     assert (result["entropy"] > 0.1).all()
 
@@ -67,8 +67,9 @@ def test_identical_members_have_no_epistemic_uncertainty():
 def test_uniform_predictive_has_entropy_log_c():
     probs = torch.full((3, 5, 10), 0.1)
     result = scores(probs)
-    torch.testing.assert_close(result["entropy"], torch.full((5,), math.log(10)))
-    torch.testing.assert_close(result["max_prob"], torch.full((5,), 0.9))
+    torch.testing.assert_close(result["entropy"], torch.full((5,), math.log(10), dtype=torch.float64), rtol=1e-6,
+                               atol=1e-7)
+    torch.testing.assert_close(result["max_prob"], torch.full((5,), 0.9, dtype=torch.float64), rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize(
@@ -98,11 +99,11 @@ def test_one_hot_members_are_finite():
     result = scores(probs)
     for value in result.values():
         assert torch.isfinite(value).all()
-    torch.testing.assert_close(result["entropy"], torch.tensor([math.log(2), 0.0]))
-    torch.testing.assert_close(result["bald"], torch.tensor([math.log(2), 0.0]))
-    torch.testing.assert_close(result["variation_ratio"], torch.tensor([0.5, 0.0]))
-    torch.testing.assert_close(result["max_prob"], torch.tensor([0.5, 0.0]))
-    torch.testing.assert_close(result["model_variance"], torch.tensor([0.25, 0.0]))
+    torch.testing.assert_close(result["entropy"], torch.tensor([math.log(2), 0.0], dtype=torch.float64))
+    torch.testing.assert_close(result["bald"], torch.tensor([math.log(2), 0.0], dtype=torch.float64))
+    torch.testing.assert_close(result["variation_ratio"], torch.tensor([0.5, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(result["max_prob"], torch.tensor([0.5, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(result["model_variance"], torch.tensor([0.25, 0.0], dtype=torch.float64))
 
 
 def test_bald_is_entropy_minus_mean_member_entropy_on_random_data():
@@ -148,3 +149,16 @@ def test_scores_on_cuda_match_cpu():
     for name, value in on_gpu.items():
         assert value.device.type == "cuda"
         torch.testing.assert_close(value.cpu(), on_cpu[name], rtol=1e-5, atol=1e-6)
+
+
+def test_members_closer_than_float32_resolves_still_disagree():
+    """Two members whose probabilities differ by 2δ = 2e-6: their BALD, ≈ 2δ² = 2e-12, is far below what
+    a float32 entropy difference resolves (≈ 4e-8 near log 2), yet computed in float64 it matches the
+    closed form, as does the model variance.
+
+    For p₁ = (½ + δ, ½ − δ), p₂ = (½ − δ, ½ + δ): model variance = δ², BALD = log 2 − H(½ + δ) ≈ 2δ²."""
+    delta = 1e-6
+    probs = torch.tensor([[[0.5 + delta, 0.5 - delta]], [[0.5 - delta, 0.5 + delta]]], dtype=torch.float64)
+    result = scores(probs)
+    assert result["model_variance"].item() == pytest.approx(delta**2, rel=1e-6)
+    assert result["bald"].item() == pytest.approx(2 * delta**2, rel=1e-3)

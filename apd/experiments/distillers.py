@@ -15,9 +15,9 @@ the protocol of ``apd evaluate`` (R runs, each a fresh draw of the same number o
   ``dense_steps`` generator steps or until ``max_seconds`` run out;
 - ``subspace APD r``: the same GAN on whitened coordinates in the top-r principal subspace, with the
   pipeline's ``[distill]`` hyper-parameters, without the residual (``ranks``), with the per-weight
-  residual scaled to SGLD's in-distribution disagreement (``residual_ranks``, :mod:`apd.residual`) or at
+  residual scaled to SGLD's in-distribution disagreement (``residual_ranks``, :mod:`apd.distillation.residual`) or at
   its fitted per-weight spread (``fitted_residual_ranks``), or with the Kronecker-factored Laplace
-  residual, matched likewise (``kronecker_ranks``, :mod:`apd.kronecker`);
+  residual, matched likewise (``kronecker_ranks``, :mod:`apd.distillation.kronecker`);
 - ``Gaussian r``: the null model of subspace APD, θ = μ + U·diag(σ)·z with z ~ N(0, I_r), i.e. the same
   codec with the GAN left out, without (``ranks``) and with the matched residuals (``residual_ranks``,
   ``kronecker_ranks``);
@@ -25,9 +25,13 @@ the protocol of ``apd evaluate`` (R runs, each a fresh draw of the same number o
 - ``MoG-k``: diagonal mixtures of k Gaussians, as in the evaluation.
 
 Reported per distiller: storage in SGLD samples' worth, build time, accuracy and mean AUROC of BALD and
-the variation ratio as shares of SGLD's, the AUROC on every OOD set, the nearest-SGLD-sample distance
-ratio of :func:`apd.evaluate.fidelity`, which of the targets it misses (``DistillerPlan``), and for a
-matched residual the factor α it was scaled by. Outputs:
+max_prob (the paper's "variation ratio" column, 1 − max p̄) as shares of SGLD's, the AUROC on every OOD
+set, the nearest-SGLD-sample distance ratio of :func:`apd.evaluation.fidelity.fidelity`, which of the
+targets it misses (``DistillerPlan``), and for a matched residual the factor α it was scaled by.
+
+Everything here is a tuning study, so it is judged on what settings may be chosen on: validation images
+(accuracy, and the in-distribution side of detection) and the OOD *tuning* pool (:func:`apd.data.ood_set`
+with ``role="tuning"``), never on the test split or the OOD sets ``apd evaluate`` reports. Outputs:
 ``artifacts/NAME/experiments/distillers.{json,md,png}``.
 """
 
@@ -43,34 +47,32 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from apd.artifacts import manifest_path, read_json, write_json_atomic
-from apd.codec import WeightCodec, fit_codec, storage_in_samples
-from apd.config import DistillConfig, bounded, build_section, parse_override
-from apd.distill import (
-    DistilledGenerator,
-    EnsembleMonitor,
-    StoreBatches,
-    evenly_spaced,
-    make_codec,
-    make_trainer,
-    scale_residual,
-    stored_draws,
-)
-from apd.errors import ArtifactError, ConfigError
-from apd.evaluate import fidelity, fit_mixture, ood_inputs
-from apd.metrics import accuracy, detection, mean_std
+from apd.config import DistillConfig, ResidualConfig, bounded, build_section, parse_override
+from apd.distillation.codec import WeightCodec, fit_codec, storage_in_samples
+from apd.distillation.generator import DistilledGenerator
+from apd.distillation.training import StoreBatches, evenly_spaced, make_trainer
+from apd.errors import ConfigError
+from apd.evaluation.fidelity import fidelity
+from apd.evaluation.protocol import EvaluationInputs
+from apd.evaluation.protocol import judge as judge_draw
+from apd.io import read_json, write_json_atomic
+from apd.metrics import mean_std
 from apd.nets import ParamSpec, mlp
-from apd.posteriors import APDGenerator, SGLDSamples, WeightSpacePosterior
-from apd.report import format_duration, format_number, format_sample_count, markdown_table, new_figure
-from apd.runtime import RunContext
-from apd.sampling import samples_path
-from apd.store import SampleStore
-from apd.uncertainty import scores as uncertainty_scores
+from apd.pipeline.distill import REFERENCE_SAMPLES, codec_for, validation_monitor
+from apd.pipeline.evaluate import evaluation_inputs
+from apd.pipeline.figures import new_figure
+from apd.pipeline.layout import manifest_of
+from apd.pipeline.methods import fit_mixture
+from apd.pipeline.runtime import RunContext
+from apd.pipeline.stage import require_input
+from apd.pipeline.tables import format_duration, format_number, format_sample_count, markdown_table
+from apd.posteriors import APDGenerator, Posterior, SGLDSamples
+from apd.samplers.store import SampleStore
 
 log = logging.getLogger(__name__)
 
-SCORES = ("bald", "variation_ratio")
-SCORE_LABELS = {"bald": "BALD", "variation_ratio": "VR"}
+SCORES = ("bald", "max_prob")
+SCORE_LABELS = {"bald": "BALD", "max_prob": "max-prob"}
 FAMILIES = ("sgld", "projected", "decoupled", "dense", "subspace", "gaussian", "diagonal", "mog")
 FAMILY_LABELS = {"sgld": "SGLD", "projected": "SGLD in subspace", "decoupled": "+ another sample's residual",
                  "dense": "dense APD", "subspace": "subspace APD",
@@ -116,17 +118,7 @@ class Variant:
     components: int = 0
 
 
-@dataclass(frozen=True)
-class Inputs:
-    """The evaluation inputs, stacked: the test set, the in-distribution subset, then each OOD set."""
-
-    x: Tensor
-    y_test: Tensor
-    n_in: int
-    sets: list[str]
-
-
-class CodecGaussian(WeightSpacePosterior):
+class CodecGaussian(Posterior):
     """θ = decode(z), z ~ N(0, I): a Gaussian through a fitted codec, μ + U·diag(σ)·z for the subspace
     codec (the null model of subspace APD) and μ + σ ⊙ z for the standardising one."""
 
@@ -135,16 +127,17 @@ class CodecGaussian(WeightSpacePosterior):
         self.device = codec.mean.device
 
     def sample_codes(self, k: int, generator: torch.Generator | None = None) -> Tensor:
-        return torch.randn(k, self.codec.code_dim, generator=generator, device=self.device)
+        return torch.randn(k, self.codec.code_dim, generator=self.on_device(generator), device=self.device)
 
     def sample_weights(self, k: int, generator: torch.Generator | None = None) -> Tensor:
+        generator = self.on_device(generator)
         return self.codec.decode(self.sample_codes(k, generator), generator)
 
     def stored_parameters(self) -> int:
         return self.codec.stored_parameters()
 
 
-class ProjectedSamples(WeightSpacePosterior):
+class ProjectedSamples(Posterior):
     """SGLD samples θ projected onto a subspace codec's principal subspace, θ ↦ μ + U·Uᵀ(θ − μ)
     (decode ∘ encode), which keeps exactly what a subspace model can represent. Stored as the codec plus
     the r coordinates of each of the n samples (read from the store here, for brevity)."""
@@ -215,20 +208,21 @@ def gan_config(variant: Variant, pipeline: DistillConfig, plan: DistillerPlan) -
     pipeline's distill section at the variant's rank and residual, for ``subspace_steps``."""
     if variant.family == "dense":
         return DistillConfig(steps=plan.dense_steps)
-    return dataclasses.replace(pipeline, generator="subspace", subspace_rank=variant.rank,
-                               subspace_residual=bool(variant.residual),
-                               subspace_residual_scale=variant.residual or pipeline.subspace_residual_scale,
-                               subspace_residual_model=variant.residual_model,
+    residual = ResidualConfig(model=variant.residual_model if variant.residual else "none",
+                              scale=variant.residual or pipeline.residual.scale,
+                              kronecker_rank=pipeline.residual.kronecker_rank)
+    return dataclasses.replace(pipeline, generator="subspace", subspace_rank=variant.rank, residual=residual,
                                steps=plan.subspace_steps or pipeline.steps)
 
 
-def train_generator(d: DistillConfig, codec: WeightCodec, store: SampleStore, seed: int, device: torch.device,
+def train_generator(d: DistillConfig, codec: WeightCodec, store: SampleStore, ctx: RunContext,
                     deadline: float) -> tuple[DistilledGenerator, int]:
     """WGAN-GP (Gulrajani et al., 2017) on the codes of the stored samples with the seeds of ``apd distill``,
     for ``d.steps`` generator steps or until ``time.perf_counter()`` passes ``deadline``; returns the last
-    generator (no selection on validation accuracy) and the steps it took."""
-    trainer = make_trainer(d, codec.code_dim, seed + 3, device)
-    real = StoreBatches(store, codec, d.batch_size, d.in_memory_gb, seed + 5, device)
+    generator (no selection) and the steps it took."""
+    device = ctx.device
+    trainer = make_trainer(d, codec.code_dim, ctx.seed("distill", "gan"), device)
+    real = StoreBatches(store, codec, d.batch_size, d.in_memory_gb, ctx.seed("distill", "batches"), device)
     while trainer.generator_steps < d.steps and time.perf_counter() < deadline:
         trainer.step(real, d.n_critic)
     return DistilledGenerator(trainer.generator, codec).eval(), trainer.generator_steps
@@ -237,9 +231,9 @@ def train_generator(d: DistillConfig, codec: WeightCodec, store: SampleStore, se
 @dataclass
 class Built:
     """A distiller of the comparison, fit: its posterior, the generator steps it took (GANs) and the
-    factor α its residual was scaled by (``matched`` residuals, :mod:`apd.residual`)."""
+    factor α its residual was scaled by (``matched`` residuals, :mod:`apd.distillation.residual`)."""
 
-    method: WeightSpacePosterior
+    method: Posterior
     steps: int | None = None
     residual_scale: float | None = None
 
@@ -250,13 +244,14 @@ def build(variant: Variant, ctx: RunContext, store: SampleStore, plan: Distiller
     if variant.family == "sgld":
         return Built(SGLDSamples(store, device))
     if variant.family == "mog":
-        return Built(fit_mixture(store, variant.components, cfg.evaluate.mog_fit_samples, cfg.seed, device))
+        return Built(fit_mixture(store, variant.components, cfg.evaluate.mog_fit_samples,
+                                 ctx.seed("evaluate", "mog", variant.components), device))
     if variant.family == "dense":
         codec = WeightCodec("identity", spec.numel)
     else:
         fit = store.read(evenly_spaced(len(store), cfg.distill.fit_samples))
         codec = (fit_codec("standardize", fit).to(device) if variant.family == "diagonal"
-                 else make_codec(ctx, gan_config(variant, cfg.distill, plan), fit))
+                 else codec_for(ctx, fit, gan_config(variant, cfg.distill, plan)))
     if variant.family in ("gaussian", "diagonal"):
         method, steps = CodecGaussian(codec, spec, variant.name), None
         sample_codes = method.sample_codes
@@ -264,36 +259,23 @@ def build(variant: Variant, ctx: RunContext, store: SampleStore, plan: Distiller
         kind = ProjectedSamples if variant.family == "projected" else DecoupledResidual
         return Built(kind(SGLDSamples(store, device), codec, variant.name))
     else:
-        model, steps = train_generator(gan_config(variant, cfg.distill, plan), codec, store, cfg.seed, device,
-                                       deadline)
+        model, steps = train_generator(gan_config(variant, cfg.distill, plan), codec, store, ctx, deadline)
         method = APDGenerator(model, spec, variant.name)
         sample_codes = lambda k, rng: model.generator.sample(k, generator=rng)  # noqa: E731
     if variant.residual != "matched":
         return Built(method, steps)
-    monitor = EnsembleMonitor(ctx, spec, cfg.distill.eval_networks, stored_draws(store, device))
-    return Built(method, steps, scale_residual(codec, sample_codes, monitor))
+    monitor = validation_monitor(ctx, spec, store.read(evenly_spaced(len(store), REFERENCE_SAMPLES)))
+    return Built(method, steps, monitor.scale_residual(codec, sample_codes))
 
 
-@torch.no_grad()
-def judge(method: WeightSpacePosterior, inputs: Inputs, runs: int, networks: int, seed: int) -> dict:
-    """Accuracy of the ensemble predictive p̄ = (1/K) Σ_k p(y | x, θ_k) on the test set and the AUROC
-    (percent, OOD positive) of each of :data:`SCORES` on every OOD set, mean ± std over ``runs`` draws of
-    ``networks`` members, as ``apd evaluate`` computes them."""
-    generator = torch.Generator().manual_seed(seed + 31)
-    n_test, n_in = len(inputs.y_test), inputs.n_in
-    acc: list[float] = []
-    auroc: dict[str, dict[str, list[float]]] = {s: {o: [] for o in inputs.sets} for s in SCORES}
-    for _ in range(runs):
-        probs = method.predict_probs(inputs.x, networks, generator)
-        acc.append(accuracy(probs[:, :n_test].mean(0), inputs.y_test.to(probs.device)))
-        member_scores = uncertainty_scores(probs[:, n_test:])
-        for score in SCORES:
-            values = member_scores[score].cpu().numpy()
-            for i, name in enumerate(inputs.sets):
-                outside = values[n_in * (i + 1):n_in * (i + 2)]
-                auroc[score][name].append(100.0 * detection(values[:n_in], outside)["auroc"])
-    return {"accuracy": mean_std(acc),
-            "auroc": {s: {o: mean_std(v) for o, v in by_set.items()} for s, by_set in auroc.items()}}
+def judge(method: Posterior, inputs: EvaluationInputs, runs: int, networks: int, generator: torch.Generator) -> dict:
+    """Accuracy of the ensemble predictive on the labelled inputs and the AUROC (percent, OOD positive)
+    of each of :data:`SCORES` on every OOD set, mean ± std (ddof 0) over ``runs`` draws of ``networks``
+    members, by the protocol of ``apd evaluate`` (:func:`apd.evaluation.protocol.judge`)."""
+    draws = [judge_draw(method, inputs, networks, generator, list(SCORES)) for _ in range(runs)]
+    return {"accuracy": mean_std([d.accuracy["acc"] for d in draws]),
+            "auroc": {s: {o: mean_std([100.0 * d.detection[o][s]["auroc"] for d in draws]) for o in inputs.ood}
+                      for s in SCORES}}
 
 
 def missed_targets(row: dict, sgld: dict, plan: DistillerPlan) -> list[str]:
@@ -323,13 +305,11 @@ def _with_shares(row: dict, sgld: dict, plan: DistillerPlan) -> dict:
 def compare_distillers(ctx: RunContext, plan: DistillerPlan) -> dict:
     """Build and judge every variant of ``plan`` on the pipeline's samples; the results as JSON-able data."""
     cfg, e = ctx.cfg, ctx.cfg.evaluate
-    source = samples_path(ctx)
-    if not manifest_path(source).is_file():
-        raise ArtifactError(f"{source}: no complete sample store; run `apd sample --config {cfg.source}` first")
+    source = ctx.layout.samples
+    require_input(ctx, source, "sample")
     started = time.perf_counter()
-    x_in, ood = ood_inputs(ctx)
-    inputs = Inputs(torch.cat([ctx.data.x_test, x_in, *ood.values()]).to(ctx.device), ctx.data.y_test,
-                    len(x_in), list(ood))
+    inputs = evaluation_inputs(ctx, role="tuning")
+    generator = torch.Generator().manual_seed(ctx.seed("experiment", "distillers", "draws"))
     rows = []
     with SampleStore.open(source, expect_spec=ParamSpec.from_module(mlp(ctx.net_sizes))) as store:
         sgld = SGLDSamples(store, ctx.device)
@@ -343,14 +323,14 @@ def compare_distillers(ctx: RunContext, plan: DistillerPlan) -> dict:
             method, steps = built.method, built.steps
             seconds = time.perf_counter() - t0
             if variant.family == "sgld":
-                seconds = read_json(manifest_path(source)).get("seconds", float("nan"))
+                seconds = read_json(manifest_of(source)).get("seconds", float("nan"))
             row = {**dataclasses.asdict(variant), "steps": steps, "residual_scale": built.residual_scale,
                    "seconds": round(seconds, 2),
                    "parameters": method.stored_parameters(),
                    "in_sgld_samples": storage_in_samples(method.stored_parameters(), store.spec.numel),
-                   **judge(method, inputs, e.runs, e.networks, cfg.seed),
+                   **judge(method, inputs, e.runs, e.networks, generator),
                    "fidelity": None if variant.family == "sgld" else fidelity(
-                       method, sgld, ctx.data.x_test.to(ctx.device), e.networks, cfg.seed)}
+                       method, sgld, ctx.data.x_val.to(ctx.device), e.networks, generator)}
             rows.append(row)
             log.info("%s: %.1f s%s; accuracy %.4f, mean BALD AUROC %.1f", variant.name, seconds,
                      "" if steps is None else f" ({steps} steps)", row["accuracy"]["mean"],
@@ -358,7 +338,8 @@ def compare_distillers(ctx: RunContext, plan: DistillerPlan) -> dict:
         dim, store_size = store.spec.numel, len(store)
     rows = [_with_shares(row, rows[0], plan) for row in rows]
     return {"pipeline": cfg.name, "dataset": ctx.data.name, "dim": dim, "sgld_samples": store_size, "runs": e.runs,
-            "networks": e.networks, "ood_sets": inputs.sets, "scores": list(SCORES),
+            "networks": e.networks, "ood_sets": list(inputs.ood), "scores": list(SCORES),
+            "judged_on": "validation images and the OOD tuning pool (never the test split or evaluate's OOD sets)",
             "plan": dataclasses.asdict(plan), "rows": rows, "seconds": round(time.perf_counter() - started, 2)}
 
 
@@ -368,10 +349,11 @@ def render_table(results: dict) -> str:
     note = (f"# Distillers on {results['pipeline']}\n\n{results['runs']} runs × {results['networks']} networks per "
             f"draw; D = {results['dim']:,} weights; storage in SGLD samples' worth (SGLD: its whole store of "
             f"{results['sgld_samples']:,}); time = building the distiller (SGLD: sampling); shares are of SGLD's "
-            f"values; AUROC in percent per OOD set ({' / '.join(sets)}); NN ratio = distance to the nearest SGLD "
-            "sample over that of held-out SGLD samples; 'SGLD in subspace r' (the samples' r coordinates) is the "
-            "ceiling of rank-r distillers, '+ another sample's residual' that of a rank-r model plus any "
-            "independent residual. "
+            f"values; judged on validation images and the OOD tuning pool; AUROC in percent per tuning set "
+            f"({' / '.join(sets)}); max-prob is 1 − max p̄, the paper's \"variation ratio\"; NN ratio = distance "
+            "to the nearest SGLD sample over that of held-out SGLD samples; 'SGLD in subspace r' (the samples' "
+            "r coordinates) is the ceiling of rank-r distillers, '+ another sample's residual' that of a rank-r "
+            "model plus any independent residual. "
             f"Targets: accuracy ≥ {100 * plan['target_accuracy_share']:g} % of SGLD's, every AUROC at most "
             f"{plan['target_auroc_gap']:g} point below SGLD's, storage ≤ {plan['target_storage']:g} samples, "
             f"time ≤ {plan['target_seconds']:g} s.\n\n")
@@ -423,7 +405,7 @@ def draw_figure(results: dict, path: Path) -> None:
 def run_distillers(ctx: RunContext, options: list[str]) -> dict:
     """``apd experiment distillers``: compare, write ``experiments/distillers.{json,md,png}``, print the table."""
     results = compare_distillers(ctx, plan_from_options(options))
-    out = ctx.out_dir / "experiments"
+    out = ctx.layout.experiments
     write_json_atomic(out / "distillers.json", results)
     markdown = render_table(results)
     (out / "distillers.md").write_text(markdown)

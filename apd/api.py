@@ -1,0 +1,52 @@
+"""``apd.load``: a pipeline's artifacts as a :class:`~apd.posteriors.Posterior`, in one call.
+
+Everything needed is read from the artifacts themselves (manifests, the sample store's metadata), never
+from a pipeline file, and nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from apd.distillation.generator import load_generator
+from apd.errors import ArtifactError
+from apd.io import load_torch, read_json
+from apd.nets import mlp
+from apd.pipeline.layout import Layout, manifest_of
+from apd.posteriors import APDGenerator, MCDropout, PointEstimate, Posterior, SGLDSamples
+from apd.samplers.store import SampleStore
+
+LOADABLE = ("sgld", "apd", "sgd", "mcdropout", "mog")
+
+
+def load(artifact_dir: str | Path, method: str, device: torch.device | str = "cpu") -> Posterior:
+    """The posterior ``method`` of the pipeline whose artifacts are in ``artifact_dir`` (e.g.
+    ``artifacts/digits``): ``sgld`` (the sample store, kept open), ``apd`` (the generator), ``sgd`` and
+    ``mcdropout`` (the baselines), or ``mog`` (the evaluation's largest mixture, fit again to the store)."""
+    layout = Layout(Path(artifact_dir))
+    if method not in LOADABLE:
+        raise ValueError(f"method must be one of {', '.join(LOADABLE)}, got {method!r}")
+    if method in ("sgld", "mog"):
+        store = SampleStore.open(layout.samples)
+        if method == "sgld":
+            return SGLDSamples(store, device)
+        from apd.pipeline.methods import fit_mixture
+
+        with store:
+            evaluate = store.meta.get("config", {}).get("evaluate", {})
+            components, fit_samples = max(evaluate.get("mog_components", [60])), evaluate.get("mog_fit_samples", 2000)
+            return fit_mixture(store, components, fit_samples, seed=0, device=torch.device(device))
+    if method == "apd":
+        model, spec = load_generator(layout.generator, read_json(manifest_of(layout.generator)), device=device)
+        return APDGenerator(model, spec)
+    path = layout.baseline(method)
+    manifest = read_json(manifest_of(path))
+    net = mlp(manifest["sizes"], dropout=manifest.get("dropout", 0.0))
+    try:
+        net.load_state_dict(load_torch(path))
+    except RuntimeError:
+        raise ArtifactError(f"{path}: does not match its manifest's network {manifest['sizes']}") from None
+    net = net.to(device).eval()
+    return PointEstimate(net) if method == "sgd" else MCDropout(net, manifest["dropout"])

@@ -1,0 +1,83 @@
+"""The distilled posterior: θ = codec.decode(G(z)), z ~ 𝒩(0, I) (Wang et al., 2018, with the codecs of
+:mod:`apd.distillation.codec`), and how it is described, rebuilt and loaded.
+
+A generator is saved as a weights-only state_dict plus a JSON description (``architecture``) from which
+:func:`build_generator` makes modules of the right shapes; :func:`load_generator` joins the two.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from apd.config import DistillConfig
+from apd.distillation.codec import WeightCodec, storage_in_samples
+from apd.distillation.gan import Generator
+from apd.distillation.kronecker import KroneckerResidual
+from apd.errors import ArtifactError
+from apd.io import load_torch
+from apd.nets import ParamSpec
+
+
+class DistilledGenerator(nn.Module):
+    """θ = codec.decode(G(z)), z ~ N(0, I): the APD posterior approximation over flat weight vectors."""
+
+    def __init__(self, generator: Generator, codec: WeightCodec) -> None:
+        super().__init__()
+        self.generator, self.codec = generator, codec
+
+    @torch.no_grad()
+    def sample_weights(self, k: int, generator: torch.Generator | None = None) -> Tensor:
+        return self.codec.decode(self.generator.sample(k, generator=generator), generator=generator)
+
+    def stored_parameters(self) -> int:
+        return sum(p.numel() for p in self.generator.parameters()) + self.codec.stored_parameters()
+
+    def storage_in_samples(self) -> float:
+        return storage_in_samples(self.stored_parameters(), self.codec.dim)
+
+
+def codec_kind(cfg: DistillConfig) -> str:
+    """The codec a distill config asks for: ``subspace``, ``standardize`` or ``identity``."""
+    if cfg.generator == "subspace":
+        return "subspace"
+    return "standardize" if cfg.standardize else "identity"
+
+
+def architecture(cfg: DistillConfig, dim: int, layer_sizes: list[int]) -> dict:
+    """What :func:`build_generator` needs to rebuild the modules (stored in the generator's manifest)."""
+    kronecker = cfg.uses_kronecker()
+    return {"codec": codec_kind(cfg), "dim": dim, "rank": cfg.subspace_rank,
+            "residual": cfg.generator == "subspace" and cfg.residual.model == "diagonal",
+            "kronecker_rank": cfg.residual.kronecker_rank if kronecker else 0, "layer_sizes": layer_sizes,
+            "z_dim": cfg.z_dim, "gen_hidden": cfg.gen_hidden, "critic_hidden": cfg.critic_hidden, "loss": cfg.loss}
+
+
+def build_generator(arch: dict) -> DistilledGenerator:
+    """Modules of the shapes ``arch`` describes, ready for a saved state_dict."""
+    codec = WeightCodec.empty(arch["codec"], arch["dim"], arch["rank"], arch["residual"])
+    if arch.get("kronecker_rank"):
+        codec.kronecker = KroneckerResidual(arch["layer_sizes"], arch["kronecker_rank"])
+    return DistilledGenerator(Generator(arch["z_dim"], arch["gen_hidden"], codec.code_dim), codec)
+
+
+def load_generator(weights: Path, manifest: dict, expect_spec: ParamSpec | None = None,
+                   device: torch.device | str = "cpu") -> tuple[DistilledGenerator, ParamSpec]:
+    """Rebuild a saved generator from its weights-only state_dict and its manifest (``spec`` and
+    ``architecture``); returns it in eval mode with the spec of the networks it makes. A generator for
+    another network, or weights that do not fit the description, is an :class:`ArtifactError`."""
+    try:
+        spec, arch = ParamSpec.from_json(manifest["spec"]), manifest["architecture"]
+    except KeyError as exc:
+        raise ArtifactError(f"{weights}: its manifest is not a generator's (no {exc})") from None
+    if expect_spec is not None and spec != expect_spec:
+        raise ArtifactError(f"{weights}: generator makes weights for a {spec.layer_sizes} network, the pipeline's "
+                            f"network is {expect_spec.layer_sizes}; run `apd distill --force`")
+    model = build_generator(arch)
+    try:
+        model.load_state_dict(load_torch(weights))
+    except RuntimeError as exc:
+        raise ArtifactError(f"{weights}: does not match its manifest ({str(exc).splitlines()[0]})") from None
+    return model.to(device).eval(), spec

@@ -1,0 +1,104 @@
+"""The pieces a distillation run is built from, free of any stage or artifact path: the codec fit to
+samples, the GAN trainer, batches of real codes, and the validation reference a generator is judged by.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from apd.config import DistillConfig
+from apd.distillation.codec import WeightCodec, fit_codec
+from apd.distillation.gan import Critic, GANTrainer, Generator, make_loss
+from apd.distillation.generator import DistilledGenerator, codec_kind
+from apd.distillation.kronecker import KroneckerResidual
+from apd.distillation.residual import match_residual_scale
+from apd.distillation.selection import ReferencePredictive, generated_gap
+from apd.nets import ParamSpec
+from apd.samplers.store import SampleStore
+
+log = logging.getLogger(__name__)
+
+
+def evenly_spaced(n: int, k: int) -> list[int]:
+    """min(n, k) row indices spread evenly over 0 … n − 1."""
+    return sorted({int(i) for i in torch.linspace(0, n - 1, min(n, k)).round().tolist()})
+
+
+def make_codec(cfg: DistillConfig, samples: Tensor, layer_sizes: list[int], x_fisher: Tensor, data_size: float,
+               prior_precision: float, seed: int, device: torch.device) -> WeightCodec:
+    """The codec of ``cfg`` fit to ``samples`` [n, D] (CPU), on ``device``. A Kronecker residual is fit
+    at the samples' mean on the inputs ``x_fisher``, for a posterior of ``data_size`` points (N/T) and
+    prior precision ``prior_precision`` (1/(prior variance · T))."""
+    codec = fit_codec(codec_kind(cfg), samples, cfg.subspace_rank, cfg.generator == "subspace"
+                      and cfg.residual.model == "diagonal", seed=seed)
+    if cfg.uses_kronecker():
+        rng = torch.Generator().manual_seed(seed)
+        codec.kronecker = KroneckerResidual.fit(layer_sizes, cfg.residual.kronecker_rank, codec.mean, x_fisher,
+                                                data_size, prior_precision, rng)
+    return codec.to(device)
+
+
+def make_trainer(cfg: DistillConfig, code_dim: int, seed: int, device: torch.device) -> GANTrainer:
+    """Generator and critic (initialised from ``seed``) for codes of ``code_dim``; ``lr`` 0 takes the
+    loss's default."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        generator = Generator(cfg.z_dim, cfg.gen_hidden, code_dim).to(device)
+        critic = Critic(code_dim, cfg.critic_hidden).to(device)
+    loss = make_loss(cfg.loss, gp_weight=cfg.gp_weight, clip=cfg.clip)
+    return GANTrainer(generator, critic, loss, lr=cfg.lr or None, betas=(cfg.beta1, cfg.beta2), seed=seed)
+
+
+class StoreBatches:
+    """Random real batches, as codes, from a sample store: held in memory when small enough."""
+
+    def __init__(self, store: SampleStore, codec: WeightCodec, batch_size: int, in_memory_gb: float,
+                 seed: int, device: torch.device) -> None:
+        self.store, self.codec, self.batch_size, self.device = store, codec, batch_size, device
+        self.rng = torch.Generator().manual_seed(seed)
+        n, code_dim = len(store), codec.code_dim
+        self.codes = None
+        if n * code_dim * 4 <= in_memory_gb * 2**30:
+            chunks = [codec.encode(store.read_all(i, min(n, i + 1000)).to(device)) for i in range(0, n, 1000)]
+            self.codes = torch.cat(chunks).to(device)
+
+    def __call__(self) -> Tensor:
+        index = torch.randint(len(self.store), (self.batch_size,), generator=self.rng)
+        if self.codes is not None:
+            return self.codes[index.to(self.device)]
+        return self.codec.encode(self.store.read(index.numpy()).to(self.device))
+
+
+class ValidationMonitor:
+    """Judges generator steps on validation inputs ``x`` against SGLD's ``reference_weights`` [K, D]
+    (:mod:`apd.distillation.selection`), ``networks`` generated networks at a time, drawn with a
+    generator of its own (checkpointed with the run)."""
+
+    def __init__(self, spec: ParamSpec, x: Tensor, y: Tensor, reference_weights: Tensor, networks: int,
+                 seed: int) -> None:
+        self.spec, self.x, self.networks = spec, x, networks
+        self.rng = torch.Generator(device=x.device).manual_seed(seed)
+        self.reference = ReferencePredictive.of(spec, reference_weights, x, y)
+
+    def judge(self, model: DistilledGenerator) -> dict[str, float]:
+        """The criterion and its parts for the generator's networks without the residual: the residual is
+        only scaled after training, and at its fitted scale it would decide the comparison."""
+        codes = model.generator.sample(self.networks, generator=self.rng)
+        return generated_gap(self.spec, model.codec.decode_principal(codes), self.reference)
+
+    def scale_residual(self, codec: WeightCodec, sample_codes: Callable[[int, torch.Generator], Tensor]) -> float:
+        """Multiply ``codec``'s residual in place by the α of
+        :func:`~apd.distillation.residual.match_residual_scale` (mean BALD on the validation inputs equal
+        to SGLD's) for codes drawn by ``sample_codes(k, generator)``; returns α."""
+        target = self.reference.mean_information
+        alpha = match_residual_scale(codec, sample_codes, self.spec, self.x, target, self.networks, self.rng)
+        codec.scale_residual_(alpha)
+        log.info("residual scaled by %.3f: mean mutual information on validation inputs matched to SGLD's %.4f",
+                 alpha, target)
+        return alpha
+
+

@@ -1,0 +1,83 @@
+"""The scoring protocol, written once: what every comparison of posteriors computes from one batched
+prediction over the test set, the in-distribution OOD subset and each OOD set.
+
+- Test set: accuracy, NLL, Brier score and ECE of the ensemble predictive p̄ = (1/K) Σ_k p_k.
+- Detection: for each uncertainty score (higher = more uncertain, :mod:`apd.uncertainty`), the test
+  subset against each OOD set with OOD positive (:func:`apd.metrics.detection`: AUROC, AUPR-In,
+  AUPR-Out, FPR at 95 % TPR). Scores that measure disagreement between members
+  (:data:`~apd.uncertainty.ENSEMBLE_SCORES`) are ``None`` for a one-member ensemble: undefined, not 50.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from apd.metrics import accuracy, brier, detection, ece, nll
+from apd.posteriors.base import Posterior
+from apd.uncertainty import ENSEMBLE_SCORES
+from apd.uncertainty import scores as uncertainty_scores
+
+ACCURACY_METRICS = {"acc": accuracy, "nll": nll, "brier": brier, "ece": ece}
+
+
+@dataclass(frozen=True)
+class EvaluationInputs:
+    """The inputs one judgement covers: the labelled test set, the in-distribution side of detection
+    ``x_in``, and each OOD set (as many images as ``x_in``)."""
+
+    x_test: Tensor
+    y_test: Tensor
+    x_in: Tensor
+    ood: dict[str, Tensor]
+
+    def stacked(self, device: torch.device | str) -> Tensor:
+        """Every input in one tensor: test, in-distribution subset, then the OOD sets in order."""
+        return torch.cat([self.x_test, self.x_in, *self.ood.values()]).to(device)
+
+    @property
+    def n_test(self) -> int:
+        return len(self.y_test)
+
+
+@dataclass
+class Judgement:
+    """One ensemble's results: ``accuracy`` (metric → value), ``detection`` (set → score → metrics or
+    None), the test predictive ``test_probs`` [N, C], and per-input scores ``inside`` (score → [n_in])
+    and ``outside`` (set → score → [n_out]) for histograms."""
+
+    accuracy: dict[str, float]
+    detection: dict[str, dict[str, dict | None]]
+    test_probs: Tensor
+    inside: dict[str, np.ndarray]
+    outside: dict[str, dict[str, np.ndarray]]
+
+
+def judge_probs(probs: Tensor, inputs: EvaluationInputs, scores: list[str]) -> Judgement:
+    """:class:`Judgement` of member probabilities ``probs`` [K, N, C] over ``inputs.stacked()``."""
+    n_test, n_in = inputs.n_test, len(inputs.x_in)
+    test_probs = probs[:, :n_test].mean(0)
+    y = inputs.y_test.to(probs.device)
+    metrics = {name: fn(test_probs, y) for name, fn in ACCURACY_METRICS.items()}
+    values = uncertainty_scores(probs[:, n_test:])
+    defined = [s for s in scores if probs.shape[0] > 1 or s not in ENSEMBLE_SCORES]
+    per_input = {s: values[s].cpu().numpy() for s in defined}
+    inside = {s: v[:n_in] for s, v in per_input.items()}
+    outside, found = {}, {}
+    start = n_in
+    for name, x_out in inputs.ood.items():
+        part = slice(start, start + len(x_out))
+        start += len(x_out)
+        outside[name] = {s: v[part] for s, v in per_input.items()}
+        found[name] = {s: detection(inside[s], outside[name][s]) if s in per_input else None for s in scores}
+    return Judgement(metrics, found, test_probs, inside, outside)
+
+
+@torch.no_grad()
+def judge(method: Posterior, inputs: EvaluationInputs, k: int, generator: torch.Generator | None,
+          scores: list[str]) -> Judgement:
+    """One fresh draw of ``k`` members of ``method`` (as many as it can give), judged on ``inputs``."""
+    return judge_probs(method.predict_probs(inputs.stacked(method.device), k, generator), inputs, scores)

@@ -1,0 +1,241 @@
+"""``apd distill``: train the APD generator (Wang et al., 2018) on SGLD samples.
+
+Offline, the GAN learns from ``samples.h5``; online, SGLD chains and GAN updates alternate and the GAN
+sees a FIFO buffer of recent thinned samples, so no sample store is needed. Either way the GAN works in
+the space of a :class:`~apd.distillation.codec.WeightCodec`. Every ``eval_every`` generator steps the
+generator is judged on validation inputs against SGLD's predictive there (:mod:`apd.distillation.selection`:
+mean KL between the predictives plus the mean per-input BALD gap); the step with the lowest criterion is
+kept (``selection = "last"`` keeps the last). The kept generator becomes ``generator.pt``, the last one
+``generator-last.pt``, and ``generator.json`` records the criterion at every evaluation and the step
+kept. Files are built under temporary names and swapped in only when the run has finished.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from apd.config import DistillConfig, config_hash
+from apd.distillation.codec import WeightCodec, storage_in_samples
+from apd.distillation.gan import GANTrainer
+from apd.distillation.generator import DistilledGenerator, architecture
+from apd.distillation.training import StoreBatches, ValidationMonitor, evenly_spaced, make_codec, make_trainer
+from apd.errors import ConfigError
+from apd.io import save_torch_atomic
+from apd.nets import ParamSpec, mlp
+from apd.pipeline.layout import checkpoint_of, manifest_of, partial_of
+from apd.pipeline.manifests import load_checkpoint, manifest_record
+from apd.pipeline.runtime import RunContext
+from apd.pipeline.sample import make_chain
+from apd.pipeline.stage import publish, require_input, reusable
+from apd.samplers.chain import is_thinned_sample
+from apd.samplers.store import SampleStore
+
+log = logging.getLogger(__name__)
+
+MONITOR_SIZE = 2000  # validation images the generator is judged on during training
+REFERENCE_SAMPLES = 200  # SGLD samples (evenly spaced over the store) the criterion compares with
+FISHER_INPUTS = 5000  # training images the Kronecker residual's factors are estimated on
+
+
+def run_distill(ctx: RunContext) -> Path:
+    """The whole stage: offline or online as configured; a complete generator is reused."""
+    return distill_online(ctx) if ctx.cfg.distill.mode == "online" else distill_offline(ctx)
+
+
+def codec_for(ctx: RunContext, samples: Tensor, d: DistillConfig | None = None) -> WeightCodec:
+    """The codec of ``d`` (the pipeline's distill section by default) fit to ``samples``; a Kronecker
+    residual for the SGLD posterior's N/T data points and prior precision 1/(prior_var·T), on
+    :data:`FISHER_INPUTS` random training images."""
+    d, s, x = d or ctx.cfg.distill, ctx.cfg.sgld, ctx.data.x_train
+    rows = torch.randperm(len(x), generator=torch.Generator().manual_seed(ctx.seed("distill", "fisher")))
+    try:
+        return make_codec(d, samples, ctx.net_sizes, x[rows[:FISHER_INPUTS]], len(x) / s.temperature,
+                          1.0 / (s.prior_var * s.temperature), ctx.seed("distill", "codec"), ctx.device)
+    except ValueError as exc:  # e.g. a rank the samples cannot support
+        raise ConfigError(f"{ctx.cfg.source}: distill: {exc}") from None
+
+
+def validation_monitor(ctx: RunContext, spec: ParamSpec, reference_weights: Tensor) -> ValidationMonitor:
+    x = ctx.data.x_val[:MONITOR_SIZE].to(ctx.device)
+    y = ctx.data.y_val[:MONITOR_SIZE].to(ctx.device)
+    return ValidationMonitor(spec, x, y, reference_weights.to(ctx.device), ctx.cfg.distill.eval_networks,
+                             ctx.seed("distill", "monitor"))
+
+
+def distill_offline(ctx: RunContext) -> Path:
+    d = ctx.cfg.distill
+    path, source = ctx.layout.generator, ctx.layout.samples
+    inputs = {"samples": require_input(ctx, source, "sample")}
+    if reusable(ctx, path, "distill", inputs):
+        return path
+    spec = ParamSpec.from_module(mlp(ctx.net_sizes))
+    started = time.perf_counter()
+    with SampleStore.open(source, expect_spec=spec) as store:
+        if len(store) < 2:
+            raise ConfigError(f"{source}: {len(store)} sample; distillation needs at least 2")
+        codec = codec_for(ctx, store.read(evenly_spaced(len(store), d.fit_samples)))
+        real = StoreBatches(store, codec, d.batch_size, d.in_memory_gb, ctx.seed("distill", "batches"), ctx.device)
+        monitor = validation_monitor(ctx, spec, store.read(evenly_spaced(len(store), REFERENCE_SAMPLES)))
+        trainer = make_trainer(d, codec.code_dim, ctx.seed("distill", "gan"), ctx.device)
+        summary = _train(ctx, trainer, codec, real, monitor, inputs, generators=(real.rng,))
+        n_samples = len(store)
+    summary["seconds"] = round(time.perf_counter() - started, 2)
+    _finish(ctx, spec, summary, inputs, n_samples, source.stat().st_size)
+    return path
+
+
+def _train(ctx: RunContext, trainer: GANTrainer, codec: WeightCodec, real: Callable[[], Tensor],
+           monitor: ValidationMonitor, inputs: dict, between_steps: Callable[[int], None] | None = None,
+           generators: tuple[torch.Generator, ...] = ()) -> dict:
+    """The GAN loop shared by both modes: checkpoints, judging, keeping the best step, and at the end the
+    residual's scale matched to SGLD's (:mod:`apd.distillation.residual`) when so configured. The kept
+    and the last generator are written to their partial files.
+
+    ``generators`` (e.g. the real-batch sampler's) are checkpointed with the trainer, so a resumed run
+    repeats an uninterrupted one exactly."""
+    generators = (*generators, monitor.rng)
+    d = ctx.cfg.distill
+    stage_hash = config_hash(ctx.cfg, "distill")
+    model = DistilledGenerator(trainer.generator, codec)
+    checkpoint = checkpoint_of(ctx.layout.generator)
+    history: list[dict] = []
+    best: dict = {"step": 0, "criterion": math.inf, "state": None}
+    resumable = between_steps is None  # online runs hold SGLD chains and a buffer: they start afresh
+    ckpt = load_checkpoint(checkpoint, config_hash=stage_hash, inputs=inputs) if resumable and not ctx.force else None
+    if ckpt is not None:
+        trainer.load_state_dict(ckpt["trainer"])
+        history, best = ckpt["history"], ckpt["best"]
+        for rng, state in zip(generators, ckpt["generators"], strict=True):
+            rng.set_state(state)
+        log.info("resuming distillation at generator step %d", trainer.generator_steps)
+    bar = ctx.progress(total=d.steps, initial=trainer.generator_steps, desc="WGAN-GP" if d.loss == "wgan-gp"
+                       else d.loss.upper(), unit="step")
+    stats: dict[str, float] = {}
+    with bar:
+        while trainer.generator_steps < d.steps:
+            if between_steps is not None:
+                between_steps(trainer.generator_steps)
+            stats = trainer.step(real, d.n_critic)
+            bar.update()
+            step = trainer.generator_steps
+            if step % d.eval_every == 0 or step == d.steps:
+                model.eval()
+                judged = monitor.judge(model)
+                history.append({"step": step, **{k: round(v, 6) for k, v in {**judged, **stats}.items()}})
+                if d.selection == "last" or judged["criterion"] < best["criterion"]:
+                    best = {"step": step, "criterion": judged["criterion"], "state": copy.deepcopy(model.state_dict())}
+                ctx.show(bar, f"generator step {step}/{d.steps}", W=f"{stats.get('wasserstein', math.nan):.3f}",
+                         criterion=f"{judged['criterion']:.4f}", acc=f"{judged['accuracy']:.4f}")
+            if resumable and step % d.checkpoint_every == 0 and step < d.steps:
+                save_torch_atomic(checkpoint, {"config_hash": stage_hash, "inputs": inputs,
+                                               "trainer": trainer.state_dict(), "history": history, "best": best,
+                                               "generators": [rng.get_state() for rng in generators]})
+    last = copy.deepcopy(model.state_dict())
+    model.load_state_dict(best["state"])
+    residual = _match_residual(ctx, model, monitor) if codec.has_residual else {}
+    last.update({f"codec.{name}": value.clone() for name, value in codec.state_dict().items()})
+    save_torch_atomic(partial_of(ctx.layout.generator_last), last)
+    save_torch_atomic(partial_of(ctx.layout.generator), model.state_dict())
+    kept = next(entry for entry in history if entry["step"] == best["step"])
+    return {"selection": {"criterion": "mean KL(SGLD ‖ generated) + mean |BALD gap| on validation inputs (nats)",
+                          "rule": d.selection, "inputs": len(monitor.x), "reference_samples": REFERENCE_SAMPLES,
+                          "kept_step": best["step"], "kept": kept, "last": history[-1]},
+            "history": history, "sgld_val_accuracy": monitor.reference.accuracy,
+            "sgld_val_mean_bald": monitor.reference.mean_information,
+            "generator_parameters": model.stored_parameters(), "final_stats": stats, **residual}
+
+
+def _match_residual(ctx: RunContext, model: DistilledGenerator, monitor: ValidationMonitor) -> dict:
+    """Scale the codec's residual as configured (``matched``: α from :meth:`ValidationMonitor.scale_residual`;
+    ``fitted``: α = 1); returns what goes into the manifest."""
+    if ctx.cfg.distill.residual.scale == "fitted":
+        return {"residual_scale": 1.0}
+    scale = monitor.scale_residual(model.codec, lambda k, rng: model.generator.sample(k, generator=rng))
+    return {"residual_scale": scale}
+
+
+def _finish(ctx: RunContext, spec: ParamSpec, summary: dict, inputs: dict, n_samples: int, store_bytes: int) -> None:
+    d, layout = ctx.cfg.distill, ctx.layout
+    parameters = summary["generator_parameters"]
+    record = manifest_record("distill", config_hash(ctx.cfg, "distill"), inputs, spec=spec.to_json(),
+                             architecture=architecture(d, spec.numel, ctx.net_sizes), mode=d.mode,
+                             storage={"generator_parameters": parameters,
+                                      "generator_bytes": partial_of(layout.generator).stat().st_size,
+                                      "in_sgld_samples": round(storage_in_samples(parameters, spec.numel), 2),
+                                      "store_samples": n_samples, "store_bytes": store_bytes},
+                             **summary)
+    publish({partial_of(layout.generator): layout.generator, partial_of(layout.generator_last): layout.generator_last},
+            manifest_of(layout.generator), record)
+    checkpoint_of(layout.generator).unlink(missing_ok=True)
+    kept = summary["selection"]["kept"]
+    log.info("generator: step %d kept (criterion %.4f, KL %.4f, BALD gap %.4f; validation accuracy %.4f vs SGLD's "
+             "%.4f); %s parameters (%.1f SGLD samples' worth); %.0f s → %s", kept["step"], kept["criterion"],
+             kept["kl"], kept["bald_gap"], kept["accuracy"], summary["sgld_val_accuracy"], f"{parameters:,}",
+             storage_in_samples(parameters, spec.numel), summary["seconds"], layout.generator)
+
+
+def distill_online(ctx: RunContext) -> Path:
+    """Alternate SGLD and GAN updates (no sample store): chains fill a FIFO buffer of thinned samples;
+    every ``t_sgld`` new samples the GAN takes ``t_gan`` generator steps on batches from the buffer."""
+    d, s = ctx.cfg.distill, ctx.cfg.sgld
+    path = ctx.layout.generator
+    if reusable(ctx, path, "distill", {}):
+        return path
+    started = time.perf_counter()
+    spec = ParamSpec.from_module(mlp(ctx.net_sizes))
+    x, y = ctx.data.x_train.to(ctx.device), ctx.data.y_train.to(ctx.device)
+    chains = [make_chain(ctx, i, x, y) for i in range(s.chains)]
+    buffer = torch.empty(d.buffer_size, spec.numel, device=ctx.device)
+    position = {"t": [0] * s.chains, "count": 0, "round": 0}
+
+    def add_samples(n: int) -> None:
+        """Advance the chains round robin until ``n`` thinned samples have entered the buffer."""
+        for _ in range(n):
+            chain_index = position["count"] % s.chains
+            chain, t = chains[chain_index], position["t"][chain_index]
+            while True:
+                keep = is_thinned_sample(s, chain.schedule, t)
+                _, vec = chain.step(t, spec if keep else None)
+                t += 1
+                if keep:
+                    break
+            position["t"][chain_index] = t
+            buffer[position["count"] % d.buffer_size] = vec
+            position["count"] += 1
+
+    log.info("online distillation: warming up the buffer with %d samples", d.buffer_size)
+    add_samples(d.buffer_size)
+    codec = codec_for(ctx, buffer.cpu())
+    batch_rng = torch.Generator(device=ctx.device).manual_seed(ctx.seed("distill", "batches"))
+
+    def real_batch() -> Tensor:
+        index = torch.randint(min(position["count"], d.buffer_size), (d.batch_size,), generator=batch_rng,
+                              device=ctx.device)
+        return codec.encode(buffer[index])
+
+    monitor = validation_monitor(ctx, spec, buffer[evenly_spaced(d.buffer_size, REFERENCE_SAMPLES)].clone())
+    trainer = make_trainer(d, codec.code_dim, ctx.seed("distill", "gan"), ctx.device)
+    model = DistilledGenerator(trainer.generator, codec)
+
+    def between_steps(step: int) -> None:
+        if step == 0 or step % d.t_gan:
+            return
+        add_samples(d.t_sgld)
+        position["round"] += 1
+        if d.restart_every and position["round"] % d.restart_every == 0:
+            for chain, theta in zip(chains, model.sample_weights(len(chains)), strict=True):
+                spec.load_into(chain.net, theta)
+
+    summary = _train(ctx, trainer, codec, real_batch, monitor, {}, between_steps)
+    summary["seconds"] = round(time.perf_counter() - started, 2)
+    summary["sgld_samples_seen"] = position["count"]
+    _finish(ctx, spec, summary, {}, 0, 0)
+    return path

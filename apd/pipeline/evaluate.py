@@ -1,0 +1,236 @@
+"""``apd evaluate``: compare every configured method (:mod:`apd.pipeline.methods`) on one protocol.
+
+For each of R runs (fresh, seeded draws of every method's ensemble) the test set and the OOD sets are
+scored in one batched prediction per method (:mod:`apd.evaluation.protocol`): accuracy, NLL, Brier and
+ECE on the whole test set; detection (AUROC, AUPR-In, AUPR-Out, FPR95; OOD positive) of ``ood_size``
+test images against as many images of each OOD set, for every uncertainty score (higher = more
+uncertain; scores a single network cannot have are null). Results are mean ± std over runs (population
+std, ddof 0). Beyond the paper's tables: storage per method, a mixture-of-Gaussians growth table, and
+the fidelity of each weight-space method to SGLD, which accuracy alone hides.
+
+Everything is built in ``eval.partial/`` and swapped in for ``eval/`` when complete.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from contextlib import ExitStack
+
+import h5py
+import numpy as np
+import torch
+
+from apd.config import config_hash
+from apd.data import available_ood, ood_set
+from apd.errors import DataError
+from apd.evaluation.fidelity import fidelity
+from apd.evaluation.protocol import EvaluationInputs, Judgement, judge
+from apd.io import write_json_atomic
+from apd.metrics import mean_std
+from apd.pipeline.adversarial import evaluate_adversarial
+from apd.pipeline.manifests import is_complete, manifest_record, write_manifest
+from apd.pipeline.methods import METHODS, fit_mixture, load_methods
+from apd.pipeline.report import run_report, write_report
+from apd.pipeline.runtime import RunContext
+from apd.posteriors import Posterior
+from apd.samplers.store import SampleStore
+
+log = logging.getLogger(__name__)
+
+HEADLINE_SCORE = "bald"
+MIXTURE_SEEDS = 3  # fits per row of the mixture-growth table, for its spread
+
+
+def evaluation_inputs(ctx: RunContext, role: str = "evaluate") -> EvaluationInputs:
+    """The test set, its in-distribution subset and each configured OOD set (scaled as configured).
+    ``role`` ``tuning`` gives the OOD tuning pool and validation images instead of test images: what
+    settings may be chosen on (:func:`apd.data.ood_set`)."""
+    cfg, data = ctx.cfg, ctx.data
+    e = cfg.evaluate
+    x_test, y_test = (data.x_test, data.y_test) if role == "evaluate" else (data.x_val, data.y_val)
+    n = min(e.ood_size, len(y_test))
+    keep = torch.randperm(len(y_test), generator=torch.Generator().manual_seed(ctx.seed(role, "ood-subset")))[:n]
+    available = available_ood(cfg.data, data)
+    sets = {}
+    for name in cfg.data.ood:
+        if name not in available:
+            log.warning("skipping OOD set %r: not available here (%s)", name, ", ".join(available))
+            continue
+        sets[name] = ood_set(name, data, n, cfg.seed, cfg.data.ood_dirs, role=role) * e.ood_scale
+    if not sets:
+        raise DataError(f"none of the configured OOD sets ({', '.join(cfg.data.ood)}) is available")
+    return EvaluationInputs(x_test, y_test, x_test[keep], sets)
+
+
+def run_evaluate(ctx: RunContext) -> dict:
+    cfg, layout = ctx.cfg, ctx.layout
+    stage_hash = config_hash(cfg, "evaluate")
+    with ExitStack() as stack:
+        methods, inputs = load_methods(ctx, stack)
+        if not ctx.force and is_complete(layout.evaluate_manifest, stage_hash, inputs):
+            log.info("reusing %s (--force to redo)", layout.results)
+            run_report(ctx)
+            return {}
+        started = time.perf_counter()
+        built = layout.eval_dir.with_name("eval.partial")
+        shutil.rmtree(built, ignore_errors=True)
+        built.mkdir(parents=True)
+        results = evaluate_methods(ctx, methods, stack, built)
+        if cfg.evaluate.adversarial.enabled:
+            t0 = time.perf_counter()
+            results.update(evaluate_adversarial(ctx, methods))
+            results["timing"]["adversarial"] = round(time.perf_counter() - t0, 2)
+    results["timing"]["total"] = round(time.perf_counter() - started, 2)
+    write_json_atomic(built / "results.json", results)
+    generator_json = layout.generator.with_suffix(".json")
+    text = write_report(built, results, generator_json if generator_json.is_file() else None)
+    write_manifest(built / layout.evaluate_manifest.name,
+                   manifest_record("evaluate", stage_hash, inputs, seconds=results["timing"]["total"]))
+    _swap_directory(built, layout.eval_dir)
+    print(text)
+    return results
+
+
+def _swap_directory(built, final) -> None:
+    """Replace the directory ``final`` by ``built``: the old one is moved aside first and removed last."""
+    old = final.with_name(final.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    built.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def ensemble_sizes(ctx: RunContext, methods: dict[str, Posterior]) -> dict[str, int]:
+    """Members per run: the registry's number, capped by what each method can give."""
+    return {name: method.ensemble_size(METHODS[name].members(ctx.cfg.evaluate)) for name, method in methods.items()}
+
+
+def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: ExitStack, out) -> dict:
+    """Accuracy, OOD detection, storage, MoG growth and fidelity for ``methods`` (module docstring)."""
+    cfg, e, data, device = ctx.cfg, ctx.cfg.evaluate, ctx.data, ctx.device
+    inputs = evaluation_inputs(ctx)
+    sizes = ensemble_sizes(ctx, methods)
+    generator = torch.Generator().manual_seed(ctx.seed("evaluate", "draws"))
+    judgements: dict[str, list[Judgement]] = {m: [] for m in methods}
+    timing: dict[str, float] = {m: 0.0 for m in methods}
+    scores_file = stack.enter_context(h5py.File(out / "scores.h5", "w"))
+    scores_file["test_labels"] = data.y_test.numpy()
+    bar = stack.enter_context(ctx.progress(total=e.runs * len(methods), desc="evaluate", unit="draw"))
+    for _ in range(e.runs):
+        for name, method in methods.items():
+            t0 = time.perf_counter()
+            judgements[name].append(judge(method, inputs, sizes[name], generator, e.scores))
+            timing[name] += time.perf_counter() - t0
+            bar.update()
+    for name, runs in judgements.items():
+        first = runs[0]
+        scores_file[f"{name}/test_probs"] = first.test_probs.cpu().numpy()
+        for score, values in first.inside.items():
+            scores_file[f"{name}/in/{score}"] = values
+        for set_name, by_score in first.outside.items():
+            for score, values in by_score.items():
+                scores_file[f"{name}/out/{set_name}/{score}"] = values
+    store = SampleStore.open(ctx.layout.samples) if "sgld" in methods else None
+    if store is not None:
+        with store:
+            scores_file["sgld_first_layer"] = _first_layer_images(store, data.image_shape)
+    results = {
+        "pipeline": cfg.name, "config_hash": config_hash(cfg, "evaluate"), "dataset": data.name,
+        "sizes": data.sizes(), "device": str(device), "runs": e.runs, "ensemble": sizes, "methods": list(methods),
+        "std": "population standard deviation over runs (ddof 0)",
+        "accuracy": {m: {k: mean_std([j.accuracy[k] for j in runs]) for k in runs[0].accuracy}
+                     for m, runs in judgements.items()},
+        "ood": {s: {sc: {m: _summarise_detection([j.detection[s][sc] for j in judgements[m]]) for m in methods}
+                    for sc in e.scores} for s in inputs.ood},
+        "ood_meta": {"n_in": len(inputs.x_in), "n_out": len(inputs.x_in), "ratio_in_out": "1:1",
+                     "scale": e.ood_scale, "paper_variation_ratio": "max_prob (1 − max p̄)"},
+        "storage": {m: _storage(ctx, m, method) for m, method in methods.items()},
+        "timing": {m: round(t, 2) for m, t in timing.items()},
+    }
+    t0 = time.perf_counter()
+    rng = torch.Generator().manual_seed(ctx.seed("evaluate", "fidelity"))
+    x_test = data.x_test.to(device)
+    results["fidelity"] = {m: fidelity(methods[m], methods["sgld"], x_test, e.networks, rng)
+                           for m in methods if m not in ("sgld", "sgd")}
+    if "mog" in methods:
+        results["mog"], results["apd_share"] = mixture_growth(ctx, methods, inputs, results)
+    results["timing"]["mog_growth_and_fidelity"] = round(time.perf_counter() - t0, 2)
+    return results
+
+
+def _summarise_detection(runs: list[dict | None]) -> dict | None:
+    if any(r is None for r in runs):
+        return None
+    return {key: mean_std([100.0 * r[key] for r in runs]) for key in ("auroc", "aupr_in", "aupr_out", "fpr95")}
+
+
+def _storage(ctx: RunContext, name: str, method: Posterior) -> dict:
+    parameters = method.stored_parameters()
+    artifact = METHODS[name].artifact(ctx.layout)
+    size = artifact.stat().st_size if name in ("sgd", "mcdropout", "sgld", "apd") else 4 * parameters
+    return {"parameters": int(parameters), "bytes": int(size),
+            "in_sgld_samples": round(method.storage_in_samples(), 3)}
+
+
+def _first_layer_images(store: SampleStore, shape: tuple[int, int], count: int = 16) -> np.ndarray:
+    """The first ``count`` hidden units' input weights of the last SGLD sample, as images."""
+    first = store.spec.unflatten(store.read([len(store) - 1])[0])[store.spec.names[0]]
+    return first[:count].reshape(-1, *shape).numpy()
+
+
+def _share(value: float, reference: float) -> float:
+    return value / reference if reference else float("nan")
+
+
+def mean_auroc(detections: dict, score: str = HEADLINE_SCORE) -> float:
+    """Mean AUROC (percent) over OOD sets of ``{set: {score: metrics}}`` with a ``mean`` entry or a plain
+    value per metric."""
+    values = []
+    for by_score in detections.values():
+        metrics = by_score.get(score)
+        if metrics is not None:
+            auroc = metrics["auroc"]
+            values.append(auroc["mean"] if isinstance(auroc, dict) else 100.0 * auroc)
+    return float(np.mean(values)) if values else float("nan")
+
+
+def method_detections(results: dict, method: str) -> dict:
+    """``{set: {score: summary}}`` of one method out of results.json's ``ood`` part."""
+    return {s: {sc: by_method.get(method) for sc, by_method in by_score.items()}
+            for s, by_score in results["ood"].items()}
+
+
+def mixture_growth(ctx: RunContext, methods: dict[str, Posterior], inputs: EvaluationInputs,
+                   results: dict) -> tuple[list[dict], dict]:
+    """MoG with a growing number of components, each row fit afresh for :data:`MIXTURE_SEEDS` seeds: its
+    storage and its accuracy and mean BALD AUROC as a share of SGLD's (one draw of ``networks`` each;
+    mean and std over the fits), and APD's on the same footing."""
+    e, device = ctx.cfg.evaluate, ctx.device
+    sgld_acc = results["accuracy"]["sgld"]["acc"]["mean"]
+    sgld_auroc = mean_auroc(method_detections(results, "sgld"))
+    rows = []
+    with SampleStore.open(ctx.layout.samples) as store:
+        for k in ctx.progress(e.mog_components, desc="MoG growth", unit="fit"):
+            accuracies, aurocs, converged = [], [], []
+            for fit in range(MIXTURE_SEEDS):
+                mixture = fit_mixture(store, k, e.mog_fit_samples, ctx.seed("evaluate", "mog", k, fit), device)
+                generator = torch.Generator().manual_seed(ctx.seed("evaluate", "mog-draws", k, fit))
+                judged = judge(mixture, inputs, e.networks, generator, [HEADLINE_SCORE])
+                accuracies.append(judged.accuracy["acc"])
+                aurocs.append(mean_auroc({s: {HEADLINE_SCORE: d[HEADLINE_SCORE]} for s, d in judged.detection.items()}))
+                converged.append(mixture.converged)
+            acc, auroc = mean_std(accuracies), mean_std(aurocs)
+            rows.append({"components": k, "parameters": mixture.stored_parameters(),
+                         "in_sgld_samples": round(mixture.storage_in_samples(), 3), "fits": MIXTURE_SEEDS,
+                         "accuracy": acc, "accuracy_share": _share(acc["mean"], sgld_acc), "bald_auroc": auroc,
+                         "bald_auroc_share": _share(auroc["mean"], sgld_auroc), "em_converged": all(converged)})
+    apd_share = {}
+    if "apd" in methods:
+        apd = methods["apd"]
+        apd_share = {"parameters": apd.stored_parameters(), "in_sgld_samples": round(apd.storage_in_samples(), 3),
+                     "accuracy_share": _share(results["accuracy"]["apd"]["acc"]["mean"], sgld_acc),
+                     "bald_auroc_share": _share(mean_auroc(method_detections(results, "apd")), sgld_auroc)}
+    return rows, apd_share

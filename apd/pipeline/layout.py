@@ -1,0 +1,80 @@
+"""Every path of a pipeline's artifacts, in one place: ``ROOT/NAME/…``.
+
+A complete artifact is a data file plus its manifest (``X.json`` beside ``X.h5`` or ``X.pt``), the
+manifest written last. Work in progress never lives under a complete artifact's name: a stage builds
+into ``*.partial`` files (resumable state beside them in ``*.ckpt.pt``) and swaps them in when done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def manifest_of(artifact: Path) -> Path:
+    """The manifest that marks ``artifact`` complete: ``samples.h5`` → ``samples.json``."""
+    return artifact.with_suffix(".json")
+
+
+def partial_of(artifact: Path) -> Path:
+    """Where ``artifact`` is built before it is swapped in: ``samples.h5`` → ``samples.partial.h5``."""
+    return artifact.with_name(f"{artifact.stem}.partial{artifact.suffix}")
+
+
+def checkpoint_of(artifact: Path) -> Path:
+    """A stage's resumable state for ``artifact``: ``samples.h5`` → ``samples.ckpt.pt``."""
+    return artifact.with_name(f"{artifact.stem}.ckpt.pt")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The artifact directory of one pipeline."""
+
+    root: Path
+
+    @property
+    def lock(self) -> Path:
+        return self.root / ".lock"
+
+    @property
+    def samples(self) -> Path:
+        return self.root / "samples.h5"
+
+    def shard(self, rank: int) -> Path:
+        """Worker ``rank``'s own store when several workers sample."""
+        return self.root / f"samples-{rank}.h5"
+
+    def baseline(self, name: str) -> Path:
+        return self.root / "baselines" / f"{name}.pt"
+
+    @property
+    def generator(self) -> Path:
+        return self.root / "generator.pt"
+
+    @property
+    def generator_last(self) -> Path:
+        return self.root / "generator-last.pt"
+
+    @property
+    def eval_dir(self) -> Path:
+        return self.root / "eval"
+
+    @property
+    def results(self) -> Path:
+        return self.eval_dir / "results.json"
+
+    @property
+    def scores(self) -> Path:
+        return self.eval_dir / "scores.h5"
+
+    @property
+    def evaluate_manifest(self) -> Path:
+        return self.eval_dir / "evaluate.json"
+
+    def adversarial_set(self, whitebox: bool, source: str, attack: str) -> Path:
+        """``adversarial/SOURCE-ATTACK.h5`` (gray-box) or ``adversarial/whitebox-SOURCE-ATTACK.h5``."""
+        return self.root / "adversarial" / f"{'whitebox-' if whitebox else ''}{source}-{attack}.h5"
+
+    @property
+    def experiments(self) -> Path:
+        return self.root / "experiments"

@@ -1,0 +1,41 @@
+"""``apd report`` and what ``apd evaluate`` calls at its end: the tables (:mod:`apd.pipeline.tables`)
+and figures (:mod:`apd.pipeline.figures`) of an evaluation, written from ``results.json`` and
+``scores.h5`` without recomputing anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from apd.errors import ArtifactError
+from apd.io import read_json
+from apd.pipeline.figures import write_figures
+from apd.pipeline.runtime import RunContext
+from apd.pipeline.tables import assemble, build_tables, write_csv
+
+
+def write_report(eval_dir: Path, results: dict, generator_json: Path | None = None) -> str:
+    """Write ``tables.md``, one CSV per table (``accuracy``, ``ood`` (long), ``mean_auroc``, ``storage``,
+    ``mog``, ``fidelity``, ``adversarial``, ``timing``, each when its data exist) and the figures into
+    ``eval_dir``; return the Markdown."""
+    eval_dir.mkdir(parents=True, exist_ok=True)
+    tables = build_tables(results)
+    for table in tables:
+        write_csv(eval_dir / f"{table.name}.csv", table)
+    markdown = assemble(results, tables)
+    (eval_dir / "tables.md").write_text(markdown)
+    write_figures(eval_dir, results, generator_json)
+    return markdown
+
+
+def run_report(ctx: RunContext) -> None:
+    """``apd report``: render the tables and figures again from ``eval/results.json`` and print the tables."""
+    layout = ctx.layout
+    results_path = layout.results
+    if not results_path.is_file():
+        raise ArtifactError(f"{results_path}: not found; run `apd evaluate --config {ctx.cfg.source}` first")
+    results = read_json(results_path)
+    try:
+        markdown = write_report(layout.eval_dir, results, layout.generator.with_suffix(".json"))
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise ArtifactError(f"{results_path}: malformed results ({type(exc).__name__}: {exc})") from None
+    print(markdown)

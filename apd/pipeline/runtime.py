@@ -1,0 +1,104 @@
+"""What every stage needs besides the config: device, paths, data, progress bars, logging."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from apd.config import PipelineConfig
+from apd.data import Dataset, load_dataset
+from apd.errors import ConfigError
+from apd.pipeline import seeds
+from apd.pipeline.layout import Layout
+
+log = logging.getLogger("apd")
+
+
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` → CUDA when available, else CPU; ``cpu``, ``cuda`` or ``cuda:N`` as asked. Any other name,
+    or a CUDA device that is not there, is a config error."""
+    if not DEVICE_PATTERN.fullmatch(name):
+        raise ConfigError(f"device {name!r}: expected auto, cpu, cuda or cuda:N")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {name!r} requested but no CUDA device is available")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+    return device
+
+
+@dataclass
+class RunContext:
+    """One invocation of a stage: the config plus command-line choices."""
+
+    cfg: PipelineConfig
+    artifacts_root: Path = Path("artifacts")
+    data_dir: str | None = None
+    device_name: str | None = None
+    force: bool = False
+    quiet: bool = False
+    _data: Dataset | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.device  # noqa: B018 (a bad device name fails here, before any stage work or reuse)
+
+    @functools.cached_property
+    def device(self) -> torch.device:
+        return resolve_device(self.device_name or self.cfg.device)
+
+    @property
+    def out_dir(self) -> Path:
+        return self.artifacts_root / self.cfg.name
+
+    @property
+    def layout(self) -> Layout:
+        """Every artifact path of this pipeline."""
+        return Layout(self.out_dir)
+
+    def seed(self, *names: str | int) -> int:
+        """The seed of the named random stream (:mod:`apd.pipeline.seeds`)."""
+        return seeds.seed(self.cfg.seed, *names)
+
+    @property
+    def net_sizes(self) -> list[int]:
+        """Layer sizes of the target MLP: ``[features, *hidden, classes]``."""
+        return [self.data.num_features, *self.cfg.net.hidden, self.data.num_classes]
+
+    @property
+    def data(self) -> Dataset:
+        """The dataset, loaded once per run (on the CPU; stages move what they need)."""
+        if self._data is None:
+            self._data = load_dataset(self.cfg.data, self.cfg.seed, self.data_dir)
+        return self._data
+
+    def progress(self, iterable: Iterable | None = None, **kwargs) -> tqdm:
+        """A tqdm bar, shown only on a terminal and without ``--quiet``."""
+        disable = self.quiet or not sys.stderr.isatty()
+        return tqdm(iterable, disable=disable, dynamic_ncols=True, leave=False, **kwargs)
+
+    @staticmethod
+    def show(bar: tqdm, where: str, **postfix: object) -> None:
+        """Show figures on the bar, or log them as a line when the bar is hidden (not a terminal)."""
+        if bar.disable:
+            log.info("%s: %s", where, ", ".join(f"{key} {value}" for key, value in postfix.items()))
+        else:
+            bar.set_postfix(**postfix)
+
+
+def setup_logging(quiet: bool) -> None:
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s",
+                        stream=sys.stderr, force=True)

@@ -1,0 +1,72 @@
+"""The interface every method of the evaluation shares: a distribution over the weights of one MLP.
+
+A posterior draws ``sample_weights(k) -> [K, D]`` flat weight vectors (its *members*) and predicts with
+them through the batched :func:`apd.nets.predict_probs`: ``predict_probs(x, k) -> [K, N, C]``. Two
+capabilities let callers treat every method alike instead of testing types:
+
+- ``max_members()``: how many distinct members it can give (1 for a point estimate, the number kept
+  for a finite set of samples, ``None`` for a continuous distribution);
+- ``members(k, generator)``: one fixed draw of k members, as a function x ↦ p_k(y | x) [K, N, C] that
+  every call shares (an attacker differentiates one fixed network; a detector scores every input with
+  the same ensemble).
+
+Randomness comes from the ``generator`` argument (a ``torch.Generator``), so a seeded evaluation is
+reproducible; a generator on another device than the posterior's is reseeded onto it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from apd.nets import ParamSpec, predict_probs
+
+Members = Callable[[Tensor], Tensor]
+
+
+class Posterior(ABC):
+    """A distribution over flat weight vectors of one MLP (module docstring)."""
+
+    name: str
+    spec: ParamSpec
+    device: torch.device
+
+    @abstractmethod
+    def sample_weights(self, k: int, generator: torch.Generator | None = None) -> Tensor:
+        """min(k, :meth:`max_members`) weight vectors [K, D] on ``self.device``."""
+
+    @abstractmethod
+    def stored_parameters(self) -> int:
+        """Numbers this method keeps at test time (its storage cost)."""
+
+    def max_members(self) -> int | None:
+        """How many distinct members the method can give (None: as many as asked)."""
+        return None
+
+    def ensemble_size(self, k: int) -> int:
+        """The members a request for k gives."""
+        limit = self.max_members()
+        return k if limit is None else min(k, limit)
+
+    def members(self, k: int, generator: torch.Generator | None = None) -> Members:
+        """x ↦ p_k(y | x) [K, N, C] for one draw of k members that every call shares."""
+        weights = self.sample_weights(k, generator)
+        return lambda x: predict_probs(self.spec, weights, x.to(self.device))
+
+    def predict_probs(self, x: Tensor, k: int, generator: torch.Generator | None = None) -> Tensor:
+        """p_k(y | x) for k freshly drawn members: [K, N, C]."""
+        return self.members(k, generator)(x)
+
+    def storage_in_samples(self) -> float:
+        """Storage as a number of D-dimensional weight vectors (SGLD samples' worth)."""
+        return self.stored_parameters() / self.spec.numel
+
+    def on_device(self, generator: torch.Generator | None) -> torch.Generator | None:
+        """``generator``, or a generator on this posterior's device seeded from it."""
+        if generator is None or generator.device == self.device:
+            return generator
+        seed = int(torch.randint(2**62, (1,), generator=generator, device=generator.device))
+        return torch.Generator(device=self.device).manual_seed(seed)

@@ -1,0 +1,228 @@
+"""End to end on a small digits pipeline: sample → distill → evaluate, and the artifacts between."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from apd.cli import main
+from apd.config import load_config
+from apd.distillation.generator import load_generator
+from apd.distillation.training import evenly_spaced
+from apd.errors import ArtifactError
+from apd.nets import ParamSpec, mlp
+from apd.pipeline.methods import fit_mixture
+from apd.pipeline.runtime import RunContext
+from apd.posteriors import APDGenerator, GaussianMixture, SGLDSamples
+from apd.samplers.store import SampleStore
+from tests.tiny_pipeline import TINY, copy_samples, tiny_context, toml
+
+
+@pytest.fixture(scope="module")
+def pipeline(tiny_pipeline):
+    return tiny_pipeline
+
+
+def _load_apd(path):
+    manifest = json.loads(path.with_suffix(".json").read_text())
+    model, spec = load_generator(path, manifest)
+    return APDGenerator(model, spec)
+
+
+def test_results_have_every_method_set_and_score(pipeline):
+    root, _ = pipeline
+    results = json.loads((root / "tiny" / "eval" / "results.json").read_text())
+    methods = ["sgd", "mcdropout", "sgld", "apd", "mog"]
+    assert set(results["accuracy"]) == set(methods)
+    for by_score in results["ood"].values():
+        assert set(by_score) == {"variation_ratio", "bald", "entropy", "max_prob"}
+        for score, by_method in by_score.items():
+            assert set(by_method) == set(methods)
+            for method, metrics in by_method.items():
+                if method == "sgd" and score in ("variation_ratio", "bald"):
+                    assert metrics is None  # one network has no disagreement: n/a, not 50
+                else:
+                    assert 0 <= metrics["auroc"]["mean"] <= 100
+    assert set(results["ood"]) == {"gaussian", "uniform"}
+    assert results["accuracy"]["sgld"]["acc"]["mean"] > 0.85
+    assert [row["components"] for row in results["mog"]] == [1, 3]
+    assert results["storage"]["sgld"]["in_sgld_samples"] == 200
+    assert set(results["fidelity"]) == {"mcdropout", "apd", "mog"}
+    assert all(row["fits"] == 3 and row["accuracy"]["std"] >= 0 for row in results["mog"])
+    assert (root / "tiny" / "eval" / "tables.md").is_file()
+
+
+def test_generator_round_trip_and_spec_mismatch(pipeline):
+    root, _ = pipeline
+    path = tiny_context(root).layout.generator
+    manifest = json.loads(path.with_suffix(".json").read_text())
+    spec = ParamSpec.from_module(mlp([64, 32, 10]))
+    apd = _load_apd(path)
+    weights = apd.sample_weights(5, torch.Generator().manual_seed(0))
+    assert weights.shape == (5, spec.numel)
+    again = _load_apd(path).sample_weights(5, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(weights, again)
+    assert apd.predict_probs(torch.zeros(3, 64), 4).shape == (4, 3, 10)
+    with pytest.raises(ArtifactError, match=r"\[64, 32, 10\] network, the pipeline.s network is \[64, 16, 10\]"):
+        load_generator(path, manifest, expect_spec=ParamSpec.from_module(mlp([64, 16, 10])))
+
+
+def test_stages_are_reused(pipeline, capsys):
+    root, config = pipeline
+    capsys.readouterr()
+    for stage in ("sample", "distill"):
+        assert main([stage, "--config", str(config), "--artifacts", str(root)]) == 0
+    assert capsys.readouterr().err.count("reusing") == 4  # samples, two baselines, generator
+
+
+def test_evaluate_without_generator_names_the_stage(tmp_path, capsys):
+    config = tmp_path / "p.toml"
+    config.write_text(toml({**TINY, "name": "missing"}))
+    assert main(["evaluate", "--config", str(config), "--artifacts", str(tmp_path), "--quiet"]) == 2
+    assert "run `apd sample" in capsys.readouterr().err
+
+
+def test_interrupted_distillation_resumes_to_the_same_generator(pipeline, tmp_path, monkeypatch):
+    from apd.distillation.gan import GANTrainer
+    from apd.pipeline import distill
+
+    root, _ = pipeline
+    copy_samples(root, tmp_path)
+    reference = torch.load(tiny_context(root).layout.generator_last, weights_only=True)
+    real_step, calls = GANTrainer.step, []
+
+    def step_then_interrupt(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 100:
+            raise KeyboardInterrupt
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(GANTrainer, "step", step_then_interrupt)
+    ctx = tiny_context(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        distill.run_distill(ctx)
+    monkeypatch.setattr(GANTrainer, "step", real_step)
+    distill.run_distill(ctx)
+    resumed = torch.load(ctx.layout.generator_last, weights_only=True)
+    for key, value in reference.items():
+        torch.testing.assert_close(resumed[key], value, msg=key)
+
+
+def test_matched_residual_is_saved_scaled(pipeline, tmp_path):
+    """With the residual on, the saved codec holds α times the fitted per-weight scale, α from the
+    matching (recorded in the manifest), in both saved generators."""
+    from apd.distillation.codec import fit_codec
+    from apd.distillation.residual import MAX_SCALE
+    from apd.pipeline import distill
+
+    copy_samples(pipeline[0], tmp_path)
+    ctx = tiny_context(tmp_path, distill={"residual": {"model": "diagonal"}, "steps": 40})
+    path = distill.run_distill(ctx)
+    manifest = json.loads(path.with_name("generator.json").read_text())
+    alpha = manifest["residual_scale"]
+    assert 0.0 < alpha < MAX_SCALE and manifest["sgld_val_mean_bald"] > 0
+    with SampleStore.open(path.with_name("samples.h5")) as store:
+        fit = store.read(evenly_spaced(len(store), ctx.cfg.distill.fit_samples))
+    fitted = fit_codec("subspace", fit, 8, residual=True, seed=ctx.cfg.seed).residual
+    for name in ("generator.pt", "generator-last.pt"):
+        saved = torch.load(path.with_name(name), weights_only=True)["codec.residual"]
+        torch.testing.assert_close(saved, alpha * fitted, msg=name)
+
+
+def test_kronecker_residual_round_trips_with_its_scale(pipeline, tmp_path):
+    from apd.pipeline import distill
+
+    copy_samples(pipeline[0], tmp_path)
+    ctx = tiny_context(tmp_path, distill={"residual": {"model": "kronecker", "kronecker_rank": 10}, "steps": 40})
+    path = distill.run_distill(ctx)
+    alpha = json.loads(path.with_name("generator.json").read_text())["residual_scale"]
+    assert alpha > 0
+    for name in ("generator.pt", "generator-last.pt"):
+        state = torch.load(path.with_name(name), weights_only=True)
+        assert state["codec.kronecker.scale"].item() == pytest.approx(alpha) and state["codec.residual"].numel() == 0
+        assert state["codec.kronecker.input_basis_0"].shape == (65, 10)  # the top 10 of 64 pixels + bias
+    draws = _load_apd(path).sample_weights(3, torch.Generator().manual_seed(0))
+    assert draws.shape == (3, ParamSpec.from_module(mlp([64, 32, 10])).numel) and torch.isfinite(draws).all()
+
+
+def test_mixture_with_one_component_is_the_diagonal_gaussian(pipeline):
+    root, _ = pipeline
+    with SampleStore.open(root / "tiny" / "samples.h5") as store:
+        samples = store.read_all()
+        mixture = GaussianMixture(samples, 1, store.spec)
+        torch.testing.assert_close(mixture.means[0], samples.mean(0), atol=1e-5, rtol=0)
+        torch.testing.assert_close(mixture.stds[0], samples.std(0, unbiased=False), atol=1e-4, rtol=1e-3)
+        sgld = SGLDSamples(store)
+        rows = sgld.sample_weights(len(store), torch.Generator().manual_seed(0))
+        assert torch.unique(rows, dim=0).shape[0] == len(store)  # without replacement
+
+
+def test_mixture_is_fit_to_samples_spread_over_the_whole_store(pipeline):
+    """MoG-1 fit to k of n samples is the Gaussian of the k evenly spaced rows (not the last k)."""
+    root, _ = pipeline
+    with SampleStore.open(root / "tiny" / "samples.h5") as store:
+        rows = evenly_spaced(len(store), 50)
+        assert rows[0] == 0 and rows[-1] == len(store) - 1 and len(rows) == 50
+        mixture = fit_mixture(store, 1, 50, seed=0, device=torch.device("cpu"))
+        torch.testing.assert_close(mixture.means[0], store.read(rows).mean(0), atol=1e-5, rtol=0)
+
+
+def test_generator_choice_is_recorded_with_its_criterion(pipeline):
+    """generator.json names the criterion, its value at every evaluation and the step kept, which is the
+    evaluation with the lowest criterion; no test or OOD data enter it."""
+    root, _ = pipeline
+    manifest = json.loads((root / "tiny" / "generator.json").read_text())
+    selection, history = manifest["selection"], manifest["history"]
+    assert [h["step"] for h in history] == [40, 80, 120]
+    assert all(h["criterion"] == pytest.approx(h["kl"] + h["bald_gap"], abs=2e-6) for h in history)
+    best = min(history, key=lambda h: h["criterion"])
+    assert selection["kept_step"] == best["step"] and selection["rule"] == "function-space"
+    assert "validation" in selection["criterion"]
+
+
+@pytest.mark.slow
+def test_default_digits_pipeline(tmp_path):
+    """`make sample distill evaluate` on the default pipeline: APD keeps ≥ 98 % of SGLD's accuracy, and
+    SGLD's and APD's BALD AUROC on gaussian and uniform noise beat MC dropout's."""
+    ctx = RunContext(cfg=load_config("pipelines/digits.toml"), artifacts_root=tmp_path, quiet=True)
+    from apd.pipeline.distill import run_distill
+    from apd.pipeline.evaluate import run_evaluate
+    from apd.pipeline.sample import run_sample
+
+    run_sample(ctx)
+    run_distill(ctx)
+    results = run_evaluate(ctx)
+    acc = results["accuracy"]
+    assert acc["apd"]["acc"]["mean"] >= 0.98 * acc["sgld"]["acc"]["mean"]
+    for ood in ("gaussian", "uniform"):
+        bald = results["ood"][ood]["bald"]
+        for method in ("sgld", "apd"):
+            assert bald[method]["auroc"]["mean"] > bald["mcdropout"]["auroc"]["mean"]
+
+
+@pytest.mark.slow
+def test_online_distillation_on_digits(tmp_path):
+    """Online APD (SGLD and WGAN-GP alternating, no sample store) keeps ≥ 97 % of the SGLD ensemble's
+    test accuracy, 100 networks each, averaged over 10 draws."""
+    from apd.metrics import accuracy
+    from apd.pipeline.distill import run_distill
+    from apd.pipeline.sample import sample_sgld
+
+    overrides = ["distill.mode=online", "distill.buffer_size=500", "distill.t_sgld=10", "distill.t_gan=20",
+                 "distill.steps=3000"]
+    ctx = RunContext(cfg=load_config("pipelines/digits.toml", overrides), artifacts_root=tmp_path, quiet=True)
+    run_distill(ctx)
+    assert not (tmp_path / "digits" / "samples.h5").exists()  # online needs no store
+    apd = _load_apd(ctx.layout.generator)
+    sample_sgld(ctx)
+    generator, data = torch.Generator().manual_seed(0), ctx.data
+    with SampleStore.open(tmp_path / "digits" / "samples.h5") as store:
+        sgld = SGLDSamples(store)
+        sgld_acc = sum(accuracy(sgld.predict_probs(data.x_test, 100, generator).mean(0), data.y_test)
+                       for _ in range(10)) / 10
+    apd_acc = sum(accuracy(apd.predict_probs(data.x_test, 100, generator).mean(0), data.y_test)
+                  for _ in range(10)) / 10
+    print(f"online APD {apd_acc:.4f} vs SGLD {sgld_acc:.4f}: {apd_acc / sgld_acc:.4f}")
+    assert apd_acc >= 0.97 * sgld_acc

@@ -1,0 +1,297 @@
+"""Report rendering: table layout and numbers, CSV round trips, figures present or skipped, CLI entry."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from apd.config import PipelineConfig
+from apd.errors import ArtifactError
+from apd.pipeline.figures import write_figures
+from apd.pipeline.report import run_report, write_report
+from apd.pipeline.runtime import RunContext
+from apd.pipeline.tables import render_tables
+
+METHODS = ["sgd", "mcdropout", "sgld", "apd"]
+OOD_SETS = ["gaussian", "uniform"]
+SCORES_GIVEN = ["entropy", "bald", "variation_ratio"]  # deliberately not in report order
+FULL_FIGURES = {"hist_variation_ratio", "hist_bald", "reliability", "sgld_first_layer", "storage_share",
+                "distillation"}
+
+
+def _stat(mean: float, std: float) -> dict[str, float]:
+    return {"mean": mean, "std": std}
+
+
+def _detection(auroc: float) -> dict[str, dict[str, float]]:
+    return {"auroc": _stat(auroc, 0.5), "aupr_in": _stat(auroc - 1.0, 0.6),
+            "aupr_out": _stat(auroc + 1.0, 0.7), "fpr95": _stat(0.2, 0.01)}
+
+
+def _adversarial_cell(entropy: float, target_index: int) -> dict:
+    return {"entropy": {"auroc": entropy}, "bald": {"auroc": entropy - 5.0},
+            "model_variance": {"auroc": entropy - 10.0}, "accuracy": 0.1 * (target_index + 1)}
+
+
+def full_results() -> dict:
+    """Four methods, two OOD sets, three scores; every optional key present. Hand-set numbers are checked."""
+    ood = {name: {score: {m: _detection(60.0 + 8 * mi + 2 * si + oi) for mi, m in enumerate(METHODS)}
+                  for si, score in enumerate(SCORES_GIVEN)} for oi, name in enumerate(OOD_SETS)}
+    ood["gaussian"]["bald"]["apd"] = {"auroc": _stat(97.83, 0.31), "aupr_in": _stat(97.44, 0.2),
+                                      "aupr_out": _stat(98.06, 0.2), "fpr95": _stat(0.05, 0.01)}
+    ood["uniform"]["bald"]["apd"]["auroc"] = _stat(90.01, 0.4)
+    for name in OOD_SETS:  # one network has no BALD or variation ratio: null in JSON, n/a in tables
+        ood[name]["bald"]["sgd"] = ood[name]["variation_ratio"]["sgd"] = None
+    paper = {"mcdropout": {"fgsm": [89.53, 94.01, 91.70], "pgd": [88.37, 93.95, 91.63]},
+             "sgld": {"fgsm": [54.99, 83.76, 75.93], "pgd": [56.91, 84.98, 82.80]},
+             "apd": {"fgsm": [54.51, 83.05, 86.02], "pgd": [54.98, 88.01, 93.15]}}
+    targets = ["mcdropout", "sgld", "apd"]
+    return {
+        "pipeline": "demo", "config_hash": "abc123", "dataset": "digits",
+        "sizes": {"train": 1000, "val": 300, "test": 497}, "device": "cpu", "runs": 3,
+        "ensemble": {"sgd": 1, "mcdropout": 200, "sgld": 100, "apd": 100},
+        "methods": METHODS,
+        "accuracy": {m: {"acc": _stat(0.97 + 0.003 * i, 0.0012), "nll": _stat(0.1, 0.01),
+                         "brier": _stat(0.05, 0.002), "ece": _stat(0.02, 0.003)}
+                     for i, m in enumerate(METHODS)},
+        "ood": ood,
+        "ood_meta": {"n_in": 497, "n_out": 497, "ratio_in_out": "1:1", "scale": 1.0},
+        "storage": {"sgld": {"parameters": 7_951_000, "bytes": 31_804_000, "in_sgld_samples": 100.0},
+                    "apd": {"parameters": 1_670_000, "bytes": 6_680_000, "in_sgld_samples": 21.0}},
+        "mog": [{"components": k, "parameters": 159_020 * k, "in_sgld_samples": 2.0 * k, "fits": 3,
+                 "accuracy": _stat(acc, 0.002), "accuracy_share": share, "bald_auroc": _stat(95.0, 0.4),
+                 "bald_auroc_share": share - 0.01}
+                for k, acc, share in [(1, 0.49, 0.5), (10, 0.88, 0.9), (60, 0.972, 0.993)]],
+        "apd_share": {"parameters": 1_670_000, "in_sgld_samples": 21.0, "accuracy_share": 0.998,
+                      "bald_auroc_share": 0.995},
+        "fidelity": {"apd": {"weight_std_ratio": 0.69, "bald_ratio": 3.3, "nn_distance": 12.5,
+                             "heldout_nn_distance": 14.0, "nn_ratio": 0.893},
+                     "mog": {"weight_std_ratio": 1.01, "bald_ratio": 1.1, "nn_distance": 13.0,
+                             "heldout_nn_distance": 14.0, "nn_ratio": 0.929}},
+        "timing": {"sgld": 12.0, "apd": 3.5, "total": 125.0},
+        "adversarial": {source: {attack: {t: _adversarial_cell(values[ti], ti)
+                                          for ti, t in enumerate(targets)}
+                                 for attack, values in attacks.items()} for source, attacks in paper.items()},
+        "adversarial_whitebox": {t: {"pgd": _adversarial_cell(70.0 + ti, ti)}
+                                 for ti, t in enumerate(targets)},
+    }
+
+
+def minimal_results() -> dict:
+    """The same without any optional section (no MoG, APD share, fidelity, adversarial, storage, timing)."""
+    results = full_results()
+    for key in ("mog", "apd_share", "fidelity", "adversarial", "adversarial_whitebox", "storage", "timing"):
+        del results[key]
+    return results
+
+
+def write_scores(path: Path, methods: list[str], scores: list[str], first_layer: bool) -> None:
+    """A scores.h5 as the evaluator writes it, with seeded random scores and predictives."""
+    rng = np.random.default_rng(0)
+    with h5py.File(path, "w") as fh:
+        fh["test_labels"] = rng.integers(0, 10, size=200).astype(np.int64)
+        for method in methods:
+            fh[f"{method}/test_probs"] = rng.dirichlet(np.full(10, 0.3), size=200).astype(np.float32)
+            for score in scores:
+                fh[f"{method}/in/{score}"] = rng.random(100).astype(np.float32)
+                for name in OOD_SETS:
+                    fh[f"{method}/out/{name}/{score}"] = (rng.random(100) + 0.5).astype(np.float32)
+        if first_layer:
+            fh["sgld_first_layer"] = rng.standard_normal((16, 8, 8)).astype(np.float32)
+
+
+def write_generator_json(path: Path) -> Path:
+    history = [{"step": step, "criterion": 1.0 / step, "kl": 0.5 / step, "bald_gap": 0.5 / step,
+                "accuracy": 0.5 + step / 1000, "wasserstein": 5.0 / step} for step in (100, 200, 300)]
+    path.write_text(json.dumps({"history": history, "selection": {"kept_step": 300}, "sgld_val_accuracy": 0.97}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def full_report(tmp_path_factory) -> tuple[Path, str]:
+    root = tmp_path_factory.mktemp("full")
+    eval_dir = root / "eval"
+    eval_dir.mkdir()
+    write_scores(eval_dir / "scores.h5", METHODS, SCORES_GIVEN, first_layer=True)
+    markdown = write_report(eval_dir, full_results(), write_generator_json(root / "generator.json"))
+    return eval_dir, markdown
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def section(markdown: str, heading: str) -> str:
+    """The text from the heading line that starts with ``heading`` up to the next heading."""
+    start = markdown.index(f"\n{heading}") + 1
+    following = [i for i in (markdown.find("\n#", start),) if i >= 0]
+    return markdown[start:following[0] if following else len(markdown)]
+
+
+def table_line(markdown: str, first_cells: str) -> str:
+    """The Markdown table row that starts with ``| first_cells |`` (exactly one must exist)."""
+    lines = [line for line in markdown.splitlines() if line.startswith(f"| {first_cells} |")]
+    assert len(lines) == 1, f"{len(lines)} rows start with {first_cells!r}"
+    return lines[0]
+
+
+def test_header_and_accuracy_table():
+    markdown = render_tables(full_results())
+    assert markdown.startswith("# APD evaluation: demo\n")
+    assert "digits (train 1,000 / val 300 / test 497)" in markdown
+    assert "networks per draw: SGD 1, MC dropout 200, SGLD 100, APD 100" in markdown
+    assert "ID:OOD = 1:1 (497 in-distribution inputs, 497 per OOD set)" in markdown
+    accuracy = section(markdown, "## Accuracy")
+    assert table_line(accuracy, "SGLD") == ("| SGLD | 0.9760 ± 0.0012 | 0.1000 ± 0.0100 | 0.0500 ± 0.0020 | "
+                                            "0.0200 ± 0.0030 |")
+
+
+def test_ood_blocks_order_and_cells():
+    markdown = render_tables(full_results())
+    positions = [markdown.index(f"### Score: {label}\n")
+                 for label in ("variation ratio", "BALD", "predictive entropy")]
+    assert positions == sorted(positions)
+    bald_block = markdown[positions[1]:positions[2]]
+    assert "| OOD set | SGD | MC dropout | SGLD | APD |" in bald_block
+    # AUROC ± std / AUPR-Out / AUPR-In, as the paper's AUROC / AUPR+ / AUPR−
+    assert table_line(bald_block, "gaussian").endswith("| 97.8 ±0.3 / 98.1 / 97.4 |")
+    # SGD has no variation ratio (one network): n/a; MC dropout, first OOD set (mi 1, si 2):
+    # 60 + 8 + 4 + 0 = 72 → "72.0 ±0.5 / 73.0 / 71.0"
+    variation_block = markdown[positions[0]:positions[1]]
+    assert table_line(variation_block, "gaussian").startswith("| gaussian | n/a | 72.0 ±0.5 / 73.0 / 71.0 |")
+    entropy_block = markdown[positions[2]:]
+    assert table_line(entropy_block, "gaussian").startswith("| gaussian | 60.0 ±0.5 / 61.0 / 59.0 |")
+    assert "50.0" not in variation_block
+
+
+def test_single_run_hides_std():
+    results = full_results()
+    results["runs"] = 1
+    assert "| 97.8 / 98.1 / 97.4 |" in render_tables(results)
+
+
+def test_mean_auroc_headline():
+    markdown = render_tables(full_results())
+    headline = section(markdown, "## Mean OOD AUROC")
+    # APD BALD: (97.83 + 90.01) / 2 = 93.92; SGD has no BALD
+    assert table_line(headline, "BALD") == "| BALD | n/a | 70.5 | 78.5 | 93.9 |"
+
+
+def test_storage_mog_fidelity_timing_tables():
+    markdown = render_tables(full_results())
+    assert table_line(section(markdown, "## Storage"), "APD") == "| APD | 1,670,000 | 6.4 MiB | 21 |"
+    assert "as much as 21 SGLD samples: 4.8× less than the 100 samples of an SGLD ensemble" in markdown
+    assert table_line(markdown, "MoG-60") == ("| MoG-60 | 60 | 9,541,200 | 120 | 0.9720 ±0.0020 | 99.3 | 95.0 ±0.4 "
+                                              "| 98.3 |")
+    assert "| APD | — | 1,670,000 | 21 | — | 99.8 | — | 99.5 |" in markdown
+    assert "| MoG | 1.010 | 1.100 | 13.000 | 14.000 | 0.929 |" in markdown
+    assert table_line(markdown, "total") == "| total | 125.0 | 2 min 5 s |"
+
+
+def test_adversarial_tables_mirror_paper_layout():
+    markdown = render_tables(full_results())
+    entropy = section(markdown, "### Gray-box, score: predictive entropy")
+    assert "| source | attack | MC dropout | SGLD | APD |" in entropy
+    assert table_line(entropy, "MC dropout | FGSM") == "| MC dropout | FGSM | 89.53 | 94.01 | 91.70 |"
+    assert table_line(entropy, "APD | PGD") == "| APD | PGD | 54.98 | 88.01 | 93.15 |"
+    order = [markdown.index(f"### Gray-box, score: {label}") for label in
+             ("predictive entropy", "BALD", "model variance")]
+    assert order == sorted(order)
+    accuracy = section(markdown, "### Gray-box: target accuracy")
+    assert table_line(accuracy, "SGLD | FGSM") == "| SGLD | FGSM | 0.100 | 0.200 | 0.300 |"
+    white = section(markdown, "### White-box")
+    assert table_line(white, "SGLD | PGD") == "| SGLD | PGD | 71.00 | 66.00 | 61.00 | 0.200 |"
+
+
+def test_absent_sections_are_left_out():
+    markdown = render_tables(minimal_results())
+    for title in ("## Storage", "## Mixtures", "## Fidelity", "## Adversarial", "## Timing"):
+        assert title not in markdown
+    assert "## Accuracy and calibration" in markdown and "### Score: BALD" in markdown
+
+
+def test_csvs_round_trip(full_report):
+    eval_dir, _ = full_report
+    ood = read_csv(eval_dir / "ood.csv")
+    assert len(ood) == len(OOD_SETS) * (len(SCORES_GIVEN) * len(METHODS) - 2) * 4  # SGD: no BALD, no VR
+    [apd_bald] = [r for r in ood if (r["ood_set"], r["score"], r["method"], r["metric"])
+                  == ("gaussian", "bald", "apd", "auroc")]
+    assert (float(apd_bald["mean"]), float(apd_bald["std"])) == (97.83, 0.31)
+    accuracy = {(r["method"], r["metric"]): float(r["mean"]) for r in read_csv(eval_dir / "accuracy.csv")}
+    assert len(accuracy) == 16 and accuracy["apd", "acc"] == pytest.approx(0.979, abs=1e-12)
+    storage = {r["method"]: r for r in read_csv(eval_dir / "storage.csv")}
+    assert int(storage["apd"]["bytes"]) == 6_680_000 and float(storage["sgld"]["in_sgld_samples"]) == 100.0
+    mog = read_csv(eval_dir / "mog.csv")
+    assert [r["model"] for r in mog] == ["MoG-1", "MoG-10", "MoG-60", "APD"]
+    assert float(mog[2]["accuracy_share"]) == 0.993 and mog[3]["components"] == ""
+    assert float(mog[3]["bald_auroc_share"]) == 0.995
+    fidelity = {r["method"]: float(r["nn_ratio"]) for r in read_csv(eval_dir / "fidelity.csv")}
+    assert fidelity == {"apd": 0.893, "mog": 0.929}
+    key_columns = ("setting", "source", "attack", "target", "metric", "score")
+    adversarial = {tuple(r[c] for c in key_columns): float(r["value"])
+                   for r in read_csv(eval_dir / "adversarial.csv")}
+    assert adversarial["gray-box", "sgld", "pgd", "apd", "auroc", "entropy"] == 82.80
+    assert adversarial["white-box", "apd", "pgd", "apd", "accuracy", ""] == pytest.approx(0.3)
+    assert len(adversarial) == 3 * 2 * 3 * 4 + 3 * 4
+    means = {(r["score"], r["method"]): float(r["mean_auroc"]) for r in read_csv(eval_dir / "mean_auroc.csv")}
+    assert means["bald", "apd"] == pytest.approx(93.92)
+    assert {r["step"]: float(r["seconds"]) for r in read_csv(eval_dir / "timing.csv")}["total"] == 125.0
+
+
+def test_full_report_writes_every_figure(full_report):
+    eval_dir, markdown = full_report
+    assert (eval_dir / "tables.md").read_text() == markdown == render_tables(full_results())
+    pngs = {path.stem: path for path in (eval_dir / "figures").glob("*.png")}
+    assert set(pngs) == FULL_FIGURES
+    for path in pngs.values():
+        assert path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_figures_without_their_data_are_skipped(tmp_path):
+    """Only test predictives in scores.h5 (no scores, no first layer), no MoG and no generator history."""
+    write_scores(tmp_path / "scores.h5", ["sgld"], [], first_layer=False)
+    written = write_figures(tmp_path, minimal_results(), tmp_path / "no-generator.json")
+    assert [path.name for path in written] == ["reliability.png"]
+    assert all(path.read_bytes().startswith(b"\x89PNG") for path in written)
+    assert write_figures(tmp_path / "empty", minimal_results()) == []
+    assert not (tmp_path / "empty" / "figures").exists()
+
+
+def test_minimal_report_writes_only_its_csvs(tmp_path):
+    write_report(tmp_path, minimal_results())
+    assert {path.name for path in tmp_path.glob("*.csv")} == {"accuracy.csv", "ood.csv", "mean_auroc.csv"}
+
+
+def _context(tmp_path: Path) -> RunContext:
+    return RunContext(cfg=PipelineConfig(name="demo", source="pipelines/demo.toml"), artifacts_root=tmp_path)
+
+
+def test_run_report_without_results_names_the_evaluate_command(tmp_path):
+    with pytest.raises(ArtifactError, match=r"run `apd evaluate --config pipelines/demo\.toml` first"):
+        run_report(_context(tmp_path))
+
+
+def test_run_report_renders_from_files(tmp_path, capsys):
+    eval_dir = tmp_path / "demo" / "eval"
+    eval_dir.mkdir(parents=True)
+    results = copy.deepcopy(minimal_results())
+    (eval_dir / "results.json").write_text(json.dumps(results))
+    run_report(_context(tmp_path))
+    printed = capsys.readouterr().out
+    assert "| gaussian | n/a | 72.0 ±0.5 / 73.0 / 71.0 |" in printed
+    assert (eval_dir / "tables.md").read_text() == render_tables(results)
+
+
+def test_run_report_on_malformed_results_is_an_artifact_error(tmp_path):
+    eval_dir = tmp_path / "demo" / "eval"
+    eval_dir.mkdir(parents=True)
+    (eval_dir / "results.json").write_text(json.dumps({"accuracy": {"sgld": {"acc": 0.9}}}))
+    with pytest.raises(ArtifactError, match="malformed results"):
+        run_report(_context(tmp_path))

@@ -1,0 +1,48 @@
+"""The Python API: the README's snippet, run as written, on the tiny pipeline's artifacts."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def readme_snippet() -> str:
+    """The README's "Using the artifacts from Python" code block."""
+    text = README.read_text()
+    section = text[text.index("## Using the artifacts from Python"):]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_readme_snippet_runs(tiny_pipeline, monkeypatch):
+    root, _ = tiny_pipeline
+    snippet = readme_snippet().replace('"artifacts/digits"', f'"{root / "tiny"}"')
+    monkeypatch.chdir(root)
+    namespace: dict = {"x": torch.zeros(5, 64)}
+    exec(snippet, namespace)
+    assert namespace["probs"].shape == (100, 5, 10)
+
+
+@pytest.mark.parametrize("method", ["sgld", "apd", "sgd", "mcdropout", "mog"])
+def test_every_method_loads(tiny_pipeline, method):
+    import apd
+
+    root, _ = tiny_pipeline
+    post = apd.load(root / "tiny", method)
+    probs = post.predict_probs(torch.zeros(3, 64), 4, torch.Generator().manual_seed(0))
+    assert probs.shape[1:] == (3, 10) and probs.shape[0] == post.ensemble_size(4)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(probs.shape[:2]))
+
+
+def test_public_names():
+    import apd
+
+    for name in ("SGLD", "SampleStore", "scores", "detection", "predict_probs", "Posterior", "load", "mlp",
+                 "ParamSpec"):
+        assert hasattr(apd, name), name
+    with pytest.raises(ValueError, match="method must be one of"):
+        apd.load("nowhere", "bogus")

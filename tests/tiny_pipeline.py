@@ -1,0 +1,53 @@
+"""A tiny digits pipeline shared by the stage tests: its config, a context for it, and its TOML."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from apd.config import from_dict
+from apd.pipeline.runtime import RunContext
+
+TINY = {
+    "name": "tiny",
+    "data": {"dataset": "digits", "train_size": 1000, "val_size": 300, "ood": ["gaussian", "uniform"]},
+    "net": {"hidden": [32]},
+    "sgld": {"lr": 0.1, "prior_var": 0.1, "iterations": 2500, "burn_in": 500, "thin": 10, "eval_every": 500,
+             "checkpoint_every": 1000},
+    "baselines": {"epochs": 15, "lr": 0.1, "mc_passes": 20},
+    "distill": {"steps": 120, "eval_every": 40, "checkpoint_every": 40, "gen_hidden": [32], "critic_hidden": [32],
+                "eval_networks": 20, "generator": "subspace", "subspace_rank": 8, "residual": {"model": "none"},
+                "lr": 1e-3},
+    "evaluate": {"runs": 2, "networks": 20, "sgld_samples": 20, "mc_passes": 20, "ood_size": 100,
+                 "mog_components": [1, 3], "mog_fit_samples": 100,
+                 "scores": ["variation_ratio", "bald", "entropy", "max_prob"]},
+}
+
+
+def tiny_context(root: Path, **overrides: dict) -> RunContext:
+    """A context for :data:`TINY` with some sections' fields replaced."""
+    raw = json.loads(json.dumps(TINY))
+    for section, values in overrides.items():
+        raw[section] = {**raw.get(section, {}), **values}
+    return RunContext(cfg=from_dict(raw), artifacts_root=root, quiet=True)
+
+
+def toml(data: dict) -> str:
+    """``data`` (two levels of tables at most) as TOML text."""
+    lines = [f"{k} = {json.dumps(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    for section, values in data.items():
+        if isinstance(values, dict):
+            lines.append(f"[{section}]")
+            lines += [f"{k} = {json.dumps(v)}" for k, v in values.items() if not isinstance(v, dict)]
+            for sub, table in values.items():
+                if isinstance(table, dict):
+                    lines.append(f"[{section}.{sub}]")
+                    lines += [f"{k} = {json.dumps(v)}" for k, v in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+def copy_samples(root: Path, target: Path) -> None:
+    """The tiny pipeline's sample store (and its manifest), copied under ``target`` for a stage to run on."""
+    (target / "tiny").mkdir(parents=True, exist_ok=True)
+    for name in ("samples.h5", "samples.json"):
+        (target / "tiny" / name).write_bytes((root / "tiny" / name).read_bytes())
