@@ -32,7 +32,7 @@ from apd.io import save_torch_atomic
 from apd.nets import ParamSpec, mlp
 from apd.pipeline.layout import checkpoint_of, manifest_of, partial_of
 from apd.pipeline.manifests import load_checkpoint, manifest_record
-from apd.pipeline.runtime import RunContext
+from apd.pipeline.runtime import RunContext, machine
 from apd.pipeline.sample import make_chain
 from apd.pipeline.stage import publish, require_input, reusable
 from apd.samplers.chain import is_thinned_sample
@@ -166,6 +166,7 @@ def _finish(ctx: RunContext, spec: ParamSpec, summary: dict, inputs: dict, n_sam
     d, layout = ctx.cfg.distill, ctx.layout
     parameters = summary["generator_parameters"]
     record = manifest_record("distill", config_hash(ctx.cfg, "distill"), inputs, spec=spec.to_json(),
+                             machine=machine(ctx.device),
                              architecture=architecture(d, spec.numel, ctx.net_sizes), mode=d.mode,
                              storage={"generator_parameters": parameters,
                                       "generator_bytes": partial_of(layout.generator).stat().st_size,

@@ -33,7 +33,7 @@ from apd.pipeline.adversarial import evaluate_adversarial
 from apd.pipeline.manifests import is_complete, manifest_record, write_manifest
 from apd.pipeline.methods import METHODS, fit_mixture, load_methods
 from apd.pipeline.report import run_report, write_report
-from apd.pipeline.runtime import RunContext
+from apd.pipeline.runtime import RunContext, machine
 from apd.posteriors import Posterior
 from apd.samplers.store import SampleStore
 
@@ -139,7 +139,8 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
             scores_file["sgld_first_layer"] = _first_layer_images(store, data.image_shape)
     results = {
         "pipeline": cfg.name, "config_hash": config_hash(cfg, "evaluate"), "dataset": data.name,
-        "sizes": data.sizes(), "device": str(device), "runs": e.runs, "ensemble": sizes, "methods": list(methods),
+        "sizes": data.sizes(), "device": str(device), "machine": machine(device), "runs": e.runs,
+        "ensemble": sizes, "methods": list(methods),
         "std": "population standard deviation over runs (ddof 0)",
         "accuracy": {m: {k: mean_std([j.accuracy[k] for j in runs]) for k in runs[0].accuracy}
                      for m, runs in judgements.items()},

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import platform
 import re
 import sys
 from collections.abc import Iterable
@@ -97,6 +99,23 @@ class RunContext:
             log.info("%s: %s", where, ", ".join(f"{key} {value}" for key, value in postfix.items()))
         else:
             bar.set_postfix(**postfix)
+
+
+def machine(device: torch.device) -> dict[str, object]:
+    """What a result was measured on: CPU model, cores, torch threads, torch version, device (and its name)."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info: dict[str, object] = {"cpu": model, "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+                               "torch": torch.__version__, "device": str(device)}
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
 
 
 def setup_logging(quiet: bool) -> None:

@@ -28,7 +28,7 @@ from apd.io import save_torch_atomic
 from apd.nets import ParamSpec, mlp
 from apd.pipeline.layout import checkpoint_of, manifest_of, partial_of
 from apd.pipeline.manifests import load_checkpoint, manifest_record
-from apd.pipeline.runtime import RunContext
+from apd.pipeline.runtime import RunContext, machine
 from apd.pipeline.stage import publish, reusable
 from apd.samplers.baselines import train_baseline
 from apd.samplers.chain import ChainSeeds, SGLDChain, is_thinned_sample, thinned_count
@@ -129,6 +129,7 @@ def sample_sgld(ctx: RunContext) -> Path:
         n_samples = len(store)
     accuracy = _monitor_accuracy(state.monitor_sum, y_monitor)
     record = manifest_record("sample", stage_hash, {}, samples=n_samples, dimension=spec.numel,
+                             machine=machine(ctx.device),
                              seconds=round(state.seconds, 2),
                              iterations_per_second=round(s.iterations * s.chains / max(state.seconds, 1e-9), 1),
                              monitor_ensemble_val_accuracy=accuracy)

@@ -226,3 +226,18 @@ def test_online_distillation_on_digits(tmp_path):
                   for _ in range(10)) / 10
     print(f"online APD {apd_acc:.4f} vs SGLD {sgld_acc:.4f}: {apd_acc / sgld_acc:.4f}")
     assert apd_acc >= 0.97 * sgld_acc
+
+
+@pytest.mark.cuda
+def test_tiny_pipeline_runs_on_cuda(tmp_path):
+    """Every stage on a CUDA device, every random draw into a device tensor from a generator on that
+    device (a CPU generator for a CUDA tensor fails); residuals and mixtures included."""
+    raw = json.loads(json.dumps(TINY))
+    raw["distill"]["residual"] = {"model": "kronecker", "kronecker_rank": 10}
+    raw["evaluate"]["adversarial"] = {"enabled": True, "examples": 20, "samples": 10, "whitebox_examples": 10}
+    config = tmp_path / "tiny.toml"
+    config.write_text(toml(raw))
+    for stage in ("sample", "distill", "evaluate"):
+        assert main([stage, "--config", str(config), "--artifacts", str(tmp_path), "--device", "cuda", "--quiet"]) == 0
+    results = json.loads((tmp_path / "tiny" / "eval" / "results.json").read_text())
+    assert results["device"].startswith("cuda") and results["accuracy"]["apd"]["acc"]["mean"] > 0.8
