@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 APD := $(VENV)/bin/apd
 STAMP := $(VENV)/.installed
 
-.PHONY: install sample distill evaluate report info experiment test test-slow lint bench clean
+.PHONY: install sample distill evaluate report info experiment docs reproduce test test-slow lint bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -33,6 +33,12 @@ report: $(STAMP)
 
 info: $(STAMP)
 	$(APD) info --config $(PIPELINE) $(ARGS)
+
+docs: $(STAMP)
+	$(APD) report --docs
+
+reproduce: $(STAMP)
+	$(APD) reproduce --config $(PIPELINE) $(ARGS)
 
 experiment: $(STAMP)
 	$(APD) experiment $(EXPERIMENT) --config $(PIPELINE) $(ARGS)

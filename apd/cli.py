@@ -53,7 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="override a config value (TOML syntax), e.g. --set distill.steps=5000")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_, _, help_text) in STAGES.items():
-        sub.add_parser(name, parents=[common], help=help_text)
+        stage = sub.add_parser(name, parents=[common], help=help_text)
+        if name == "report":
+            stage.add_argument("--docs", action="store_true",
+                               help="render the results regions of README.md and docs/*.md from docs/results/")
+            stage.add_argument("--check", action="store_true", help="with --docs: fail if a document would change")
+    reproduce = sub.add_parser("reproduce", parents=[common], help="run the pipeline afresh in ARTIFACTS/reproduce "
+                               "and compare its tables with docs/results/NAME/results.json")
+    reproduce.add_argument("--committed", help="results.json to compare with (default docs/results/NAME/results.json)")
     sub.add_parser("info", parents=[common], help="print the resolved config, data sizes and artifacts")
     experiment = sub.add_parser("experiment", parents=[common], help="run a study on the pipeline's samples: "
                                 + ", ".join(EXPERIMENTS))
@@ -84,10 +91,36 @@ def info(ctx: RunContext) -> None:
     print("config     " + json.dumps(cfg.to_dict(), indent=2).replace("\n", "\n           "))
 
 
+def docs(check: bool) -> int:
+    """``apd report --docs``: render every marked results region; with ``check``, exit 1 on a difference."""
+    from apd.docs import render_docs
+
+    changed = render_docs(Path.cwd(), check=check)
+    for path in changed:
+        print(f"{path}: {'differs from its results' if check else 'rendered'}", file=sys.stderr)
+    return 1 if check and changed else 0
+
+
+def reproduce(ctx: RunContext, committed: str | None) -> int:
+    """``apd reproduce``: 0 when every table cell matches the committed results, else 1 and the differences."""
+    from apd.reproduce import run_reproduce
+
+    path = Path(committed) if committed else Path("docs/results") / ctx.cfg.name / "results.json"
+    lines = run_reproduce(ctx, path)
+    for line in lines:
+        print(line)
+    print(f"{len(lines)} table cells differ from {path}" if lines else f"every table cell matches {path}")
+    return 1 if lines else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.quiet)
     try:
+        if args.command == "report" and args.docs:
+            return docs(args.check)
+        if args.command == "reproduce":
+            args.artifacts = str(Path(args.artifacts) / "reproduce")
         ctx = RunContext(cfg=load_config(args.config, args.set), artifacts_root=Path(args.artifacts),
                          data_dir=args.data_dir, device_name=args.device, force=args.force, quiet=args.quiet)
         if ctx.cfg.threads:
@@ -97,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         with artifact_lock(ctx.layout.lock, shared=args.command in READ_ONLY):
             if args.command == "info":
                 info(ctx)
+            elif args.command == "reproduce":
+                return reproduce(ctx, args.committed)
             elif args.command == "experiment":
                 module, function, _ = EXPERIMENTS[args.name]
                 getattr(importlib.import_module(module), function)(ctx, args.option)

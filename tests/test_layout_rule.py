@@ -20,7 +20,7 @@ LAYERS = [
     {"apd.evaluation"},
     {"apd.pipeline"},
     {"apd.experiments"},
-    {"apd.cli", "apd.__main__", "apd.api", "apd"},
+    {"apd.cli", "apd.__main__", "apd.api", "apd.docs", "apd.reproduce", "apd"},
 ]
 
 

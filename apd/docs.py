@@ -1,0 +1,125 @@
+"""``apd report --docs``: every results table in README.md and docs/*.md rendered from committed results.
+
+Prose stays hand-written; numbers never are. A document marks each generated region as
+
+    <!-- results:PIPELINE:TABLE -->
+    …generated Markdown…
+    <!-- end -->
+
+and the region's body is replaced by TABLE rendered from ``docs/results/PIPELINE/`` (``results.json``
+from ``apd evaluate``, the stage manifests, the experiments' JSON) or, for PIPELINE ``paper``, from
+``docs/paper-numbers.json``. TABLE names one of :data:`RESULT_TABLES` (a table of ``tables.md``),
+``ood-SCORE`` (one score's OOD block), ``machine`` (what the numbers were measured on) or an experiment
+(:data:`EXPERIMENT_TABLES`). ``--check`` renders without writing and fails on any difference.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from apd.errors import ArtifactError
+from apd.io import read_json
+from apd.pipeline.tables import (
+    TABLE_BUILDERS,
+    format_duration,
+    markdown_table,
+    method_label,
+    ood_table,
+)
+
+REGION = re.compile(r"(<!-- results:(?P<pipeline>[\w.-]+):(?P<table>[\w.:-]+) -->\n)(?P<body>.*?)(<!-- end -->)",
+                    re.S)
+RESULT_TABLES = {build.__name__.removesuffix("_table"): build for build in TABLE_BUILDERS}
+RESULTS_DIR = Path("docs/results")
+PAPER_FILE = Path("docs/paper-numbers.json")
+
+
+def _experiment(module: str, function: str, file: str) -> Callable[[Path], str]:
+    def render(results_dir: Path) -> str:
+        import importlib
+
+        return getattr(importlib.import_module(module), function)(read_json(results_dir / file)).strip()
+    return render
+
+
+EXPERIMENT_TABLES: dict[str, Callable[[Path], str]] = {
+    "distillers": _experiment("apd.experiments.distillers", "render_table", "distillers.json"),
+}
+
+
+def render_table(pipeline: str, table: str, root: Path) -> str:
+    """The Markdown of one region."""
+    if pipeline == "paper":
+        return render_paper(table, read_json(root / PAPER_FILE))
+    results_dir = root / RESULTS_DIR / pipeline
+    if table in EXPERIMENT_TABLES:
+        return EXPERIMENT_TABLES[table](results_dir)
+    results = read_json(results_dir / "results.json")
+    if table == "machine":
+        return render_machine(results)
+    if table.startswith("ood-"):
+        built = ood_table({**results, "ood": {s: {table[4:]: by[table[4:]]} for s, by in results["ood"].items()
+                                             if table[4:] in by}})
+    elif table in RESULT_TABLES:
+        built = RESULT_TABLES[table](results)
+    else:
+        raise ArtifactError(f"unknown results table {table!r} (known: {', '.join(RESULT_TABLES)}, ood-SCORE, "
+                            f"machine, {', '.join(EXPERIMENT_TABLES)})")
+    if built is None:
+        raise ArtifactError(f"{results_dir}: has no data for table {table!r}")
+    return built.markdown.strip()
+
+
+def render_machine(results: dict) -> str:
+    """One line: where and how fast the numbers were measured."""
+    machine, timing = results.get("machine", {}), results.get("timing", {})
+    cores = machine.get("cores", "?")
+    return (f"Measured by `apd evaluate` on {machine.get('cpu', '?')} ({cores} cores, "
+            f"{machine.get('threads', '?')} torch thread(s), torch {machine.get('torch', '?')}, device "
+            f"{machine.get('device', '?')}); evaluation took {format_duration(timing.get('total', 0.0))}.")
+
+
+def render_paper(table: str, paper: dict) -> str:
+    """The paper's accuracy, OOD (``ood-max_prob``, ``ood-bald``) and adversarial tables."""
+    if table == "accuracy":
+        methods = ["mcdropout", "sgld", "apd"]
+        body = [[net, *(f"{row[m]:.3f}" for m in methods)] for net, row in paper["accuracy"].items()]
+        return markdown_table(["net", *map(method_label, methods)], body)
+    if table.startswith("ood-"):
+        by_set = paper["ood"][table[4:]]
+        methods = list(next(iter(by_set.values())))
+        body = [[name, *(" / ".join(f"{v:.1f}" for v in cells[m]) for m in methods)] for name, cells in by_set.items()]
+        return markdown_table(["OOD set", *map(method_label, methods)], body)
+    if table == "adversarial":
+        targets = ["mcdropout", "sgld", "apd"]
+        body = [[method_label(source), attack.upper(), *(f"{row[t]:.2f}" for t in targets)]
+                for source, attacks in paper["adversarial"].items() for attack, row in attacks.items()]
+        return markdown_table(["source", "attack", *map(method_label, targets)], body)
+    raise ArtifactError(f"unknown paper table {table!r} (accuracy, ood-max_prob, ood-bald, adversarial)")
+
+
+def render_document(text: str, root: Path) -> str:
+    """``text`` with every marked region's body rendered afresh."""
+    def fill(match: re.Match) -> str:
+        body = render_table(match["pipeline"], match["table"], root)
+        return f"{match.group(1)}{body}\n{match.group(5)}"
+    return REGION.sub(fill, text)
+
+
+def documents(root: Path) -> list[Path]:
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def render_docs(root: Path, check: bool = False) -> list[Path]:
+    """Render every document under ``root``; returns those that changed (written unless ``check``)."""
+    changed = []
+    for path in documents(root):
+        text = path.read_text()
+        rendered = render_document(text, root)
+        if rendered != text:
+            changed.append(path)
+            if not check:
+                path.write_text(rendered)
+    return changed

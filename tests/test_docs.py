@@ -1,0 +1,71 @@
+"""Generated results regions: rendering, the paper's data file, staleness, and the reproduce comparison."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from apd.docs import render_docs, render_document, render_table
+from apd.errors import ArtifactError
+from apd.reproduce import differences
+from tests.pipeline.test_report import full_results
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A project root with one pipeline's committed results and the paper's data file."""
+    (tmp_path / "docs" / "results" / "demo").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "demo" / "results.json").write_text(json.dumps(full_results()))
+    (tmp_path / "docs" / "paper-numbers.json").write_text((ROOT / "docs" / "paper-numbers.json").read_text())
+    return tmp_path
+
+
+def test_regions_are_rendered_and_prose_is_left_alone(project):
+    text = ("Prose with 1.23 stays.\n<!-- results:demo:storage -->\nstale 9.99\n<!-- end -->\nMore prose.\n"
+            "<!-- results:paper:accuracy -->\n<!-- end -->\n")
+    rendered = render_document(text, project)
+    assert rendered.startswith("Prose with 1.23 stays.\n<!-- results:demo:storage -->\n| method |")
+    assert "stale 9.99" not in rendered and "| APD | 1,670,000 | 6.4 MiB | 21 |" in rendered
+    assert "More prose.\n" in rendered
+    assert "| fcNN1 784-100-10 | 0.973 | 0.979 | 0.978 |" in rendered
+    assert render_document(rendered, project) == rendered  # rendering twice changes nothing
+
+
+def test_one_score_block_and_paper_tables(project):
+    bald = render_table("demo", "ood-bald", project)
+    assert "### Score: BALD" in bald and "variation ratio" not in bald
+    assert "| notMNIST | 55.4 / 60.9 / 48.3 | 88.0 / 87.2 / 82.1 | 98.1 / 97.8 / 98.3 | 97.8 / 97.4 / 98.1 |" in (
+        render_table("paper", "ood-max_prob", project))
+    assert "| SGLD | PGD | 56.91 | 84.98 | 82.80 |" in render_table("paper", "adversarial", project)
+    with pytest.raises(ArtifactError, match="unknown results table 'bogus'"):
+        render_table("demo", "bogus", project)
+
+
+def test_check_reports_a_stale_document_and_writing_fixes_it(project):
+    (project / "README.md").write_text("<!-- results:demo:timing -->\nold\n<!-- end -->\n")
+    assert render_docs(project, check=True) == [project / "README.md"]
+    assert "old" in (project / "README.md").read_text()  # --check writes nothing
+    assert render_docs(project) == [project / "README.md"]
+    assert render_docs(project, check=True) == []
+
+
+def test_committed_documents_match_the_committed_results():
+    """README.md and docs/*.md are exactly what `make docs` renders from docs/results/."""
+    assert render_docs(ROOT, check=True) == []
+
+
+def test_reproduce_lists_the_cells_that_differ_at_printed_precision():
+    committed = full_results()
+    same = copy.deepcopy(committed)
+    same["accuracy"]["sgld"]["acc"]["mean"] += 1e-6  # below the printed 4 decimals
+    same["timing"]["total"] = 999.0  # timings are not compared
+    assert differences(committed, same) == []
+    changed = copy.deepcopy(committed)
+    changed["accuracy"]["sgld"]["acc"]["mean"] = 0.5
+    lines = differences(committed, changed)
+    assert len(lines) == 1 and "accuracy" in lines[0] and "'0.9760 ± 0.0012'" in lines[0]
