@@ -40,7 +40,7 @@ from apd.samplers.store import SampleStore
 log = logging.getLogger(__name__)
 
 HEADLINE_SCORE = "bald"
-MIXTURE_SEEDS = 3  # fits per row of the mixture-growth table, for its spread
+MIXTURE_DRAWS = 3  # fresh ensemble draws per row of the mixture-growth table, for its spread
 
 
 def evaluation_inputs(ctx: RunContext, role: str = "evaluate") -> EvaluationInputs:
@@ -206,28 +206,28 @@ def method_detections(results: dict, method: str) -> dict:
 
 def mixture_growth(ctx: RunContext, methods: dict[str, Posterior], inputs: EvaluationInputs,
                    results: dict) -> tuple[list[dict], dict]:
-    """MoG with a growing number of components, each row fit afresh for :data:`MIXTURE_SEEDS` seeds: its
-    storage and its accuracy and mean BALD AUROC as a share of SGLD's (one draw of ``networks`` each;
-    mean and std over the fits), and APD's on the same footing."""
+    """MoG with a growing number of components (one EM fit each, the largest being the evaluated ``mog``),
+    each judged on :data:`MIXTURE_DRAWS` fresh draws of ``networks`` members: its storage and its accuracy
+    and mean BALD AUROC (mean and std over the draws) as a share of SGLD's, and APD's on the same footing."""
     e, device = ctx.cfg.evaluate, ctx.device
     sgld_acc = results["accuracy"]["sgld"]["acc"]["mean"]
     sgld_auroc = mean_auroc(method_detections(results, "sgld"))
     rows = []
     with SampleStore.open(ctx.layout.samples) as store:
         for k in ctx.progress(e.mog_components, desc="MoG growth", unit="fit"):
-            accuracies, aurocs, converged = [], [], []
-            for fit in range(MIXTURE_SEEDS):
-                mixture = fit_mixture(store, k, e.mog_fit_samples, ctx.seed("evaluate", "mog", k, fit), device)
-                generator = torch.Generator().manual_seed(ctx.seed("evaluate", "mog-draws", k, fit))
+            mixture = methods.get("mog") if k == max(e.mog_components) else None
+            mixture = mixture or fit_mixture(store, k, e.mog_fit_samples, ctx.seed("evaluate", "mog", k), device)
+            generator = torch.Generator().manual_seed(ctx.seed("evaluate", "mog-draws", k))
+            accuracies, aurocs = [], []
+            for _ in range(MIXTURE_DRAWS):
                 judged = judge(mixture, inputs, e.networks, generator, [HEADLINE_SCORE])
                 accuracies.append(judged.accuracy["acc"])
                 aurocs.append(mean_auroc({s: {HEADLINE_SCORE: d[HEADLINE_SCORE]} for s, d in judged.detection.items()}))
-                converged.append(mixture.converged)
             acc, auroc = mean_std(accuracies), mean_std(aurocs)
             rows.append({"components": k, "parameters": mixture.stored_parameters(),
-                         "in_sgld_samples": round(mixture.storage_in_samples(), 3), "fits": MIXTURE_SEEDS,
+                         "in_sgld_samples": round(mixture.storage_in_samples(), 3), "draws": MIXTURE_DRAWS,
                          "accuracy": acc, "accuracy_share": _share(acc["mean"], sgld_acc), "bald_auroc": auroc,
-                         "bald_auroc_share": _share(auroc["mean"], sgld_auroc), "em_converged": all(converged)})
+                         "bald_auroc_share": _share(auroc["mean"], sgld_auroc), "em_converged": mixture.converged})
     apd_share = {}
     if "apd" in methods:
         apd = methods["apd"]

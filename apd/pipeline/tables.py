@@ -262,8 +262,8 @@ def mog_table(results: dict) -> Table | None:
             for model, k, params, worth, acc, acc_sd, acc_share, bald, bald_sd, bald_share in rows]
     header = ["model", "components", "parameters", "SGLD samples' worth", "accuracy", "accuracy (% of SGLD)",
               "BALD AUROC", "BALD AUROC (% of SGLD)"]
-    fits = mog[0]["fits"] if mog else 0
-    note = (f"Each mixture row: mean ± std (ddof 0) over {fits} fits with different seeds, one draw each; BALD "
+    draws = mog[0]["draws"] if mog else 0
+    note = (f"Each mixture row: one EM fit, mean ± std (ddof 0) over {draws} fresh draws of its ensemble; BALD "
             "AUROC in percent, averaged over the OOD sets; shares are relative to SGLD's own values.\n\n")
     return Table("mog", "Mixtures of Gaussians vs APD", note + markdown_table(header, body), list(MOG_COLUMNS),
                  rows)

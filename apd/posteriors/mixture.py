@@ -22,7 +22,7 @@ from apd.posteriors.base import Posterior
 
 log = logging.getLogger(__name__)
 
-MAX_EM_ITERATIONS = 200
+MAX_EM_ITERATIONS = 100
 
 
 class GaussianMixture(Posterior):

@@ -50,7 +50,7 @@ def test_results_have_every_method_set_and_score(pipeline):
     assert [row["components"] for row in results["mog"]] == [1, 3]
     assert results["storage"]["sgld"]["in_sgld_samples"] == 200
     assert set(results["fidelity"]) == {"mcdropout", "apd", "mog"}
-    assert all(row["fits"] == 3 and row["accuracy"]["std"] >= 0 for row in results["mog"])
+    assert all(row["draws"] == 3 and row["accuracy"]["std"] >= 0 for row in results["mog"])
     assert (root / "tiny" / "eval" / "tables.md").is_file()
 
 

@@ -64,7 +64,7 @@ def full_results() -> dict:
         "ood_meta": {"n_in": 497, "n_out": 497, "ratio_in_out": "1:1", "scale": 1.0},
         "storage": {"sgld": {"parameters": 7_951_000, "bytes": 31_804_000, "in_sgld_samples": 100.0},
                     "apd": {"parameters": 1_670_000, "bytes": 6_680_000, "in_sgld_samples": 21.0}},
-        "mog": [{"components": k, "parameters": 159_020 * k, "in_sgld_samples": 2.0 * k, "fits": 3,
+        "mog": [{"components": k, "parameters": 159_020 * k, "in_sgld_samples": 2.0 * k, "draws": 3,
                  "accuracy": _stat(acc, 0.002), "accuracy_share": share, "bald_auroc": _stat(95.0, 0.4),
                  "bald_auroc_share": share - 0.01}
                 for k, acc, share in [(1, 0.49, 0.5), (10, 0.88, 0.9), (60, 0.972, 0.993)]],
