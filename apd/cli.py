@@ -36,6 +36,8 @@ READ_ONLY = ("report", "info")  # commands that take the artifact lock shared
 EXPERIMENTS = {
     "distillers": ("apd.experiments.distillers", "run_distillers",
                    "dense vs subspace APD vs Gaussians and MoG: storage, time, accuracy, OOD, against SGLD"),
+    "gan-variants": ("apd.experiments.gan_variants", "run_gan_variants",
+                     "WGAN-GP vs WGAN with clipping vs the original GAN on the same store and budget"),
 }
 
 

@@ -42,6 +42,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -166,16 +167,16 @@ class DecoupledResidual(ProjectedSamples):
         return len(self.samples.store) * self.spec.numel
 
 
-def plan_from_options(options: list[str]) -> DistillerPlan:
-    """A :class:`DistillerPlan` from ``KEY=VALUE`` strings, checked like a config section (unknown keys,
-    types, bounds) with one-line :class:`ConfigError` messages."""
+def plan_from_options(options: list[str], plan: type = None) -> Any:
+    """A plan (:class:`DistillerPlan` by default) from ``KEY=VALUE`` strings, checked like a config section
+    (unknown keys, types, bounds) with one-line :class:`ConfigError` messages."""
     raw = {}
     for text in options:
         if "=" not in text:
             raise ConfigError(f"--option {text!r}: expected KEY=VALUE")
         keys, value = parse_override(text)
         raw[".".join(keys)] = value
-    return build_section(DistillerPlan, raw, "--option", prefix="")
+    return build_section(plan or DistillerPlan, raw, "--option", prefix="")
 
 
 def variants(plan: DistillerPlan) -> list[Variant]:
