@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 APD := $(VENV)/bin/apd
 STAMP := $(VENV)/.installed
 
-.PHONY: install sample distill evaluate report info experiment docs reproduce test test-slow lint bench clean
+.PHONY: install sample distill evaluate report info experiment docs reproduce test test-slow lint bench clean toy2d
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -42,6 +42,15 @@ reproduce: $(STAMP)
 
 experiment: $(STAMP)
 	$(APD) experiment $(EXPERIMENT) --config $(PIPELINE) $(ARGS)
+
+# Two Gaussian blobs in the plane: every method through the same stages, then each one's predictive and
+# BALD over the plane in artifacts/toy2d/eval/figures/toy2d.png.
+TOY2D := pipelines/toy2d.toml
+toy2d: $(STAMP)
+	$(APD) sample --config $(TOY2D) $(ARGS)
+	$(APD) distill --config $(TOY2D) $(ARGS)
+	$(APD) evaluate --config $(TOY2D) $(ARGS)
+	$(APD) toy2d-figure --config $(TOY2D) $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check apd tests benchmarks

@@ -30,6 +30,8 @@ STAGES = {
     "distill": ("apd.pipeline.distill", "run_distill", "train the APD generator on the samples (WGAN-GP)"),
     "evaluate": ("apd.pipeline.evaluate", "run_evaluate", "compare every method; write tables and figures"),
     "report": ("apd.pipeline.report", "run_report", "re-render tables and figures from results.json"),
+    "toy2d-figure": ("apd.pipeline.toy2d_figure", "run_toy2d_figure",
+                     "2-D pipelines: each method's predictive and BALD over the plane (figures/toy2d.png)"),
 }
 READ_ONLY = ("report", "info")  # commands that take the artifact lock shared
 # Experiments (`apd experiment NAME`): name → (module, function(ctx, options), help), dispatched like STAGES.
@@ -83,7 +85,8 @@ def info(ctx: RunContext) -> None:
     print(f"pipeline   {cfg.name}  ({cfg.source}, config hash {config_hash(cfg)})")
     print(f"device     {ctx.device}")
     print(f"dataset    {data.name}: " + ", ".join(f"{k} {v:,}" for k, v in data.sizes().items())
-          + f"; images {data.image_shape[0]}×{data.image_shape[1]}, {data.num_classes} classes, "
+          + (f"; images {data.image_shape[0]}×{data.image_shape[1]}" if data.image_shape else
+             f"; {data.num_features} features") + f", {data.num_classes} classes, "
           f"fingerprint {data.fingerprint()}")
     print(f"network    {'-'.join(map(str, sizes))}: {spec.numel:,} parameters")
     present = sorted(p for p in ctx.out_dir.rglob("*") if p.is_file()) if ctx.out_dir.is_dir() else []

@@ -37,10 +37,11 @@ class DataConfig:
     """Which dataset, how it is split, and which out-of-distribution sets evaluation uses.
 
     Split sizes: ``0`` means "what remains" for ``train_size``, and "the dataset's own test split"
-    (IDX datasets) or "what remains after train and val" (digits) for ``test_size``.
+    (IDX datasets) or "what remains after train and val" (digits) for ``test_size``; toy2d draws its
+    points, 200 / 1,000 for ``train_size`` / ``test_size`` 0.
     """
 
-    dataset: Literal["digits", "fashion-mnist", "mnist"] = "digits"
+    dataset: Literal["digits", "fashion-mnist", "mnist", "toy2d"] = "digits"
     data_dir: str = ""
     train_size: int = bounded(0, ge=0)
     val_size: int = bounded(300, ge=1)
@@ -412,6 +413,9 @@ def _check_consistency(cfg: PipelineConfig, where: str) -> None:
     if cfg.device != "auto" and cfg.device != "cpu" and not cfg.device.startswith("cuda"):
         raise ConfigError(f"{where}: 'device' must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {cfg.device!r}")
     adversarial = cfg.evaluate.adversarial
+    if cfg.data.dataset == "toy2d" and adversarial.enabled:
+        raise ConfigError(f"{where}: 'evaluate.adversarial.enabled' needs images in [-1, 1]; toy2d has points in "
+                          "the plane (set it to false)")
     unknown_sources = sorted(set(adversarial.sources) - set(ADVERSARIAL_SOURCES))
     if unknown_sources:
         raise ConfigError(f"{where}: 'evaluate.adversarial.sources' has unknown method {unknown_sources[0]!r} "

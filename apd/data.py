@@ -6,7 +6,8 @@ Every image, in distribution or not, is first brought to pixel values in [0, 1] 
 
 Sources: ``digits`` (scikit-learn, 8×8, embedded); ``fashion-mnist`` (the Debian package
 ``dataset-fashion-mnist`` or any directory with the four IDX files); ``mnist`` (a directory with the
-four IDX files, from ``data_dir`` or ``$APD_DATA_DIR``). OOD sets: see :func:`ood_set`.
+four IDX files, from ``data_dir`` or ``$APD_DATA_DIR``); ``toy2d`` (two Gaussian blobs in the plane,
+:mod:`apd.toy2d`: raw coordinates, no image, its own OOD sets). OOD sets: see :func:`ood_set`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from torch import Tensor
 
 from apd.config import DataConfig
 from apd.errors import DataError
+from apd.toy2d import OOD_SETS as TOY2D_OOD
+from apd.toy2d import load_toy2d, toy2d_ood
 
 INPUT_RANGE = (-1.0, 1.0)
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
@@ -53,7 +56,8 @@ def normalise(pixels: np.ndarray | Tensor) -> Tensor:
 
 @dataclass
 class Dataset:
-    """Normalised, flattened splits of one classification dataset."""
+    """Normalised, flattened splits of one classification dataset; ``image_shape`` is ``None`` for
+    features that are not an image (toy2d)."""
 
     name: str
     x_train: Tensor
@@ -62,12 +66,12 @@ class Dataset:
     y_val: Tensor
     x_test: Tensor
     y_test: Tensor
-    image_shape: tuple[int, int]
+    image_shape: tuple[int, int] | None
     num_classes: int
 
     @property
     def num_features(self) -> int:
-        return self.image_shape[0] * self.image_shape[1]
+        return int(self.x_train.shape[1])
 
     def fingerprint(self) -> str:
         """SHA-256 (16 hex digits) of every split's bytes: identifies the exact data a run saw."""
@@ -85,6 +89,8 @@ def load_dataset(cfg: DataConfig, seed: int, data_dir: str | None = None) -> Dat
     ``cfg.data_dir``. A missing or malformed dataset raises a one-line :class:`DataError`."""
     if cfg.dataset == "digits":
         return _load_digits(cfg, seed)
+    if cfg.dataset == "toy2d":
+        return load_toy2d(cfg, seed)
     directory = resolve_data_dir(cfg.dataset, data_dir or cfg.data_dir)
     images, labels, test_images, test_labels = read_idx_dataset(directory, cfg.dataset)
     return _split_official(cfg, seed, images, labels, test_images, test_labels)
@@ -205,6 +211,8 @@ def _make_dataset(name: str, pixels: np.ndarray, labels: np.ndarray, train: np.n
 
 def available_ood(cfg: DataConfig, dataset: Dataset) -> list[str]:
     """OOD set names that can be built for this dataset with what is installed or configured."""
+    if dataset.name == "toy2d":
+        return list(TOY2D_OOD)
     names = list(BUILTIN_OOD)
     if dataset.name != "digits":
         names.append("digits")
@@ -238,9 +246,14 @@ def ood_set(name: str, dataset: Dataset, n: int, seed: int, ood_dirs: dict[str, 
     - ``notmnist`` (letter folders of PNGs), ``omniglot`` (``images_background`` alphabet folders of
       PNGs, inverted so strokes are bright like MNIST's), ``cifar10`` (the binary version's ``*.bin``
       batches, to grey): read from ``ood_dirs[name]``.
+
+    For ``toy2d`` (no image) the sets are points in the plane far from the data: ``ring`` and ``box``
+    (:func:`apd.toy2d.toy2d_ood`).
     """
     if role not in OOD_ROLES:
         raise ValueError(f"role must be one of {OOD_ROLES}, got {role!r}")
+    if dataset.name == "toy2d":  # points in the plane (apd.toy2d), the tuning pool from its own stream
+        return toy2d_ood(name, n, seed if role == "evaluate" else seed + 2**32)
     ood_dirs = ood_dirs or {}
     part = OOD_ROLES.index(role)
     rng = np.random.default_rng([seed, _name_seed(name), part])

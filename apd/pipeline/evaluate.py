@@ -133,8 +133,8 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
         for set_name, by_score in first.outside.items():
             for score, values in by_score.items():
                 scores_file[f"{name}/out/{set_name}/{score}"] = values
-    store = SampleStore.open(ctx.layout.samples) if "sgld" in methods else None
-    if store is not None:
+    store = SampleStore.open(ctx.layout.samples) if data.image_shape is not None else None
+    if store is not None:  # first-layer weights drawn as images (toy2d has no image)
         with store:
             scores_file["sgld_first_layer"] = _first_layer_images(store, data.image_shape)
     results = {

@@ -68,6 +68,15 @@ class Layout:
         return self.eval_dir / "scores.h5"
 
     @property
+    def toy2d_maps(self) -> Path:
+        """The 2-D pipelines' grid maps (``apd toy2d-figure``); its manifest beside it."""
+        return self.eval_dir / "toy2d.h5"
+
+    @property
+    def toy2d_figure(self) -> Path:
+        return self.eval_dir / "figures" / "toy2d.png"
+
+    @property
     def evaluate_manifest(self) -> Path:
         return self.eval_dir / "evaluate.json"
 
