@@ -658,6 +658,30 @@ def convergence_warning(summary: dict[str, Any]) -> str | None:
             f"draws): " + " and ".join(reasons) + ".")
 
 
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """A :func:`diagnose` result as a few lines of text: one per quantity family, the warning apart
+    (``{"error": …}``, what a caller records when there were too few draws, gives one line saying so)."""
+    if "families" not in summary:
+        return [f"convergence diagnostics: none ({summary.get('error', 'not computed')})"]
+
+    def number(value: float | None, digits: int) -> str:
+        return "n/a" if value is None else f"{value:,.{digits}f}"
+
+    chains = "pseudo-chains (one chain cut in pieces)" if summary["pseudo_chains"] else "chains"
+    lines = [f"convergence diagnostics, {summary['chains_used']} {chains} × {summary['draws_per_chain']} draws "
+             f"of {summary['samples_available']:,} samples (rank-normalised split R-hat, bulk/tail ESS):"]
+    for family in FAMILIES:
+        f = summary["families"].get(family)
+        if f is None:
+            continue
+        frac = f[f"frac_rhat_above_{RHAT_THRESHOLD:g}"]
+        lines.append(f"  {_FAMILY_LABELS[family] + ' (' + str(f['quantities']) + ')':<32} R-hat median "
+                     f"{number(f['rhat_median'], 3)}, max {number(f['rhat_max'], 3)}, > {RHAT_THRESHOLD:g} on "
+                     f"{100 * frac:.1f} %; bulk ESS median {number(f['ess_bulk_median'], 0)} (min "
+                     f"{number(f['ess_bulk_min'], 0)}), tail ESS median {number(f['ess_tail_median'], 0)}")
+    return lines
+
+
 # --------------------------------------------------------------------------------------------- figure
 
 
@@ -720,5 +744,5 @@ def plot_diagnostics(draws: np.ndarray | Tensor, names: Sequence[str], path: str
 __all__ = [
     "ChainLayout", "MIN_BULK_ESS", "PSEUDO_CHAINS", "Quantities", "RHAT_FRACTION_LIMIT", "RHAT_SEVERE",
     "RHAT_THRESHOLD", "arrange_chains", "chain_layout", "compute_quantities", "convergence_warning",
-    "diagnose", "plot_diagnostics", "rank_diagnostics", "summarise",
+    "diagnose", "plot_diagnostics", "rank_diagnostics", "summarise", "summary_lines",
 ]
