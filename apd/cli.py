@@ -8,6 +8,7 @@ code 2; Ctrl-C exits with 130 and leaves every artifact resumable.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import logging
@@ -93,6 +94,7 @@ def info(ctx: RunContext) -> None:
     print(f"artifacts  {ctx.out_dir}: " + ("none yet" if not present else f"{len(present)} files"))
     for path in present:
         print(f"           {path.relative_to(ctx.out_dir)}  ({path.stat().st_size:,} bytes)")
+    _print_sgld_diagnostics(ctx)
     print("config     " + json.dumps(cfg.to_dict(), indent=2).replace("\n", "\n           "))
 
 
@@ -118,6 +120,36 @@ def reproduce(ctx: RunContext, committed: str | None) -> int:
     return 1 if lines else 0
 
 
+def _print_sgld_diagnostics(ctx: RunContext) -> None:
+    """The convergence diagnostics recorded in the sample manifest, when there is one."""
+    from apd.io import read_json
+    from apd.pipeline.layout import manifest_of
+    from apd.samplers.diagnostics import summary_lines
+
+    manifest = manifest_of(ctx.layout.samples)
+    if not manifest.is_file():
+        return
+    record = read_json(manifest)
+    summary = record.get("diagnostics")
+    if summary is None:
+        return
+    lines = summary_lines(summary)
+    if summary.get("warning"):
+        lines.append("warning: " + summary["warning"])
+    print(f"sgld       {record.get('chains', 1)} chain(s) on {record.get('workers', 1)} worker(s); " + lines[0])
+    for line in lines[1:]:
+        print("           " + line.strip())
+
+
+def _takes_lock(command: str) -> bool:
+    """Every command takes the artifact lock, except the ``apd sample`` processes of a torchrun launch other
+    than rank 0 (rank 0 holds it for them all; each writes only its own shard)."""
+    from apd.pipeline.distributed import torchrun_env
+
+    env = torchrun_env()
+    return not (command == "sample" and env is not None and env.rank != 0)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.quiet)
@@ -132,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(ctx.cfg.threads)
         if ctx.artifacts_root.exists() and not ctx.artifacts_root.is_dir():
             raise ArtifactError(f"--artifacts {ctx.artifacts_root}: not a directory")
-        with artifact_lock(ctx.layout.lock, shared=args.command in READ_ONLY):
+        lock = artifact_lock(ctx.layout.lock, shared=args.command in READ_ONLY) if _takes_lock(args.command) \
+            else contextlib.nullcontext()
+        with lock:
             if args.command == "info":
                 info(ctx)
             elif args.command == "reproduce":

@@ -61,7 +61,13 @@ class NetConfig:
 class SGLDConfig:
     """SGLD sampling (docs/design.md): step ε = lr/N, prior N(0, prior_var·I), burn-in and thinning in
     iterations. Schedules: constant; polynomial a·(b+t)^(−γ) with a = lr; cyclical cosine (cSGLD)
-    sampling only in the last ``1 − explore_fraction`` of each of ``cycles`` cycles."""
+    sampling only in the last ``1 − explore_fraction`` of each of ``cycles`` cycles.
+
+    ``chains`` independent chains run on ``workers`` processes (chain c on worker c mod workers; under
+    ``torchrun`` its world size is the worker count). Each chain starts from ``init``: ``prior``, a draw
+    of the prior N(0, prior_var·I) (over-dispersed with respect to the posterior, whose precision is the
+    prior's plus the data's), or ``default``, PyTorch's layer initialisation; times ``init_scale``.
+    ``workers`` is not part of the stage's config hash: chain c's samples do not depend on it."""
 
     lr: float = bounded(0.05, gt=0)
     prior_var: float = bounded(0.02, gt=0)
@@ -71,6 +77,9 @@ class SGLDConfig:
     burn_in: int = bounded(500, ge=0)
     thin: int = bounded(20, ge=1)
     chains: int = bounded(1, ge=1)
+    workers: int = bounded(1, ge=1)
+    init: Literal["default", "prior"] = "default"
+    init_scale: float = bounded(1.0, gt=0)
     schedule: Literal["constant", "polynomial", "cyclical"] = "constant"
     poly_b: float = bounded(1.0, gt=0)
     poly_gamma: float = bounded(0.55, ge=0, le=1)
@@ -236,9 +245,16 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
+# Fields that say how a stage runs, not what it makes: left out of the config hash.
+UNHASHED: tuple[tuple[str, str], ...] = (("sgld", "workers"),)
+
+
 def config_hash(cfg: PipelineConfig, stage: str | None = None) -> str:
-    """SHA-256 (first 16 hex digits) of the canonical JSON of the config, or of a stage's sections."""
+    """SHA-256 (first 16 hex digits) of the canonical JSON of the config, or of a stage's sections
+    (without the :data:`UNHASHED` fields)."""
     data = cfg.to_dict()
+    for section, key in UNHASHED:
+        data[section].pop(key)
     if stage is not None:
         data = {key: data[key] for key in STAGE_SECTIONS[stage]}
     text = json.dumps(data, sort_keys=True, separators=(",", ":"))
@@ -410,6 +426,9 @@ def _check_consistency(cfg: PipelineConfig, where: str) -> None:
     if cfg.sgld.burn_in >= cfg.sgld.iterations:
         raise ConfigError(f"{where}: 'sgld.burn_in' ({cfg.sgld.burn_in}) must be less than "
                           f"'sgld.iterations' ({cfg.sgld.iterations})")
+    if cfg.sgld.workers > cfg.sgld.chains:
+        raise ConfigError(f"{where}: 'sgld.workers' ({cfg.sgld.workers}) must be at most 'sgld.chains' "
+                          f"({cfg.sgld.chains}): a worker runs whole chains")
     if cfg.device != "auto" and cfg.device != "cpu" and not cfg.device.startswith("cuda"):
         raise ConfigError(f"{where}: 'device' must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {cfg.device!r}")
     adversarial = cfg.evaluate.adversarial

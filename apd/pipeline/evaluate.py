@@ -27,9 +27,10 @@ from apd.data import available_ood, ood_set
 from apd.errors import DataError
 from apd.evaluation.fidelity import fidelity
 from apd.evaluation.protocol import EvaluationInputs, Judgement, judge
-from apd.io import write_json_atomic
+from apd.io import read_json, write_json_atomic
 from apd.metrics import mean_std
 from apd.pipeline.adversarial import evaluate_adversarial
+from apd.pipeline.layout import manifest_of
 from apd.pipeline.manifests import is_complete, manifest_record, write_manifest
 from apd.pipeline.methods import METHODS, fit_mixture, load_methods
 from apd.pipeline.report import run_report, write_report
@@ -150,6 +151,7 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
                      "scale": e.ood_scale, "paper_variation_ratio": "max_prob (1 − max p̄)"},
         "storage": {m: _storage(ctx, m, method) for m, method in methods.items()},
         "timing": {m: round(t, 2) for m, t in timing.items()},
+        "sgld_diagnostics": _sgld_diagnostics(ctx),
     }
     t0 = time.perf_counter()
     rng = torch.Generator().manual_seed(ctx.seed("evaluate", "fidelity"))
@@ -162,6 +164,12 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
     return results
 
 
+def _sgld_diagnostics(ctx: RunContext) -> dict | None:
+    """The convergence diagnostics ``apd sample`` stored in the sample manifest (None without one)."""
+    manifest = manifest_of(ctx.layout.samples)
+    return read_json(manifest).get("diagnostics") if manifest.is_file() else None
+
+
 def _summarise_detection(runs: list[dict | None]) -> dict | None:
     if any(r is None for r in runs):
         return None
@@ -171,7 +179,10 @@ def _summarise_detection(runs: list[dict | None]) -> dict | None:
 def _storage(ctx: RunContext, name: str, method: Posterior) -> dict:
     parameters = method.stored_parameters()
     artifact = METHODS[name].artifact(ctx.layout)
-    size = artifact.stat().st_size if name in ("sgd", "mcdropout", "sgld", "apd") else 4 * parameters
+    if name == "sgld":  # the store, and the shards a joined store reads its samples from
+        size = sum((artifact.parent / file).stat().st_size for file in read_json(manifest_of(artifact))["files"])
+    else:
+        size = artifact.stat().st_size if name in ("sgd", "mcdropout", "apd") else 4 * parameters
     return {"parameters": int(parameters), "bytes": int(size),
             "in_sgld_samples": round(method.storage_in_samples(), 3)}
 

@@ -44,6 +44,11 @@ class Layout:
         """Worker ``rank``'s own store when several workers sample."""
         return self.root / f"samples-{rank}.h5"
 
+    @property
+    def diagnostics_figure(self) -> Path:
+        """Trace and rank plots of the SGLD chains' convergence diagnostics."""
+        return self.root / "diagnostics.png"
+
     def baseline(self, name: str) -> Path:
         return self.root / "baselines" / f"{name}.pt"
 

@@ -29,19 +29,26 @@ class ChainSeeds:
 class SGLDChain:
     """Chain ``index``: an MLP of ``sizes`` initialised from ``seeds.init``, SGLD steps (:class:`SGLD`)
     on minibatches of (x_train, y_train) in the order of ``seeds.batches``, noise from ``seeds.noise``.
-    ``init_scale`` multiplies the initial weights (> 1 spreads chains' starting points apart)."""
+    The initial weights are ``cfg.init`` (``default``: PyTorch's layer initialisation; ``prior``: a draw
+    of N(0, prior_var·I), every weight and bias) times ``cfg.init_scale``; both draw from ``seeds.init``
+    on the CPU, so a chain starts from the same weights on every device."""
 
     def __init__(self, sizes: list[int], cfg: SGLDConfig, index: int, x_train: Tensor, y_train: Tensor,
-                 seeds: ChainSeeds, prefetch_noise: bool | None = None, init_scale: float = 1.0) -> None:
+                 seeds: ChainSeeds, prefetch_noise: bool | None = None) -> None:
         self.index, self.x_train, self.y_train = index, x_train, y_train
         device = x_train.device
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seeds.init)
-            self.net = mlp(sizes).to(device)
-        if init_scale != 1.0:
+            net = mlp(sizes)
+            if cfg.init == "prior":
+                with torch.no_grad():
+                    for parameter in net.parameters():
+                        parameter.normal_(0.0, math.sqrt(cfg.prior_var))
+        if cfg.init_scale != 1.0:
             with torch.no_grad():
-                for parameter in self.net.parameters():
-                    parameter.mul_(init_scale)
+                for parameter in net.parameters():
+                    parameter.mul_(cfg.init_scale)
+        self.net = net.to(device)
         self.optimizer = SGLD(self.net.parameters(), lr=cfg.lr, num_data=len(y_train),
                               prior_std=math.sqrt(cfg.prior_var), temperature=cfg.temperature, seed=seeds.noise,
                               prefetch_noise=prefetch_noise)

@@ -40,15 +40,16 @@ from apd.config import SGLDConfig
 _STATE_KEY = "sgld_noise_generator"
 
 
-def prefetch_pays(device: torch.device) -> bool:
-    """Whether drawing the noise on a worker thread should speed a step up: only on CPU, and only when
-    torch's compute threads leave a core free for the worker (on CUDA the draw is already asynchronous).
+def prefetch_pays(device: torch.device, processes: int = 1) -> bool:
+    """Whether drawing the noise on a worker thread should speed a step up: only on CPU, and only when the
+    compute threads of ``processes`` such processes on this machine (torch's thread count each) leave a
+    core free for each one's worker (on CUDA the draw is already asynchronous).
 
     benchmarks/bench_sgld.py on an idle 2-core CPU with one compute thread: SGLD/SGD 0.99-1.07 on fcNN2
     and 1.21-1.25 on fcNN1 with the prefetch, 1.36-1.45 and 1.28-1.35 without; with both cores computing,
     or both busy with other work, the worker only competes for a core and the step is 1-20 % slower.
     """
-    return device.type == "cpu" and torch.get_num_threads() < _usable_cores()
+    return device.type == "cpu" and processes * (torch.get_num_threads() + 1) <= _usable_cores()
 
 
 def _usable_cores() -> int:

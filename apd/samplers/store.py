@@ -35,7 +35,9 @@ system without fsync: this covers a crashed or killed process, not a power cut. 
 from __future__ import annotations
 
 import json
+import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Literal
@@ -69,6 +71,7 @@ _REBUILD_ROWS = 1000  # rows copied per append when a crashed writer's store is 
 # File format bounds: 1.8-level objects and a version 0 superblock, which has no "open for write" flag.
 _LIBVER = ("earliest", "v108")
 _LOCKING = "best-effort"
+_JOINED_LIBVER = ("earliest", "v110")  # a virtual dataset needs the 1.10 layout message; readers need HDF5 ≥ 1.10
 
 
 class SampleStore:
@@ -155,6 +158,10 @@ class SampleStore:
             raise ArtifactError(f"{path}: not a readable HDF5 file ({exc})") from None
         try:
             spec, meta, n = _validate(file, path, expect_spec)
+            if file[_SAMPLES].is_virtual:
+                if mode == "a":
+                    raise ArtifactError(f"{path}: a joined store (a virtual dataset over its shards) is read-only")
+                _check_shards(file[_SAMPLES], path)
         except BaseException:
             file.close()
             raise
@@ -220,6 +227,14 @@ class SampleStore:
     def samples(self) -> h5py.Dataset:
         """The raw ``samples`` dataset [rows, D]; only the first ``len(store)`` rows are committed."""
         return self._samples
+
+    @property
+    def shards(self) -> list[Path]:
+        """The files a joined store's rows live in (:func:`join_stores`), in the order they were joined;
+        empty for a store that holds its own rows."""
+        if not self._samples.is_virtual:
+            return []
+        return list(dict.fromkeys(_source_path(self.path, m.file_name) for m in self._samples.virtual_sources()))
 
     @property
     def dim(self) -> int:
@@ -393,6 +408,110 @@ def _rebuild(path: Path, spec: ParamSpec, meta: dict) -> None:
         fresh.replace(path)
     finally:
         fresh.unlink(missing_ok=True)
+
+
+def join_stores(path: str | Path, shards: Sequence[str | Path], names: Sequence[str] | None = None,
+                meta: dict | None = None) -> int:
+    """Join complete stores (``shards``) into one read-only store at ``path`` without copying a sample;
+    returns its row count.
+
+    The joined ``samples`` is an HDF5 virtual dataset (HDF5 ≥ 1.10) whose rows map onto the shards' rows;
+    the small per-sample columns (step, chain, lr, log_lik) are copied. Rows are ordered by chain id,
+    each chain's rows in sampling order, so ``k`` evenly spaced rows of the joined store take an equal share
+    of every chain of equal length. Each chain must lie in one shard, its rows contiguous (as a sampler
+    that runs its chains one after another writes them); a chain in two shards, a shard left open by its
+    writer (``writing`` = 1), or shards of different networks are an :class:`ArtifactError`.
+
+    ``names`` are the file names the virtual dataset records, one per shard (default: each shard's path
+    relative to ``path``'s folder): relative names are looked up beside the joined file when it is read,
+    so the folder can move as a whole, and a shard built under a temporary name can be joined under its
+    final one. ``meta`` is the joined store's meta (default: the first shard's). :meth:`SampleStore.open`
+    checks, on every open, that each shard is present and holds the rows it is joined for.
+    """
+    path = Path(path)
+    shards = [Path(shard) for shard in shards]
+    if not shards:
+        raise ValueError("nothing to join")
+    if names is None:
+        names = [os.path.relpath(shard.resolve(), path.resolve().parent) for shard in shards]
+    if len(names) != len(shards):
+        raise ValueError(f"{len(shards)} shards but {len(names)} names")
+    spec, first_meta, segments, columns = None, None, [], {name: [] for name in _COLUMNS}
+    owner: dict[int, Path] = {}
+    for index, shard in enumerate(shards):
+        with SampleStore.open(shard) as store:
+            if store._file.attrs.get(_WRITING, 0):
+                raise ArtifactError(f"{shard}: still being written, or its writer stopped before closing it")
+            if spec is None:
+                spec, first_meta = store.spec, store.meta
+            elif store.spec != spec:
+                raise ArtifactError(f"{shard}: samples are for a different network ({_describe(store.spec)}; "
+                                    f"{shards[0]} has {_describe(spec)})")
+            values = {name: store._column(name) for name in _COLUMNS}
+            chains = values["chain"]
+            for chain in dict.fromkeys(chains.tolist()):
+                rows = np.flatnonzero(chains == chain)
+                if chain in owner or rows[-1] - rows[0] + 1 != rows.size:
+                    where = f"{owner[chain]} and {shard}" if chain in owner else f"{shard}, not contiguously"
+                    raise ArtifactError(f"cannot join: chain {chain} is in {where}")
+                owner[chain] = shard
+                segments.append((chain, index, int(rows[0]), int(rows[-1]) + 1, len(store)))
+            for name in _COLUMNS:
+                columns[name].append(values[name])
+    segments.sort()
+    total = sum(stop - start for _, _, start, stop, _ in segments)
+    layout = h5py.VirtualLayout(shape=(total, spec.numel), dtype=np.float32)
+    offset = 0
+    for _, index, start, stop, length in segments:
+        source = h5py.VirtualSource(names[index], _SAMPLES, shape=(length, spec.numel), dtype=np.float32)
+        layout[offset:offset + stop - start] = source[start:stop]
+        offset += stop - start
+    order = np.concatenate([np.arange(start, stop) + sum(len(c) for c in columns["chain"][:index])
+                            for _, index, start, stop, _ in segments]) if segments else np.zeros(0, np.int64)
+    meta_json = json.dumps(first_meta if meta is None else meta, sort_keys=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        file = h5py.File(path, "w", libver=_JOINED_LIBVER, locking=_LOCKING)
+    except OSError as exc:
+        raise ArtifactError(f"{path}: cannot create the joined store ({exc})") from None
+    with file:
+        file.attrs["format"] = FORMAT_NAME
+        file.attrs["format_version"] = FORMAT_VERSION
+        file.attrs["spec"] = spec.to_json()
+        file.attrs["meta"] = meta_json
+        file.attrs["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        file.attrs[_N_COMPLETE] = np.int64(total)
+        file.attrs[_WRITING] = np.int8(0)
+        file.create_virtual_dataset(_SAMPLES, layout, fillvalue=np.nan)
+        for name, dtype in _COLUMNS.items():
+            file.create_dataset(name, data=np.concatenate(columns[name]).astype(dtype)[order])
+    return total
+
+
+def _source_path(path: Path, name: str) -> Path:
+    """Where a joined store at ``path`` finds the shard it records as ``name``."""
+    return Path(name) if os.path.isabs(name) else path.parent / name
+
+
+def _check_shards(samples: h5py.Dataset, path: Path) -> None:
+    """Every shard of a joined store is present and holds every row the store maps onto it (HDF5 itself
+    would read the fill value, NaN, for a missing shard's rows)."""
+    needed: dict[str, int] = {}
+    for mapping in samples.virtual_sources():
+        (_, _), (last, _) = mapping.src_space.get_select_bounds()
+        needed[mapping.file_name] = max(needed.get(mapping.file_name, 0), int(last) + 1)
+    for name, rows in needed.items():
+        shard = _source_path(path, name)
+        if not shard.is_file():
+            raise ArtifactError(f"{path}: its shard {shard} is missing")
+        try:
+            with h5py.File(shard, "r", locking=_LOCKING) as file:
+                committed = min(int(file.attrs[_N_COMPLETE]), file[_SAMPLES].shape[0])
+        except (OSError, KeyError) as exc:
+            raise ArtifactError(f"{path}: its shard {shard} is not a readable sample store ({exc})") from None
+        if committed < rows:
+            raise ArtifactError(f"{path}: its shard {shard} holds {committed} samples, the joined store reads "
+                                f"{rows} from it (truncated)")
 
 
 def _validate(file: h5py.File, path: Path, expect_spec: ParamSpec | None) -> tuple[ParamSpec, dict, int]:

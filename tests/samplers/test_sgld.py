@@ -249,13 +249,14 @@ def _flat(net: nn.Module) -> Tensor:
     return torch.cat([p.detach().reshape(-1) for p in net.parameters()])
 
 
-@pytest.mark.parametrize(("device", "threads", "cores", "expected"), [
-    ("cpu", 1, 2, True), ("cpu", 2, 2, False), ("cpu", 1, 1, False), ("cpu", 4, 16, True), ("cuda", 1, 2, False)])
+@pytest.mark.parametrize(("device", "threads", "cores", "processes", "expected"), [
+    ("cpu", 1, 2, 1, True), ("cpu", 2, 2, 1, False), ("cpu", 1, 1, 1, False), ("cpu", 4, 16, 1, True),
+    ("cuda", 1, 2, 1, False), ("cpu", 1, 2, 2, False), ("cpu", 1, 4, 2, True), ("cpu", 1, 16, 9, False)])
 def test_prefetch_pays_only_on_cpu_with_a_free_core(monkeypatch: pytest.MonkeyPatch, device: str, threads: int,
-                                                    cores: int, expected: bool) -> None:
+                                                    cores: int, processes: int, expected: bool) -> None:
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     monkeypatch.setattr("apd.samplers.sgld._usable_cores", lambda: cores)
-    assert prefetch_pays(torch.device(device)) is expected
+    assert prefetch_pays(torch.device(device), processes) is expected
 
 
 def test_prefetch_gives_the_same_trajectory() -> None:

@@ -300,3 +300,112 @@ def test_second_process_is_refused_while_a_writer_holds_the_file(tmp_path):
                                 env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
     assert result.returncode == 1
     assert f"ArtifactError: {path}: in use by another process" in result.stderr
+
+
+# ------------------------------------------------------------------------------------------ joined stores
+
+
+def write_shard(path: Path, chains: list[int], per_chain: int, **kwargs) -> None:
+    """A shard holding ``chains`` one after another; chain c's k-th sample is row(100·c + k)."""
+    with SampleStore.create(path, SPEC, {**META, "chains": chains}, **kwargs) as store:
+        for chain in chains:
+            store.append_many(np.stack([row(100 * chain + k) for k in range(per_chain)]),
+                              steps=np.arange(per_chain) * 10 + chain, chains=chain, lrs=0.1 * chain,
+                              log_liks=-np.arange(per_chain) - chain)
+
+
+def test_joined_store_maps_every_shard_row_in_chain_order_without_copying(tmp_path):
+    from apd.samplers.store import join_stores
+
+    write_shard(tmp_path / "s-0.h5", [0, 2, 4], 6)
+    write_shard(tmp_path / "s-1.h5", [1, 3], 6, compression="lzf")
+    assert join_stores(tmp_path / "joined.h5", [tmp_path / "s-0.h5", tmp_path / "s-1.h5"], meta={"m": 1}) == 30
+    with h5py.File(tmp_path / "joined.h5", "r") as file:  # the samples stay in the shards
+        assert file["samples"].is_virtual and file["samples"].id.get_storage_size() == 0
+    with SampleStore.open(tmp_path / "joined.h5") as store:
+        assert len(store) == 30 and store.meta == {"m": 1} and store.spec == SPEC
+        assert store.chains.tolist() == [c for c in range(5) for _ in range(6)]
+        np.testing.assert_array_equal(store.read_all().numpy(),
+                                      np.stack([row(100 * c + k) for c in range(5) for k in range(6)]))
+        np.testing.assert_array_equal(store.read([29, 0, 7, 8]).numpy(), np.stack([row(405), row(0), row(101),
+                                                                                     row(102)]))
+        np.testing.assert_array_equal(store.steps, [10 * k + c for c in range(5) for k in range(6)])
+        np.testing.assert_allclose(store.lrs, [0.1 * c for c in range(5) for _ in range(6)])
+        np.testing.assert_array_equal(store.log_liks, [-k - c for c in range(5) for k in range(6)])
+        assert store.shards == [tmp_path / "s-0.h5", tmp_path / "s-1.h5"]
+        with pytest.raises(ValueError, match="read-only"):
+            store.append(row(0), step=0)
+    with pytest.raises(ArtifactError, match="joined store .* is read-only"):
+        SampleStore.open(tmp_path / "joined.h5", mode="a")
+
+
+def test_joined_store_moves_with_its_folder_and_records_the_names_it_is_given(tmp_path):
+    from apd.samplers.store import join_stores
+
+    folder = tmp_path / "a"
+    folder.mkdir()
+    write_shard(folder / "s-0.partial.h5", [0], 4)
+    write_shard(folder / "s-1.partial.h5", [1], 4)
+    join_stores(folder / "joined.h5", [folder / "s-0.partial.h5", folder / "s-1.partial.h5"],
+                names=["s-0.h5", "s-1.h5"])
+    for rank in (0, 1):
+        (folder / f"s-{rank}.partial.h5").rename(folder / f"s-{rank}.h5")
+    folder.rename(tmp_path / "b")
+    with SampleStore.open(tmp_path / "b" / "joined.h5") as store:
+        np.testing.assert_array_equal(store.read([4]).numpy(), row(100)[None])
+        assert store.shards == [tmp_path / "b" / "s-0.h5", tmp_path / "b" / "s-1.h5"]
+
+
+def test_joined_store_with_a_missing_or_truncated_shard_is_one_clear_error(tmp_path):
+    from apd.samplers.store import join_stores
+
+    write_shard(tmp_path / "s-0.h5", [0], 5)
+    write_shard(tmp_path / "s-1.h5", [1], 5)
+    join_stores(tmp_path / "joined.h5", [tmp_path / "s-0.h5", tmp_path / "s-1.h5"])
+    with SampleStore.open(tmp_path / "s-1.h5", mode="a") as shard:
+        shard.truncate(3)
+    with pytest.raises(ArtifactError, match=r"shard .*s-1.h5 holds 3 samples, the joined store reads 5"):
+        SampleStore.open(tmp_path / "joined.h5")
+    (tmp_path / "s-1.h5").unlink()
+    with pytest.raises(ArtifactError, match=r"shard .*s-1.h5 is missing"):
+        SampleStore.open(tmp_path / "joined.h5")
+
+
+def test_join_refuses_split_chains_open_shards_and_other_networks(tmp_path):
+    from apd.samplers.store import join_stores
+
+    write_shard(tmp_path / "a.h5", [0, 1], 3)
+    write_shard(tmp_path / "b.h5", [1], 3)
+    with pytest.raises(ArtifactError, match="chain 1 is in .*a.h5 and .*b.h5"):
+        join_stores(tmp_path / "j.h5", [tmp_path / "a.h5", tmp_path / "b.h5"])
+    with SampleStore.create(tmp_path / "c.h5", SPEC, META) as store:
+        store.append_many(rows(3), steps=[0, 1, 2], chains=[5, 6, 5])
+    with pytest.raises(ArtifactError, match="chain 5 is in .*c.h5, not contiguously"):
+        join_stores(tmp_path / "j.h5", [tmp_path / "c.h5"])
+    with SampleStore.create(tmp_path / "other.h5", OTHER_SPEC, META) as store:
+        store.append(np.zeros(OTHER_SPEC.numel), step=0, chain=7)
+    with pytest.raises(ArtifactError, match="different network"):
+        join_stores(tmp_path / "j.h5", [tmp_path / "a.h5", tmp_path / "other.h5"])
+    writing = SampleStore.create(tmp_path / "open.h5", SPEC, META)
+    writing.append(row(0), step=0, chain=9)
+    writing._file.flush()
+    try:
+        with pytest.raises(ArtifactError, match="still being written"):
+            join_stores(tmp_path / "j.h5", [tmp_path / "a.h5", tmp_path / "open.h5"])
+    finally:
+        writing.close()
+
+
+def test_evenly_spaced_rows_of_a_joined_store_take_every_chain_equally(tmp_path):
+    """Consumers pick 'evenly spaced' rows over the whole store (the codec fit, the SGLD reference of
+    distillation, the MoG fit): ordered by chain, that is an equal share of each equal-length chain."""
+    from apd.distillation.training import evenly_spaced
+    from apd.samplers.store import join_stores
+
+    write_shard(tmp_path / "s-0.h5", [0, 2], 50)
+    write_shard(tmp_path / "s-1.h5", [1], 50)
+    join_stores(tmp_path / "joined.h5", [tmp_path / "s-0.h5", tmp_path / "s-1.h5"])
+    with SampleStore.open(tmp_path / "joined.h5") as store:
+        for k in (3, 10, 31, 100, 149):
+            counts = np.bincount(store.chains[evenly_spaced(len(store), k)], minlength=3)
+            assert counts.max() - counts.min() <= 1, (k, counts)

@@ -1,0 +1,160 @@
+"""Workers of ``apd sample``: processes of one ``torch.distributed`` group, each running its own chains.
+
+Two ways in, the same group afterwards:
+
+- **One machine** (``sgld.workers`` > 1, no launcher): :func:`spawn` starts the workers with
+  ``torch.multiprocessing`` (start method ``spawn``) and joins them on the loopback address at a free port.
+- **Several machines**: ``torchrun`` starts the same ``apd sample`` command on every node and sets
+  ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``; :func:`torchrun_env` reads
+  them and the group forms through ``env://``.
+
+The backend is gloo on CPU and NCCL on CUDA (worker ``LOCAL_RANK`` on GPU ``LOCAL_RANK mod count``). The
+group carries little: each worker's report at the end (:meth:`Group.gather`), a sum of the workers'
+monitoring tensors, rank 0's outcome and a barrier; samples go to each worker's own file. Its collectives
+wait up to :data:`TIMEOUT`, since a worker with fewer chains waits at the gather for the others to finish
+sampling (a worker that dies is noticed by the launcher, which stops the rest).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import socket
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from apd import errors
+from apd.errors import ApdError, ArtifactError
+
+log = logging.getLogger(__name__)
+
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+TIMEOUT = datetime.timedelta(days=30)
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    """Where this process stands in a torchrun launch."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+
+
+def torchrun_env() -> WorkerEnv | None:
+    """This process's place in a ``torchrun`` launch, or None when its variables are not all set."""
+    if not all(name in os.environ for name in TORCHRUN_VARIABLES):
+        return None
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return WorkerEnv(rank, world, int(os.environ.get("LOCAL_RANK", rank)))
+
+
+def worker_device(device: torch.device, local_rank: int) -> torch.device:
+    """The device of worker ``local_rank`` on its machine: its own GPU (round robin) on CUDA."""
+    if device.type != "cuda":
+        return device
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+@dataclass(frozen=True)
+class Group:
+    """The workers' process group as seen from one worker (``size`` 1: no group, every call local)."""
+
+    rank: int
+    size: int
+    device: torch.device
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every worker's ``obj`` (picklable), in rank order, on every worker."""
+        if self.size == 1:
+            return [obj]
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every worker."""
+        if self.size == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The element-wise sum of every worker's ``tensor`` (same shape everywhere)."""
+        if self.size == 1:
+            return tensor
+        total = tensor.to(self.device).clone()
+        dist.all_reduce(total)
+        return total.to(tensor.device)
+
+
+@contextlib.contextmanager
+def process_group(rank: int, size: int, device: torch.device, init_method: str = "env://") -> Iterator[Group]:
+    """Join the group (gloo, or NCCL on CUDA) for the ``with`` block; ``size`` 1 forms none."""
+    if size == 1:
+        yield Group(0, 1, device)
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size, timeout=TIMEOUT)
+    try:
+        yield Group(rank, size, device)
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback address now (the OS's choice)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def spawn(worker: Callable[..., None], nprocs: int, *args: Any, on_death: Callable[[int, str], str]) -> None:
+    """Run ``worker(rank, size, init_method, *args)`` in ``nprocs`` fresh processes on this machine and wait.
+
+    A worker's :class:`~apd.errors.ApdError` comes back as the same error (its one line); a worker that dies
+    (a signal, or an exit without an error) stops the others and becomes an :class:`ArtifactError` with
+    ``on_death(rank, how)``'s sentence. Any other exception in a worker is re-raised with its traceback.
+    """
+    context = mp.get_context("spawn")
+    failures = context.SimpleQueue()
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    processes = mp.start_processes(_entry, args=(worker, nprocs, init_method, failures, args), nprocs=nprocs,
+                                   join=False, start_method="spawn")
+    try:
+        while not processes.join():
+            pass
+    except mp.ProcessExitedException as exc:
+        if not failures.empty():
+            _, kind, message = failures.get()
+            raise getattr(errors, kind, ApdError)(message) from None
+        how = f"killed by {exc.signal_name}" if exc.signal_name else f"exited with code {exc.exit_code}"
+        raise ArtifactError(on_death(exc.error_index, how)) from None
+    except mp.ProcessRaisedException as exc:
+        raise RuntimeError(f"worker {exc.error_index} failed:\n{exc}") from None
+    finally:
+        for process in processes.processes:
+            if process.is_alive():
+                process.terminate()
+
+
+def _entry(rank: int, worker: Callable[..., None], size: int, init_method: str, failures: Any,
+           args: tuple) -> None:
+    """A spawned worker: ``worker``'s user errors go to the parent through ``failures`` (exit code 2)."""
+    try:
+        worker(rank, size, init_method, *args)
+    except ApdError as exc:
+        failures.put((rank, type(exc).__name__, str(exc)))
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
