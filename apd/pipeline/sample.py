@@ -28,6 +28,7 @@ from apd.io import save_torch_atomic
 from apd.nets import ParamSpec, mlp
 from apd.pipeline.layout import checkpoint_of, manifest_of, partial_of
 from apd.pipeline.manifests import load_checkpoint, manifest_record
+from apd.pipeline.peers import train_peers
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.stage import publish, reusable
 from apd.samplers.baselines import train_baseline
@@ -47,6 +48,7 @@ def run_sample(ctx: RunContext) -> None:
     sample_sgld(ctx)
     for name in BASELINES:
         train_and_save_baseline(ctx, name)
+    train_peers(ctx)
 
 
 def chain_seeds(ctx: RunContext, chain: int) -> ChainSeeds:

@@ -175,6 +175,38 @@ class LaplacePosterior(Posterior):
         return self.spec.shapes[-1][0]
 
 
+class LaplaceGLM(Posterior):
+    """The GLM (linearised) predictive of a fitted :class:`LaplacePosterior` at its ``glm_scale``, as an
+    ensemble of K draws softmax(f), f ~ N(f(x; θ̂), τ² J P⁻¹ Jᵀ) per input (:meth:`LaplacePosterior.glm_samples`).
+
+    Not weight-space (``has_weights`` False): its members are per-input draws of the logits, not
+    networks, so there is nothing to attack and ``sample_weights`` raises. ``members(k, generator)``
+    fixes one seed: two calls on the same inputs give the same draws. Storage: the Laplace
+    approximation's.
+    """
+
+    has_weights = False
+
+    def __init__(self, laplace: LaplacePosterior, name: str = "laplace-glm") -> None:
+        self.laplace, self.name, self.spec, self.device = laplace, name, laplace.spec, laplace.device
+
+    def sample_weights(self, k: int, generator: torch.Generator | None = None) -> Tensor:
+        raise NotImplementedError(f"{self.name} is a predictive (GLM) approximation: it has no weight samples")
+
+    def members(self, k: int, generator: torch.Generator | None = None):
+        device = generator.device if generator is not None else torch.device("cpu")
+        seed = int(torch.randint(2**62, (1,), generator=generator, device=device))
+
+        def probs(x: Tensor) -> Tensor:
+            draws = torch.Generator(device=self.device).manual_seed(seed)
+            return self.laplace.glm_samples(x.to(self.device), k, draws).float()
+
+        return probs
+
+    def stored_parameters(self) -> int:
+        return self.laplace.stored_parameters()
+
+
 def _probit(f_mu: Tensor, f_var: Tensor) -> Tensor:
     kappa = torch.rsqrt(1.0 + math.pi / 8.0 * f_var.diagonal(dim1=1, dim2=2))
     return torch.softmax(kappa * f_mu, dim=-1)

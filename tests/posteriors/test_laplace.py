@@ -191,3 +191,20 @@ def test_a_scalar_prior_is_one_precision(trained, fit):
     post = fit(net, x, y, x_val, y_val, prior="scalar", scales=SCALES, marglik_evals=30)
     assert post.info.prior_groups == ["all"] and len(post.info.prior_precision) == 1
     assert post.sample_weights(3, torch.Generator().manual_seed(0)).shape == (3, post.spec.numel)
+
+
+def test_glm_predictive_is_a_posterior_without_weights(trained, kfac):
+    from apd.posteriors.laplace import LaplaceGLM
+
+    _, x, *_ = trained
+    glm = LaplaceGLM(kfac)
+    assert not glm.has_weights and kfac.has_weights
+    assert glm.storage_in_samples() == kfac.storage_in_samples()
+    with pytest.raises(NotImplementedError):
+        glm.sample_weights(3)
+    members = glm.members(6, torch.Generator().manual_seed(0))
+    probs = members(x[:9])
+    assert probs.shape == (6, 9, 3) and probs.dtype == torch.float32
+    torch.testing.assert_close(probs.sum(-1), torch.ones(6, 9))
+    torch.testing.assert_close(members(x[:9]), probs)  # one draw, shared by every call
+    assert glm.predict_probs(x[:9], 6, torch.Generator().manual_seed(1)).shape == (6, 9, 3)
