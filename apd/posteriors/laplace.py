@@ -43,6 +43,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -326,7 +327,9 @@ def fit_laplace(net: nn.Module, x_train: Tensor, y_train: Tensor, x_val: Tensor,
     if not scales or any(s <= 0 for s in scales) or nll_tolerance < 0:
         raise ValueError("scales must be positive and nll_tolerance non-negative")
     try:
-        from laplace import Laplace  # heavy import (torchmetrics), only when a Laplace is fitted
+        with warnings.catch_warnings():  # asdl, imported by laplace-torch, still calls torch.jit.script
+            warnings.filterwarnings("ignore", "`torch.jit.script` is deprecated", DeprecationWarning)
+            from laplace import Laplace  # heavy import (torchmetrics), only when a Laplace is fitted
     except ImportError as exc:
         raise ImportError(f"laplace-torch is not usable ({exc}): `make install` installs it, or "
                           "`pip install --no-deps -r requirements-nodeps.txt`") from exc
