@@ -1,6 +1,7 @@
 # apd: `make sample distill evaluate` runs the pipeline, `make test` the tests,
 # `make experiment EXPERIMENT=distillers` a study on the pipeline's samples.
-# Every target builds .venv itself; it is rebuilt only when pyproject.toml changes.
+# Every target builds .venv itself; it is rebuilt only when pyproject.toml, constraints.txt or
+# requirements-nodeps.txt change.
 PIPELINE ?= pipelines/digits.toml
 ARGS ?=
 EXPERIMENT ?= distillers
@@ -11,10 +12,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install sample distill evaluate report info experiment docs reproduce test test-slow lint bench clean toy2d
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt requirements-nodeps.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install -q --no-deps -r requirements-nodeps.txt
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -105,6 +105,26 @@ class BaselineConfig:
 
 
 @dataclass
+class PeersConfig:
+    """Baselines that ``apd sample`` trains after the SGD network (:mod:`apd.pipeline.peers`).
+
+    Deep ensemble (Lakshminarayanan et al., 2017): ``ensemble_members`` networks trained as the SGD
+    baseline (the ``[baselines]`` settings), each from its own initialisation and minibatch order.
+    SWAG (Maddox et al., 2019): SGD continued from the SGD baseline's weights at a constant learning rate
+    for ``swag_epochs`` epochs, ``swag_snapshots_per_epoch`` iterates collected per epoch, the last
+    ``swag_rank`` deviations kept, covariance scaled by ``swag_scale``; the learning rate is the one of
+    ``swag_lrs`` whose ensemble of ``swag_val_samples`` draws has the lowest validation NLL."""
+
+    ensemble_members: int = bounded(5, ge=1)
+    swag_lrs: list[float] = bounded([0.01, 0.03, 0.1, 0.3, 0.5, 1.0, 2.0, 4.0])
+    swag_epochs: int = bounded(40, ge=1)
+    swag_snapshots_per_epoch: int = bounded(1, ge=1)
+    swag_rank: int = bounded(20, ge=0)
+    swag_scale: float = bounded(0.5, ge=0)
+    swag_val_samples: int = bounded(30, ge=1)
+
+
+@dataclass
 class ResidualConfig:
     """The subspace generator's residual outside the principal subspace (:mod:`apd.distillation.codec`):
     none, per weight (``diagonal``: each weight's spread outside the subspace) or a Kronecker-factored
@@ -169,7 +189,12 @@ class DistillConfig:
         return self.generator == "subspace" and self.residual.model == "kronecker"
 
 
-ADVERSARIAL_SOURCES = ("sgd", "mcdropout", "sgld", "apd", "mog")  # methods an attack can be crafted on
+# Methods an attack can be crafted on: every method with weights (not "laplace-glm", a predictive only).
+ADVERSARIAL_SOURCES = ("sgd", "mcdropout", "sgld", "apd", "mog", "kept", "stein", "swag", "ensemble", "laplace-kfac",
+                       "laplace-ll")
+# Every method of the registry (apd.pipeline.methods), the default list of `[evaluate] methods`.
+ALL_METHODS = ("sgd", "mcdropout", "sgld", "apd", "mog", "kept", "stein", "swag", "ensemble", "laplace-kfac",
+               "laplace-ll", "laplace-glm")
 
 
 @dataclass
@@ -196,9 +221,16 @@ class AdversarialConfig:
 @dataclass
 class EvaluateConfig:
     """Evaluation protocol (docs/design.md): R runs of fresh draws per method, OOD and adversarial parts.
-    ``methods`` lists the methods compared (:mod:`apd.pipeline.methods`)."""
+    ``methods`` lists the methods compared (:mod:`apd.pipeline.methods`; default: all of them).
 
-    methods: list[str] = bounded(["sgd", "mcdropout", "sgld", "apd", "mog"])
+    Peers fit at evaluation time: Stein thinning picks from ``stein_candidates`` rows spread evenly over
+    the store (each costs one full-training-set gradient); the Laplace approximations choose their
+    posterior scale on the validation split, the widest scale within ``laplace_nll_tolerance`` nats of
+    the lowest validation NLL (0: the lowest). The kept-samples yardstick (:mod:`apd.evaluation.yardstick`)
+    draws ``yardstick_subsets`` random subsets per size, for the sizes ``yardstick_sizes`` and each
+    method's own storage, against SGLD's predictive over at most ``yardstick_reference`` samples."""
+
+    methods: list[str] = bounded(list(ALL_METHODS))
     runs: int = bounded(10, ge=1)
     networks: int = bounded(100, ge=1)
     sgld_samples: int = bounded(100, ge=1)
@@ -208,6 +240,11 @@ class EvaluateConfig:
     scores: list[str] = bounded(["variation_ratio", "bald", "entropy", "max_prob", "model_variance"])
     mog_components: list[int] = bounded([1, 5, 10, 20, 60])
     mog_fit_samples: int = bounded(2000, ge=2)
+    stein_candidates: int = bounded(1000, ge=1)
+    laplace_nll_tolerance: float = bounded(0.01, ge=0)
+    yardstick_sizes: list[int] = bounded([1, 2, 3, 5, 10, 20, 50])
+    yardstick_subsets: int = bounded(5, ge=1)
+    yardstick_reference: int = bounded(2000, ge=1)
     adversarial: AdversarialConfig = field(default_factory=AdversarialConfig)
 
 
@@ -225,6 +262,7 @@ class PipelineConfig:
     net: NetConfig = field(default_factory=NetConfig)
     sgld: SGLDConfig = field(default_factory=SGLDConfig)
     baselines: BaselineConfig = field(default_factory=BaselineConfig)
+    peers: PeersConfig = field(default_factory=PeersConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     source: str = field(default="", compare=False, metadata={"internal": True})
@@ -240,8 +278,9 @@ class PipelineConfig:
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "sample": ("seed", "data", "net", "sgld"),
     "baselines": ("seed", "data", "net", "baselines"),
+    "peers": ("seed", "data", "net", "baselines", "peers"),
     "distill": ("seed", "data", "net", "sgld", "distill"),
-    "evaluate": ("seed", "data", "net", "sgld", "baselines", "distill", "evaluate"),
+    "evaluate": ("seed", "data", "net", "sgld", "baselines", "peers", "distill", "evaluate"),
 }
 
 
@@ -442,6 +481,8 @@ def _check_consistency(cfg: PipelineConfig, where: str) -> None:
     if not adversarial.fgsm_eps_grid or min(adversarial.fgsm_eps_grid) <= 0:
         raise ConfigError(f"{where}: 'evaluate.adversarial.fgsm_eps_grid' must be a non-empty list of positive "
                           "numbers")
+    if not cfg.peers.swag_lrs or min(cfg.peers.swag_lrs) <= 0:
+        raise ConfigError(f"{where}: 'peers.swag_lrs' must be a non-empty list of positive learning rates")
     if cfg.evaluate.mog_fit_samples < max(cfg.evaluate.mog_components):
         raise ConfigError(f"{where}: 'evaluate.mog_fit_samples' must be at least the largest "
                           f"'evaluate.mog_components'")

@@ -15,11 +15,14 @@ TINY = {
     "sgld": {"lr": 0.1, "prior_var": 0.1, "iterations": 2500, "burn_in": 500, "thin": 10, "eval_every": 500,
              "checkpoint_every": 1000},
     "baselines": {"epochs": 15, "lr": 0.1, "mc_passes": 20},
+    "peers": {"ensemble_members": 2, "swag_lrs": [0.1, 0.5], "swag_epochs": 6, "swag_rank": 5, "swag_val_samples": 5},
     "distill": {"steps": 120, "eval_every": 40, "checkpoint_every": 40, "gen_hidden": [32], "critic_hidden": [32],
                 "eval_networks": 20, "generator": "subspace", "subspace_rank": 8, "residual": {"model": "none"},
                 "lr": 1e-3},
     "evaluate": {"runs": 2, "networks": 20, "sgld_samples": 20, "mc_passes": 20, "ood_size": 100,
                  "mog_components": [1, 3], "mog_fit_samples": 100,
+                 "stein_candidates": 50, "yardstick_sizes": [1, 2, 5], "yardstick_subsets": 2,
+                 "yardstick_reference": 100,
                  "scores": ["variation_ratio", "bald", "entropy", "max_prob"]},
 }
 

@@ -12,7 +12,8 @@ inputs and the success rate among the correctly classified ones are reported:
 - PGD, ``pgd_steps`` signed-gradient steps of ``pgd_step_size`` inside the L∞ ball of ``pgd_eps``,
   no random start (Madry et al. 2018).
 
-Every method (the target) then scores the successful examples and as many clean test inputs with an
+Every method (the target) then scores the successful examples (a predictive-only method, without
+weights, is a target but never a source) and as many clean test inputs with an
 ensemble of ``samples`` members (one draw per target, shared by all its inputs): the detection
 AUROC of predictive entropy, BALD and model variance (adversarial positive) and the ensemble's
 accuracy on the adversarial inputs — the source × target transfer table of the paper.
@@ -99,7 +100,10 @@ def evaluate_adversarial(ctx: RunContext, methods: dict[str, Posterior]) -> dict
     inputs and each target's ensemble size.
     """
     a = ctx.cfg.evaluate.adversarial
-    sources = [name for name in dict.fromkeys(a.sources) if name in methods]
+    sources = [name for name in dict.fromkeys(a.sources) if name in methods and methods[name].has_weights]
+    for name in dict.fromkeys(a.sources):
+        if name in methods and not methods[name].has_weights:
+            log.warning("adversarial: %s has no weights to attack; it is scored as a target only", name)
     settings = (GRAY_BOX, WHITE_BOX) if a.whitebox else (GRAY_BOX,)
     jobs = [(setting, source, attack)
             for setting in settings for source in sources for attack in ATTACK_NAMES]

@@ -14,6 +14,7 @@ Everything is built in ``eval.partial/`` and swapped in for ``eval/`` when compl
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import time
 from contextlib import ExitStack
@@ -27,12 +28,13 @@ from apd.data import available_ood, ood_set
 from apd.errors import DataError
 from apd.evaluation.fidelity import fidelity
 from apd.evaluation.protocol import EvaluationInputs, Judgement, judge
+from apd.evaluation.yardstick import Reference, kept_curve, kept_samples, kl_to_reference, quality, reference_predictive
 from apd.io import read_json, write_json_atomic
 from apd.metrics import mean_std
 from apd.pipeline.adversarial import evaluate_adversarial
 from apd.pipeline.layout import manifest_of
 from apd.pipeline.manifests import is_complete, manifest_record, write_manifest
-from apd.pipeline.methods import METHODS, fit_mixture, load_methods
+from apd.pipeline.methods import METHODS, fit_mixture, load_methods, method_inputs
 from apd.pipeline.report import run_report, write_report
 from apd.pipeline.runtime import RunContext, machine
 from apd.posteriors import Posterior
@@ -68,17 +70,21 @@ def evaluation_inputs(ctx: RunContext, role: str = "evaluate") -> EvaluationInpu
 def run_evaluate(ctx: RunContext) -> dict:
     cfg, layout = ctx.cfg, ctx.layout
     stage_hash = config_hash(cfg, "evaluate")
+    if not ctx.force and is_complete(layout.evaluate_manifest, stage_hash, method_inputs(ctx)):
+        log.info("reusing %s (--force to redo)", layout.results)
+        run_report(ctx)
+        return {}
+    started = time.perf_counter()
     with ExitStack() as stack:
-        methods, inputs = load_methods(ctx, stack)
-        if not ctx.force and is_complete(layout.evaluate_manifest, stage_hash, inputs):
-            log.info("reusing %s (--force to redo)", layout.results)
-            run_report(ctx)
-            return {}
-        started = time.perf_counter()
+        details: dict[str, dict] = {}
+        methods, inputs = load_methods(ctx, stack, details)
+        loading = round(time.perf_counter() - started, 2)
         built = layout.eval_dir.with_name("eval.partial")
         shutil.rmtree(built, ignore_errors=True)
         built.mkdir(parents=True)
         results = evaluate_methods(ctx, methods, stack, built)
+        results["peers"] = details
+        results["timing"]["loading_and_fitting"] = loading
         if cfg.evaluate.adversarial.enabled:
             t0 = time.perf_counter()
             results.update(evaluate_adversarial(ctx, methods))
@@ -157,10 +163,17 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
     rng = torch.Generator().manual_seed(ctx.seed("evaluate", "fidelity"))
     x_test = data.x_test.to(device)
     results["fidelity"] = {m: fidelity(methods[m], methods["sgld"], x_test, e.networks, rng)
-                           for m in methods if m not in ("sgld", "sgd")}
+                           for m in methods if m not in ("sgld", "sgd") and methods[m].has_weights}
+    reference = sgld_reference(ctx, results)
+    results["quality"] = {m: method_quality(results, m, [j.test_probs for j in runs], reference)
+                          for m, runs in judgements.items()}
+    results["at_networks"] = at_networks(ctx, methods, inputs, sizes, judgements, results, reference)
     if "mog" in methods:
-        results["mog"], results["apd_share"] = mixture_growth(ctx, methods, inputs, results)
+        results["mog"], results["apd_share"] = mixture_growth(ctx, methods, inputs, results, reference)
     results["timing"]["mog_growth_and_fidelity"] = round(time.perf_counter() - t0, 2)
+    t0 = time.perf_counter()
+    results["yardstick"] = yardstick(ctx, methods, inputs, reference)
+    results["timing"]["yardstick"] = round(time.perf_counter() - t0, 2)
     return results
 
 
@@ -216,10 +229,12 @@ def method_detections(results: dict, method: str) -> dict:
 
 
 def mixture_growth(ctx: RunContext, methods: dict[str, Posterior], inputs: EvaluationInputs,
-                   results: dict) -> tuple[list[dict], dict]:
+                   results: dict, reference: Reference | None = None) -> tuple[list[dict], dict]:
     """MoG with a growing number of components (one EM fit each, the largest being the evaluated ``mog``),
     each judged on :data:`MIXTURE_DRAWS` fresh draws of ``networks`` members: its storage and its accuracy
-    and mean BALD AUROC (mean and std over the draws) as a share of SGLD's, and APD's on the same footing."""
+    and mean BALD AUROC (mean and std over the draws) as a share of SGLD's, and APD's on the same footing.
+    With ``reference``, each row also has the yardstick's quality (:mod:`apd.evaluation.yardstick`: worst
+    per-set BALD and max-prob AUROC gaps, NLL gap, KL to SGLD's predictive), mean and std over the draws."""
     e, device = ctx.cfg.evaluate, ctx.device
     sgld_acc = results["accuracy"]["sgld"]["acc"]["mean"]
     sgld_auroc = mean_auroc(method_detections(results, "sgld"))
@@ -229,16 +244,21 @@ def mixture_growth(ctx: RunContext, methods: dict[str, Posterior], inputs: Evalu
             mixture = methods.get("mog") if k == max(e.mog_components) else None
             mixture = mixture or fit_mixture(store, k, e.mog_fit_samples, ctx.seed("evaluate", "mog", k), device)
             generator = torch.Generator().manual_seed(ctx.seed("evaluate", "mog-draws", k))
-            accuracies, aurocs = [], []
+            accuracies, aurocs, qualities = [], [], []
             for _ in range(MIXTURE_DRAWS):
-                judged = judge(mixture, inputs, e.networks, generator, [HEADLINE_SCORE])
+                judged = judge(mixture, inputs, e.networks, generator, [HEADLINE_SCORE, "max_prob"])
                 accuracies.append(judged.accuracy["acc"])
                 aurocs.append(mean_auroc({s: {HEADLINE_SCORE: d[HEADLINE_SCORE]} for s, d in judged.detection.items()}))
+                if reference is not None:
+                    qualities.append(_judgement_quality(judged, reference))
             acc, auroc = mean_std(accuracies), mean_std(aurocs)
             rows.append({"components": k, "parameters": mixture.stored_parameters(),
                          "in_sgld_samples": round(mixture.storage_in_samples(), 3), "draws": MIXTURE_DRAWS,
                          "accuracy": acc, "accuracy_share": _share(acc["mean"], sgld_acc), "bald_auroc": auroc,
                          "bald_auroc_share": _share(auroc["mean"], sgld_auroc), "em_converged": mixture.converged})
+            if qualities:
+                rows[-1]["quality"] = {key: mean_std([q[key] for q in qualities]) for key in qualities[0]
+                                       if all(q[key] is not None for q in qualities)}
     apd_share = {}
     if "apd" in methods:
         apd = methods["apd"]
@@ -246,3 +266,88 @@ def mixture_growth(ctx: RunContext, methods: dict[str, Posterior], inputs: Evalu
                      "accuracy_share": _share(results["accuracy"]["apd"]["acc"]["mean"], sgld_acc),
                      "bald_auroc_share": _share(mean_auroc(method_detections(results, "apd")), sgld_auroc)}
     return rows, apd_share
+
+
+# ------------------------------------------------------------------------------- the kept-samples yardstick
+
+
+def sgld_reference(ctx: RunContext, results: dict) -> Reference:
+    """SGLD's side of the yardstick: its evaluated per-set BALD and max_prob AUROC and test NLL (means over
+    runs), and the predictive of up to ``yardstick_reference`` stored samples on the test inputs."""
+    ood = results["ood"]
+    per_set = {score: {name: ood[name][score]["sgld"]["auroc"]["mean"] for name in ood
+                       if ood[name].get(score, {}).get("sgld") is not None} for score in ("bald", "max_prob")}
+    with SampleStore.open(ctx.layout.samples) as store:
+        mean_probs, samples = reference_predictive(store, ctx.data.x_test, ctx.cfg.evaluate.yardstick_reference,
+                                                   ctx.device)
+    return Reference(per_set["bald"], per_set["max_prob"], results["accuracy"]["sgld"]["nll"]["mean"], mean_probs,
+                     samples)
+
+
+def _judgement_quality(judged: Judgement, reference: Reference) -> dict:
+    aurocs = {score: {name: None if found.get(score) is None else 100.0 * found[score]["auroc"]
+                      for name, found in judged.detection.items()} for score in ("bald", "max_prob")}
+    return quality(aurocs["bald"], aurocs["max_prob"], judged.accuracy["nll"],
+                   kl_to_reference(judged.test_probs, reference), reference)
+
+
+def method_quality(results: dict, method: str, test_probs: list[torch.Tensor], reference: Reference) -> dict:
+    """The yardstick's quality of one evaluated method (:func:`apd.evaluation.yardstick.quality`): per-set
+    AUROCs and NLL as reported (means over runs), KL averaged over the runs' predictives."""
+    ood = results["ood"]
+    aurocs = {score: {name: None if (d := ood[name].get(score, {}).get(method)) is None else d["auroc"]["mean"]
+                      for name in ood} for score in ("bald", "max_prob")}
+    kl = float(np.mean([kl_to_reference(p, reference) for p in test_probs]))
+    return {"in_sgld_samples": results["storage"][method]["in_sgld_samples"],
+            "members": results["ensemble"][method],
+            **quality(aurocs["bald"], aurocs["max_prob"], results["accuracy"][method]["nll"]["mean"], kl, reference)}
+
+
+def at_networks(ctx: RunContext, methods: dict[str, Posterior], inputs: EvaluationInputs, sizes: dict[str, int],
+                judgements: dict[str, list[Judgement]], results: dict, reference: Reference) -> dict:
+    """Every method at ``networks`` members where it can draw that many (None where it cannot: a kept
+    set, an ensemble, one network): accuracy, NLL, mean BALD AUROC and quality, over ``runs`` draws. A
+    method whose own size is already ``networks`` is not drawn again."""
+    e = ctx.cfg.evaluate
+    out: dict[str, dict | None] = {}
+    for name, method in methods.items():
+        if method.ensemble_size(e.networks) < e.networks:
+            out[name] = None
+            continue
+        if sizes[name] == e.networks:
+            runs = judgements[name]
+        else:
+            generator = torch.Generator().manual_seed(ctx.seed("evaluate", "at-networks", name))
+            runs = [judge(method, inputs, e.networks, generator, ["bald", "max_prob"]) for _ in range(e.runs)]
+        qualities = [_judgement_quality(j, reference) for j in runs]
+        aurocs = [mean_auroc({s: {"bald": d.get("bald")} for s, d in j.detection.items()}) for j in runs]
+        out[name] = {"members": e.networks,
+                     "acc": mean_std([j.accuracy["acc"] for j in runs]),
+                     "nll": mean_std([j.accuracy["nll"] for j in runs]),
+                     "mean_bald_auroc": mean_std(aurocs),
+                     **{key: mean_std([q[key] for q in qualities]) for key in qualities[0]
+                        if all(q[key] is not None for q in qualities)}}
+    return out
+
+
+def yardstick(ctx: RunContext, methods: dict[str, Posterior], inputs: EvaluationInputs, reference: Reference) -> dict:
+    """The kept-samples curve (k of ``yardstick_sizes``) and, for each method of storage S below the store's
+    size, ⌈S⌉ kept samples: evenly spaced and ``yardstick_subsets`` random subsets
+    (:mod:`apd.evaluation.yardstick`)."""
+    e = ctx.cfg.evaluate
+    generator = torch.Generator().manual_seed(ctx.seed("evaluate", "yardstick"))
+    with SampleStore.open(ctx.layout.samples) as store:
+        curve = kept_curve(store, e.yardstick_sizes, inputs, reference, e.yardstick_subsets, generator, ctx.device)
+        by_k = {row["k"]: row for row in curve}
+        equal = {}
+        for name, method in methods.items():
+            worth = method.storage_in_samples()
+            k = math.ceil(worth - 1e-9)
+            if name in ("sgld", "kept") or k >= len(store):  # kept: the yardstick itself
+                continue
+            if k not in by_k:
+                by_k[k] = kept_samples(store, k, inputs, reference, e.yardstick_subsets, generator, ctx.device)
+            equal[name] = {"in_sgld_samples": round(worth, 3), "k": k}
+    return {"reference": {"bald_auroc": reference.bald_auroc, "max_prob_auroc": reference.max_prob_auroc,
+                          "nll": reference.nll, "kl_samples": reference.samples},
+            "curve": curve, "kept": {str(k): row for k, row in sorted(by_k.items())}, "equal_storage": equal}

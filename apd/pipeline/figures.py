@@ -125,6 +125,43 @@ def _storage_figure(results: dict) -> Figure | None:
     return figure
 
 
+def _yardstick_figure(results: dict) -> Figure | None:
+    """Storage against quality (issue 20's frontier): x = stored numbers in SGLD samples (log), y = the worst
+    per-set gap to SGLD's BALD AUROC (left) and the NLL gap (right); kept SGLD samples (evenly spaced, and
+    random subsets' mean ± std) and MoG growth as curves, every evaluated method as a point."""
+    y = results.get("yardstick") or {}
+    curve, quality, mog = y.get("curve") or [], results.get("quality") or {}, results.get("mog") or []
+    if not curve and not quality:
+        return None
+    figure, axes = new_figure(1, 2, panel=(5.2, 4.0))
+    panels = (("bald_gap", "worst per-set BALD AUROC gap to SGLD (points)"), ("nll_gap", "NLL gap to SGLD (nats)"))
+    markers = "osD^v<>phX*P"
+    for ax, (key, ylabel) in zip(axes[0], panels, strict=True):
+        even = [(r["k"], r["evenly_spaced"][key]) for r in curve if r["evenly_spaced"][key] is not None]
+        if even:
+            ax.plot(*zip(*even, strict=True), "-", color="black", label="kept SGLD, evenly spaced")
+        rand = [(r["k"], r["random"][key]) for r in curve if r["random"][key] is not None]
+        if rand:
+            ax.errorbar([k for k, _ in rand], [v["mean"] for _, v in rand], yerr=[v["std"] for _, v in rand],
+                        fmt="--", color="grey", capsize=2, label="kept SGLD, random subsets")
+        growth = [(r["in_sgld_samples"], r["quality"][key]["mean"]) for r in mog if key in r.get("quality", {})]
+        if growth:
+            ax.plot(*zip(*growth, strict=True), ":", color="C7", marker=".", label="MoG growth")
+        for i, m in enumerate(methods_in_order(results, quality)):
+            value, worth = quality[m].get(key), quality[m].get("in_sgld_samples")
+            if m == "sgld" or value is None or worth is None:
+                continue
+            ax.plot([worth], [value], markers[i % len(markers)], color=f"C{i % 10}", markersize=8,
+                    markeredgecolor="black", label=method_label(m))
+        ax.axhline(0, color="grey", linewidth=0.8)
+        ax.set(xscale="log", xlabel="storage (SGLD samples' worth)", ylabel=ylabel)
+        ax.set_yscale("symlog", linthresh=1.0 if key == "bald_gap" else 0.01)
+    axes[0, 0].set_title("Storage against quality (lower is closer to SGLD)", fontsize=9)
+    handles, labels = axes[0, 1].get_legend_handles_labels()
+    axes[0, 1].legend(handles, labels, fontsize=7, loc="upper right")
+    return figure
+
+
 def _distillation_figure(generator: dict) -> Figure | None:
     """The selection criterion of the generated ensemble on validation inputs against generator steps (the
     kept step marked), and the critic's Wasserstein estimate on a second axis."""
@@ -159,7 +196,8 @@ def _open_scores(path: Path) -> h5py.File:
 def write_figures(eval_dir: Path, results: dict, generator_json: Path | None = None) -> list[Path]:
     """Draw every figure whose data exist into ``eval_dir/figures/`` as PNG and return their paths:
     ``hist_{variation_ratio,bald}.png``, ``reliability.png`` and ``sgld_first_layer.png`` (from
-    ``scores.h5``), ``storage_share.png`` (from results' ``mog``/``apd_share``) and ``distillation.png``
+    ``scores.h5``), ``storage_share.png`` (from results' ``mog``/``apd_share``), ``storage_quality.png``
+    (from results' ``yardstick``, ``quality`` and ``mog``) and ``distillation.png``
     (from the generator manifest's history)."""
     figures: dict[str, Figure | None] = {}
     scores_path = eval_dir / "scores.h5"
@@ -170,6 +208,7 @@ def write_figures(eval_dir: Path, results: dict, generator_json: Path | None = N
             figures["reliability"] = _reliability_figure(scores, results)
             figures["sgld_first_layer"] = _first_layer_figure(scores)
     figures["storage_share"] = _storage_figure(results)
+    figures["storage_quality"] = _yardstick_figure(results)
     if generator_json is not None and generator_json.is_file():
         figures["distillation"] = _distillation_figure(read_json(generator_json))
     figure_dir = eval_dir / "figures"

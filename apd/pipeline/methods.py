@@ -7,10 +7,14 @@ tables pick it up from the registry.
 
 from __future__ import annotations
 
+import logging
+import math
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -23,8 +27,23 @@ from apd.nets import ParamSpec, mlp
 from apd.pipeline.layout import Layout, manifest_of
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.stage import require_input
-from apd.posteriors import APDGenerator, GaussianMixture, MCDropout, PointEstimate, Posterior, SGLDSamples
+from apd.posteriors import (
+    APDGenerator,
+    DeepEnsemble,
+    GaussianMixture,
+    KeptSamples,
+    MCDropout,
+    PointEstimate,
+    Posterior,
+    SGLDSamples,
+    SWAGPosterior,
+)
+from apd.posteriors.kept import evenly_spaced_rows
+from apd.posteriors.laplace import LaplaceGLM, LaplacePosterior, fit_kfac, fit_last_layer
+from apd.posteriors.stein import stein_rows
 from apd.samplers.store import SampleStore
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -35,12 +54,19 @@ class Sources:
     stack: ExitStack
     spec: ParamSpec
     _store: SampleStore | None = field(default=None, repr=False)
+    cache: dict[str, Any] = field(default_factory=dict, repr=False)  # what two loaders share (APD, Laplace fits)
+    details: dict[str, dict] = field(default_factory=dict)  # per method: what fitting it chose, for results.json
 
     @property
     def store(self) -> SampleStore:
         if self._store is None:
             self._store = self.stack.enter_context(SampleStore.open(self.ctx.layout.samples, expect_spec=self.spec))
         return self._store
+
+    def shared(self, key: str, make: Callable[[], Any]) -> Any:
+        if key not in self.cache:
+            self.cache[key] = make()
+        return self.cache[key]
 
 
 @dataclass(frozen=True)
@@ -80,10 +106,114 @@ def _load_sgld(sources: Sources) -> Posterior:
 
 
 def _load_apd(sources: Sources) -> Posterior:
-    layout = sources.ctx.layout
-    model, spec = load_generator(layout.generator, read_json(manifest_of(layout.generator)), sources.spec,
-                                 sources.ctx.device)
-    return APDGenerator(model, spec)
+    def make() -> APDGenerator:
+        layout = sources.ctx.layout
+        model, spec = load_generator(layout.generator, read_json(manifest_of(layout.generator)), sources.spec,
+                                     sources.ctx.device)
+        return APDGenerator(model, spec)
+
+    return sources.shared("apd", make)
+
+
+def equal_storage(sources: Sources) -> int:
+    """⌈S⌉, S = APD's storage in SGLD samples (at most the store's size): how many samples the kept-samples
+    methods keep."""
+    return min(math.ceil(_load_apd(sources).storage_in_samples() - 1e-9), len(sources.store))
+
+
+def _load_kept(sources: Sources) -> Posterior:
+    store, k = sources.store, equal_storage(sources)
+    rows = evenly_spaced_rows(len(store), k, store.chains)
+    sources.details["kept"] = {"k": k, "rule": "evenly spaced over the store, the same number from each chain"}
+    return KeptSamples.from_store(store, rows, sources.ctx.device, name="kept")
+
+
+def _load_stein(sources: Sources) -> Posterior:
+    ctx, store, k = sources.ctx, sources.store, equal_storage(sources)
+    candidates = min(ctx.cfg.evaluate.stein_candidates, len(store))
+    started = time.perf_counter()
+    rows = stein_rows(store, k, ctx.data.x_train, ctx.data.y_train, ctx.cfg.sgld.prior_var, candidates=candidates,
+                      temperature=ctx.cfg.sgld.temperature, device=ctx.device)
+    seconds = time.perf_counter() - started
+    sources.details["stein"] = {"k": k, "candidates": candidates, "seconds": round(seconds, 2),
+                                "rows": rows.tolist()}
+    log.info("Stein thinning: %d of %d candidate samples (full-training-set gradients) in %.1f s", k, candidates,
+             seconds)
+    return KeptSamples.from_store(store, rows, ctx.device, name="stein")
+
+
+def _load_swag(sources: Sources) -> Posterior:
+    ctx = sources.ctx
+    path = ctx.layout.baseline("swag")
+    moments = load_torch(path)
+    try:
+        post = SWAGPosterior(sources.spec, moments["mean"], moments["variance"], moments["deviations"],
+                             scale=ctx.cfg.peers.swag_scale, device=ctx.device)
+    except (KeyError, ValueError):
+        raise ArtifactError(f"{path}: not SWAG moments of the {ctx.net_sizes} network; run `apd sample --force`") \
+            from None
+    record = read_json(manifest_of(path))
+    sources.details["swag"] = {"lr": record.get("lr"), "val_nll": record.get("val_nll"), "rank": post.rank,
+                               "scale": post.scale}
+    return post
+
+
+def _load_ensemble(sources: Sources) -> Posterior:
+    ctx = sources.ctx
+    path = ctx.layout.baseline("ensemble")
+    members = load_torch(path).get("members")
+    if not isinstance(members, torch.Tensor) or members.dim() != 2 or members.shape[1] != sources.spec.numel:
+        raise ArtifactError(f"{path}: not an ensemble of the {ctx.net_sizes} network; run `apd sample --force`")
+    return DeepEnsemble(members, sources.spec, ctx.device)
+
+
+def _laplace(sources: Sources, structure: str) -> LaplacePosterior:
+    """The Laplace approximation ``kfac`` or ``last-layer`` of the SGD network, fit once per evaluation:
+    prior precisions by marginal likelihood on the training split, scales on the validation split."""
+
+    def make() -> LaplacePosterior:
+        ctx = sources.ctx
+        data = ctx.data
+        fit = fit_kfac if structure == "kfac" else fit_last_layer
+        generator = torch.Generator(device=ctx.device).manual_seed(ctx.seed("evaluate", "laplace", structure))
+        post = fit(_baseline(sources, "sgd", 0.0), data.x_train, data.y_train, data.x_val, data.y_val,
+                   nll_tolerance=ctx.cfg.evaluate.laplace_nll_tolerance, generator=generator,
+                   name=f"laplace-{'kfac' if structure == 'kfac' else 'll'}")
+        info = post.info
+        log.info("Laplace %s: prior precisions %s by marginal likelihood; scale %g (GLM %g) by validation NLL "
+                 "(%.1f s)", structure, ", ".join(f"{p:.3g}" for p in info.prior_precision), post.scale,
+                 post.glm_scale, info.fit_seconds + info.tune_seconds)
+        return post
+
+    return sources.shared(f"laplace-{structure}", make)
+
+
+def _laplace_details(post: LaplacePosterior, tolerance: float, glm: bool = False) -> dict:
+    info = post.info
+    values = info.glm_val_nll if glm else info.val_nll
+    return {"prior_groups": info.prior_groups, "prior_precision": info.prior_precision,
+            "log_marglik": info.log_marglik, "scales": info.scales, "val_nll": values,
+            "scale": post.glm_scale if glm else post.scale,
+            "lowest_val_nll_scale": info.scales[min(range(len(values)), key=values.__getitem__)],
+            "nll_tolerance": tolerance, "fit_seconds": round(info.fit_seconds + info.tune_seconds, 2)}
+
+
+def _load_laplace_kfac(sources: Sources) -> Posterior:
+    post = _laplace(sources, "kfac")
+    sources.details["laplace-kfac"] = _laplace_details(post, sources.ctx.cfg.evaluate.laplace_nll_tolerance)
+    return post
+
+
+def _load_laplace_ll(sources: Sources) -> Posterior:
+    post = _laplace(sources, "last-layer")
+    sources.details["laplace-ll"] = _laplace_details(post, sources.ctx.cfg.evaluate.laplace_nll_tolerance)
+    return post
+
+
+def _load_laplace_glm(sources: Sources) -> Posterior:
+    post = _laplace(sources, "kfac")
+    sources.details["laplace-glm"] = _laplace_details(post, sources.ctx.cfg.evaluate.laplace_nll_tolerance, glm=True)
+    return LaplaceGLM(post)
 
 
 def fit_mixture(store: SampleStore, components: int, fit_samples: int, seed: int,
@@ -110,6 +240,20 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("sgld", "SGLD", lambda e: e.sgld_samples, lambda layout: layout.samples, "sample", _load_sgld),
     Method("apd", "APD", lambda e: e.networks, lambda layout: layout.generator, "distill", _load_apd),
     Method("mog", "MoG", lambda e: e.networks, lambda layout: layout.samples, "sample", _load_mog),
+    # ⌈S⌉ SGLD samples, S = APD's storage: the generator fixes how many (the store is SGLD's input)
+    Method("kept", "kept SGLD", lambda e: e.networks, lambda layout: layout.generator, "distill", _load_kept),
+    Method("stein", "Stein-thinned SGLD", lambda e: e.networks, lambda layout: layout.generator, "distill",
+           _load_stein),
+    Method("swag", "SWAG", lambda e: e.networks, lambda layout: layout.baseline("swag"), "peers", _load_swag),
+    Method("ensemble", "deep ensemble", lambda e: e.networks, lambda layout: layout.baseline("ensemble"), "peers",
+           _load_ensemble),
+    # Laplace approximations of the SGD network, fit by the evaluation itself (seconds)
+    Method("laplace-kfac", "Laplace KFAC", lambda e: e.networks, lambda layout: layout.baseline("sgd"), "baselines",
+           _load_laplace_kfac),
+    Method("laplace-ll", "Laplace last layer", lambda e: e.networks, lambda layout: layout.baseline("sgd"),
+           "baselines", _load_laplace_ll),
+    Method("laplace-glm", "Laplace KFAC, GLM", lambda e: e.networks, lambda layout: layout.baseline("sgd"),
+           "baselines", _load_laplace_glm),
 )}
 
 
@@ -128,17 +272,29 @@ def check_methods(names: list[str], where: str) -> None:
                           "compared with")
 
 
-def load_methods(ctx: RunContext, stack: ExitStack) -> tuple[dict[str, Posterior], dict[str, str]]:
-    """Every configured method as a Posterior, and the manifest digests of the artifacts they come from
-    (checked for provenance first: made under this config, unchanged since)."""
+def method_inputs(ctx: RunContext) -> dict[str, str]:
+    """The manifest digests of the artifacts the configured methods come from, each checked for provenance
+    first (made under this config, unchanged since)."""
     names = ctx.cfg.evaluate.methods
     check_methods(names, ctx.cfg.source)
     inputs = {}
     for name in names:
         method = METHODS[name]
         inputs[name] = require_input(ctx, method.artifact(ctx.layout), method.stage)
+    return inputs
+
+
+def load_methods(ctx: RunContext, stack: ExitStack,
+                 details: dict[str, dict] | None = None) -> tuple[dict[str, Posterior], dict[str, str]]:
+    """Every configured method as a Posterior, and the manifest digests of the artifacts they come from
+    (:func:`method_inputs`). What fitting a method chose (SWAG's learning rate, Laplace's prior and
+    scale, Stein's candidates) goes into ``details`` when given."""
+    inputs = method_inputs(ctx)
     sources = Sources(ctx, stack, ParamSpec.from_module(mlp(ctx.net_sizes)))
     if len(sources.store) < ctx.cfg.evaluate.sgld_samples:
         raise ArtifactError(f"{ctx.layout.samples}: {len(sources.store)} samples, evaluation draws "
                             f"{ctx.cfg.evaluate.sgld_samples}; lower evaluate.sgld_samples or sample more")
-    return {name: METHODS[name].load(sources) for name in names}, inputs
+    methods = {name: METHODS[name].load(sources) for name in ctx.cfg.evaluate.methods}
+    if details is not None:
+        details.update(sources.details)
+    return methods, inputs

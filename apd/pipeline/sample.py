@@ -49,6 +49,7 @@ from apd.nets import ParamSpec, mlp
 from apd.pipeline.distributed import Group, process_group, spawn, torchrun_env, worker_device
 from apd.pipeline.layout import checkpoint_of, manifest_of, partial_of
 from apd.pipeline.manifests import load_checkpoint, manifest_record
+from apd.pipeline.peers import train_peers
 from apd.pipeline.runtime import RunContext, machine
 from apd.pipeline.stage import publish, reusable
 from apd.samplers.baselines import train_baseline
@@ -81,6 +82,7 @@ def run_sample(ctx: RunContext) -> None:
         return
     for name in BASELINES:
         train_and_save_baseline(ctx, name)
+    train_peers(ctx)
 
 
 def chain_seeds(ctx: RunContext, chain: int) -> ChainSeeds:

@@ -25,7 +25,7 @@ from apd.pipeline.runtime import RunContext
 log = logging.getLogger(__name__)
 
 # The command that makes each kind of artifact.
-PRODUCER = {"sample": "sample", "baselines": "sample", "distill": "distill", "evaluate": "evaluate"}
+PRODUCER = {"sample": "sample", "baselines": "sample", "peers": "sample", "distill": "distill", "evaluate": "evaluate"}
 
 
 def reusable(ctx: RunContext, artifact: Path, stage: str, inputs: dict[str, str]) -> bool:

@@ -9,6 +9,9 @@ capabilities let callers treat every method alike instead of testing types:
 - ``members(k, generator)``: one fixed draw of k members, as a function x ↦ p_k(y | x) [K, N, C] that
   every call shares (an attacker differentiates one fixed network; a detector scores every input with
   the same ensemble).
+- ``has_weights``: whether members are weight vectors at all. A predictive-only method (the Laplace GLM
+  predictive draws logits per input) is scored like the others, but cannot be attacked or compared in
+  weight space: ``sample_weights`` raises for it, and attacks and weight-space fidelity leave it out.
 
 Randomness comes from the ``generator`` argument (a ``torch.Generator``), so a seeded evaluation is
 reproducible; a generator on another device than the posterior's is reseeded onto it.
@@ -33,6 +36,7 @@ class Posterior(ABC):
     name: str
     spec: ParamSpec
     device: torch.device
+    has_weights: bool = True
 
     @abstractmethod
     def sample_weights(self, k: int, generator: torch.Generator | None = None) -> Tensor:

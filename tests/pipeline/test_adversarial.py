@@ -32,12 +32,12 @@ from apd.uncertainty import scores as uncertainty_scores
 from tests.tiny_pipeline import TINY, tiny_context, toml
 
 SOURCES = ("mcdropout", "sgld", "apd")
-TARGETS = ("sgd", "mcdropout", "sgld", "apd", "mog")
+TARGETS = ("sgd", "mcdropout", "sgld", "apd", "mog", "kept", "laplace-glm")  # the GLM predictive: a target only
 ADVERSARIAL = {"enabled": True, "examples": 60, "samples": 20, "whitebox_examples": 30}
 
 
 def adversarial_context(root, **adversarial):
-    return tiny_context(root, evaluate={"adversarial": {**ADVERSARIAL, **adversarial}})
+    return tiny_context(root, evaluate={"methods": list(TARGETS), "adversarial": {**ADVERSARIAL, **adversarial}})
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,8 @@ def evaluated(tmp_path_factory):
     """The tiny pipeline run through the CLI with the adversarial part on: (root, results)."""
     root = tmp_path_factory.mktemp("artifacts")
     config = root / "tiny.toml"
-    config.write_text(toml({**TINY, "evaluate": {**TINY["evaluate"], "adversarial": ADVERSARIAL}}))
+    config.write_text(toml({**TINY, "evaluate": {**TINY["evaluate"], "methods": list(TARGETS),
+                                                 "adversarial": ADVERSARIAL}}))
     for stage in ("sample", "distill", "evaluate"):
         assert main([stage, "--config", str(config), "--artifacts", str(root), "--quiet"]) == 0
     return root, json.loads((root / "tiny" / "eval" / "results.json").read_text())
@@ -75,7 +76,9 @@ def test_digits_run_produces_the_full_table(evaluated):
     # a single network has no spread over members: BALD and model variance are n/a for it, not 50
     assert gray["sgld"]["pgd"]["sgd"]["bald"] is None and gray["sgld"]["pgd"]["sgd"]["entropy"] is not None
     meta = results["adversarial_meta"]
-    assert meta["members"] == {"sgd": 1, "mcdropout": 20, "sgld": 20, "apd": 20, "mog": 20}
+    kept = results["peers"]["kept"]["k"]
+    assert meta["members"] == {"sgd": 1, "mcdropout": 20, "sgld": 20, "apd": 20, "mog": 20, "kept": kept,
+                               "laplace-glm": 20}
     for s in SOURCES:
         for a in ATTACK_NAMES:
             summary = meta[GRAY_BOX][s][a]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from apd.cli import main
-from apd.config import load_config
+from apd.config import ALL_METHODS, load_config
 from apd.distillation.generator import load_generator
 from apd.distillation.training import evenly_spaced
 from apd.errors import ArtifactError
@@ -34,7 +34,7 @@ def _load_apd(path):
 def test_results_have_every_method_set_and_score(pipeline):
     root, _ = pipeline
     results = json.loads((root / "tiny" / "eval" / "results.json").read_text())
-    methods = ["sgd", "mcdropout", "sgld", "apd", "mog"]
+    methods = list(ALL_METHODS)
     assert set(results["accuracy"]) == set(methods)
     for by_score in results["ood"].values():
         assert set(by_score) == {"variation_ratio", "bald", "entropy", "max_prob"}
@@ -49,7 +49,7 @@ def test_results_have_every_method_set_and_score(pipeline):
     assert results["accuracy"]["sgld"]["acc"]["mean"] > 0.85
     assert [row["components"] for row in results["mog"]] == [1, 3]
     assert results["storage"]["sgld"]["in_sgld_samples"] == 200
-    assert set(results["fidelity"]) == {"mcdropout", "apd", "mog"}
+    assert set(results["fidelity"]) == set(methods) - {"sgld", "sgd", "laplace-glm"}  # weight-space methods
     assert all(row["draws"] == 3 and row["accuracy"]["std"] >= 0 for row in results["mog"])
     assert (root / "tiny" / "eval" / "tables.md").is_file()
 
@@ -74,7 +74,7 @@ def test_stages_are_reused(pipeline, capsys):
     capsys.readouterr()
     for stage in ("sample", "distill"):
         assert main([stage, "--config", str(config), "--artifacts", str(root)]) == 0
-    assert capsys.readouterr().err.count("reusing") == 4  # samples, two baselines, generator
+    assert capsys.readouterr().err.count("reusing") == 6  # samples, four baselines (with SWAG, ensemble), generator
 
 
 def test_evaluate_without_generator_names_the_stage(tmp_path, capsys):

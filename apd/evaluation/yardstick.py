@@ -1,0 +1,133 @@
+"""The kept-samples yardstick (DESIGN.md, "Honest protocol"; issue 20): what a method that stores S SGLD
+samples' worth of numbers must beat is ⌈S⌉ SGLD samples simply kept.
+
+Quality of an ensemble, against SGLD (the reference), on the evaluation's inputs:
+
+- ``bald_gap``: the worst per-set gap to SGLD's BALD AUROC, max_o (AUROC_SGLD,o − AUROC_o), in percent
+  points over the OOD sets o (positive = below SGLD on some set; None for one network, which has no BALD);
+- ``max_prob_gap``: the same for the max-probability score (1 − max p̄, the paper's "variation ratio");
+- ``nll_gap``: NLL − NLL_SGLD on the test set (nats);
+- ``kl``: the function-space distance (1/N) Σ_n KL(p̄_SGLD(· | x_n) ‖ p̄(· | x_n)) on the N test inputs,
+  p̄_SGLD the predictive of (up to a cap) every stored sample (:func:`apd.distillation.selection.function_space_gap`'s
+  KL term, shared code).
+
+AUROC and NLL references are SGLD's own evaluated numbers (its ensemble size, mean over runs); the KL
+reference is the whole store's predictive. :func:`kept_samples` measures k kept samples (evenly spaced
+over the store, across chains, and ``subsets`` random subsets for the spread); :func:`kept_curve` does so
+for several k. Nothing is chosen here: these are the final report's numbers on the test split and the
+reported OOD sets. No paths, no run context: callers pass the store, inputs and generators.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from apd.distillation.selection import PROBABILITY_FLOOR
+from apd.evaluation.protocol import EvaluationInputs, Judgement, judge_probs
+from apd.nets import predict_probs
+from apd.posteriors.kept import evenly_spaced_rows, random_rows
+from apd.samplers.store import SampleStore
+
+SCORES = ["bald", "max_prob"]  # the scores whose AUROC gaps define quality
+SUMMARY_KEYS = ("acc", "nll", "mean_bald_auroc", "bald_gap", "max_prob_gap", "nll_gap", "kl")
+
+
+@dataclass(frozen=True)
+class Reference:
+    """SGLD's side: per-set AUROC (percent) of BALD and max_prob, test NLL, and the predictive p̄ [N, C]
+    of ``samples`` stored samples on the test inputs."""
+
+    bald_auroc: dict[str, float]
+    max_prob_auroc: dict[str, float]
+    nll: float
+    mean_probs: Tensor
+    samples: int
+
+
+def reference_predictive(store: SampleStore, x_test: Tensor, limit: int, device: torch.device | str = "cpu",
+                         chunk: int = 200) -> tuple[Tensor, int]:
+    """p̄_SGLD [N, C] (float64, CPU) over min(limit, len(store)) samples evenly spaced over the store (all of
+    them when the store is no larger), read ``chunk`` at a time; and that number of samples."""
+    rows = evenly_spaced_rows(len(store), min(limit, len(store)))
+    total = None
+    x = x_test.to(device)
+    for start in range(0, len(rows), chunk):
+        probs = predict_probs(store.spec, store.read(rows[start:start + chunk]).to(device), x)
+        part = probs.double().sum(0).cpu()
+        total = part if total is None else total + part
+    return total / len(rows), len(rows)
+
+
+def kl_to_reference(test_probs: Tensor, reference: Reference) -> float:
+    """(1/N) Σ_n KL(p̄_SGLD ‖ p̄) in nats for a predictive ``test_probs`` [N, C]."""
+    ref = reference.mean_probs.clamp_min(PROBABILITY_FLOOR)
+    probs = test_probs.detach().double().cpu().clamp_min(PROBABILITY_FLOOR)
+    return float((ref * (ref.log() - probs.log())).sum(-1).mean())
+
+
+def worst_gap(reference: dict[str, float], values: dict[str, float | None]) -> float | None:
+    """max over sets of reference − value (percent points); None when any value is undefined."""
+    if not reference or any(values.get(name) is None for name in reference):
+        return None
+    return max(reference[name] - values[name] for name in reference)
+
+
+def quality(bald_auroc: dict[str, float | None], max_prob_auroc: dict[str, float | None], nll: float,
+            kl: float, reference: Reference) -> dict[str, float | None]:
+    """``bald_gap``, ``max_prob_gap``, ``nll_gap`` and ``kl`` (module docstring) of AUROCs in percent."""
+    return {"bald_gap": worst_gap(reference.bald_auroc, bald_auroc),
+            "max_prob_gap": worst_gap(reference.max_prob_auroc, max_prob_auroc),
+            "nll_gap": nll - reference.nll, "kl": kl}
+
+
+def summarise(judgement: Judgement, reference: Reference) -> dict[str, float | None]:
+    """Accuracy, NLL, mean BALD AUROC (percent, over the OOD sets) and :func:`quality` of one judgement."""
+    aurocs = {score: {name: None if found[score] is None else 100.0 * found[score]["auroc"]
+                      for name, found in judgement.detection.items()} for score in SCORES}
+    bald = [v for v in aurocs["bald"].values() if v is not None]
+    return {"acc": judgement.accuracy["acc"], "nll": judgement.accuracy["nll"],
+            "mean_bald_auroc": float(np.mean(bald)) if len(bald) == len(aurocs["bald"]) and bald else None,
+            **quality(aurocs["bald"], aurocs["max_prob"], judgement.accuracy["nll"],
+                      kl_to_reference(judgement.test_probs, reference), reference)}
+
+
+def spread(summaries: list[dict[str, float | None]]) -> dict[str, dict[str, float] | None]:
+    """Mean and population std of each :data:`SUMMARY_KEYS` value over ``summaries`` (None if undefined)."""
+    out = {}
+    for key in SUMMARY_KEYS:
+        values = [s[key] for s in summaries]
+        out[key] = None if any(v is None for v in values) else {"mean": float(np.mean(values)),
+                                                                "std": float(np.std(values))}
+    return out
+
+
+@torch.no_grad()
+def judge_rows(store: SampleStore, rows: np.ndarray, inputs: EvaluationInputs, device: torch.device | str,
+               reference: Reference) -> dict[str, float | None]:
+    """:func:`summarise` of the ensemble of the store's ``rows``."""
+    weights = store.read(rows).to(device)
+    probs = predict_probs(store.spec, weights, inputs.stacked(device))
+    return summarise(judge_probs(probs, inputs, SCORES), reference)
+
+
+def kept_samples(store: SampleStore, k: int, inputs: EvaluationInputs, reference: Reference, subsets: int,
+                 generator: torch.Generator, device: torch.device | str = "cpu") -> dict:
+    """k kept samples: ``evenly_spaced`` (over the store, the same number from each chain) and the mean and
+    std over ``subsets`` uniformly random subsets (``random``)."""
+    n = len(store)
+    even = judge_rows(store, evenly_spaced_rows(n, k, store.chains), inputs, device, reference)
+    drawn = [judge_rows(store, random_rows(n, k, generator), inputs, device, reference) for _ in range(subsets)]
+    return {"k": k, "in_sgld_samples": float(k), "evenly_spaced": even, "random": spread(drawn),
+            "subsets": subsets}
+
+
+def kept_curve(store: SampleStore, sizes: Iterable[int], inputs: EvaluationInputs, reference: Reference,
+               subsets: int, generator: torch.Generator, device: torch.device | str = "cpu") -> list[dict]:
+    """:func:`kept_samples` for each distinct k of ``sizes`` the store can give, in increasing order."""
+    ks = sorted({int(k) for k in sizes if 1 <= k <= len(store)})
+    return [kept_samples(store, k, inputs, reference, subsets, generator, device) for k in ks]

@@ -1,0 +1,113 @@
+"""The peers in the pipeline: `apd sample` trains SWAG and the deep ensemble, `apd evaluate` loads every
+registered method, reports the kept-samples yardstick and the new tables and figure (tiny pipeline)."""
+
+from __future__ import annotations
+
+import json
+import math
+from contextlib import ExitStack
+
+import pytest
+import torch
+
+from apd.config import ALL_METHODS
+from apd.io import load_torch
+from apd.nets import ParamSpec, mlp
+from apd.pipeline.methods import load_methods
+from apd.samplers.store import SampleStore
+from tests.tiny_pipeline import TINY, tiny_context
+
+
+@pytest.fixture(scope="module")
+def results(tiny_pipeline):
+    root, _ = tiny_pipeline
+    return json.loads((root / "tiny" / "eval" / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_pipeline):
+    root, _ = tiny_pipeline
+    ctx = tiny_context(root)
+    with ExitStack() as stack:
+        methods, _ = load_methods(ctx, stack)
+        yield ctx, methods
+
+
+def test_sample_stores_the_ensemble_and_swag_with_manifests(tiny_pipeline):
+    root, _ = tiny_pipeline
+    layout = tiny_context(root).layout
+    spec = ParamSpec.from_module(mlp([64, 32, 10]))
+    members = load_torch(layout.baseline("ensemble"))["members"]
+    assert members.shape == (TINY["peers"]["ensemble_members"], spec.numel)
+    net = mlp([64, 32, 10])
+    net.load_state_dict(load_torch(layout.baseline("sgd")))
+    sgd = spec.flatten(net)
+    assert not torch.equal(members[0], members[1]) and not any(torch.equal(m, sgd) for m in members)
+    swag = load_torch(layout.baseline("swag"))
+    assert swag["mean"].shape == swag["variance"].shape == (spec.numel,)
+    assert swag["deviations"].shape == (TINY["peers"]["swag_rank"], spec.numel)
+    record = json.loads(layout.baseline("swag").with_suffix(".json").read_text())
+    assert record["stage"] == "peers" and record["lr"] in TINY["peers"]["swag_lrs"]
+    assert set(record["val_nll"]) == {f"{lr:g}" for lr in TINY["peers"]["swag_lrs"]}
+    finite = {lr: v for lr, v in record["val_nll"].items() if v is not None}
+    assert record["lr"] == float(min(finite, key=finite.get))  # the lowest validation NLL
+
+
+def test_every_method_draws_members_of_the_right_shape(loaded):
+    ctx, methods = loaded
+    assert list(methods) == list(ALL_METHODS)
+    x = ctx.data.x_test[:7]
+    for name, method in methods.items():
+        k = method.ensemble_size(3)
+        probs = method.members(3, torch.Generator().manual_seed(0))(x)
+        assert probs.shape == (k, 7, 10), name
+        torch.testing.assert_close(probs.sum(-1), torch.ones(k, 7), msg=name)
+        if method.has_weights:
+            assert method.sample_weights(3, torch.Generator().manual_seed(0)).shape == (k, method.spec.numel), name
+    assert not methods["laplace-glm"].has_weights
+    worth = methods["apd"].storage_in_samples()
+    for name in ("kept", "stein"):
+        assert methods[name].max_members() == math.ceil(worth)
+        assert methods[name].storage_in_samples() == math.ceil(worth)
+    assert methods["ensemble"].max_members() == TINY["peers"]["ensemble_members"]
+
+
+def test_kept_and_stein_samples_are_rows_of_the_store_and_laplace_sits_at_the_sgd_weights(loaded):
+    ctx, methods = loaded
+    with SampleStore.open(ctx.layout.samples) as store:
+        for name in ("kept", "stein"):
+            rows = methods[name].rows
+            assert len(set(rows.tolist())) == len(rows) and rows.max() < len(store)
+            torch.testing.assert_close(methods[name].vectors, store.read(rows), rtol=0, atol=0)
+    sgd = methods["sgd"].weights[0]
+    for name in ("laplace-kfac", "laplace-ll"):
+        torch.testing.assert_close(methods[name].base, sgd, rtol=0, atol=0)
+
+
+def test_results_hold_the_yardstick_and_every_method_in_every_table(tiny_pipeline, results):
+    root, _ = tiny_pipeline
+    y = results["yardstick"]
+    assert [row["k"] for row in y["curve"]] == [1, 2, 5]
+    assert y["reference"]["kl_samples"] == TINY["evaluate"]["yardstick_reference"]
+    assert {"apd", "stein", "swag", "ensemble", "laplace-kfac", "mog"} <= set(y["equal_storage"])
+    for entry in y["equal_storage"].values():
+        row = y["kept"][str(entry["k"])]
+        assert entry["k"] == math.ceil(entry["in_sgld_samples"] - 1e-9)
+        assert row["random"]["nll_gap"]["std"] >= 0 and row["evenly_spaced"]["kl"] >= 0
+    assert set(results["quality"]) == set(ALL_METHODS)
+    assert results["quality"]["sgld"]["bald_gap"] == pytest.approx(0.0, abs=1e-9)
+    at = results["at_networks"]
+    assert all(at[name] is None for name in ("sgd", "kept", "stein", "ensemble"))
+    assert all(at[name]["members"] == TINY["evaluate"]["networks"] for name in ("mcdropout", "swag", "laplace-glm"))
+    assert all("quality" in row for row in results["mog"])
+    peers = results["peers"]
+    assert peers["laplace-kfac"]["scale"] in peers["laplace-kfac"]["scales"]
+    assert peers["stein"]["candidates"] == TINY["evaluate"]["stein_candidates"]
+    tables = (root / "tiny" / "eval" / "tables.md").read_text()
+    for title in ("## Every method against SGLD", "## The kept-samples yardstick at equal storage",
+                  "## Kept SGLD samples: storage against quality", "## How the peers' settings were chosen"):
+        assert title in tables
+    for label in ("SWAG", "deep ensemble", "Laplace KFAC, GLM", "Stein-thinned SGLD", "kept SGLD"):
+        assert f"| {label} |" in tables
+    assert (root / "tiny" / "eval" / "figures" / "storage_quality.png").is_file()
+    assert (root / "tiny" / "eval" / "yardstick.csv").is_file()
