@@ -23,8 +23,8 @@ from torch import Tensor
 
 from apd import __version__
 from apd.config import config_hash
-from apd.errors import ArtifactError, ConfigError
-from apd.io import save_torch_atomic
+from apd.errors import ArtifactError, ConfigError, DivergenceError
+from apd.io import nonfinite_tensor, save_torch_atomic
 from apd.nets import ParamSpec, mlp
 from apd.pipeline.layout import checkpoint_of, manifest_of, partial_of
 from apd.pipeline.manifests import load_checkpoint, manifest_record
@@ -32,7 +32,7 @@ from apd.pipeline.runtime import RunContext
 from apd.pipeline.stage import publish, reusable
 from apd.samplers.baselines import train_baseline
 from apd.samplers.chain import ChainSeeds, SGLDChain, is_thinned_sample, thinned_count
-from apd.samplers.store import SampleStore
+from apd.samplers.store import FREE_MARGIN, SampleStore
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,7 @@ PREFETCH_SETTINGS = {"auto": None, "on": True, "off": False}  # config value -> 
 MONITOR_SIZE = 1000  # validation images the running-ensemble accuracy on the progress bar is measured on
 BASELINES = ("sgd", "mcdropout")
 DISK_MARGIN = 1.1  # free disk asked for, relative to the store's expected size
+STORE_CHECK_BYTES = 2**28  # rows read at a time when a store is checked before reuse
 
 
 def run_sample(ctx: RunContext) -> None:
@@ -81,19 +82,19 @@ def check_sampling_fits(ctx: RunContext, spec: ParamSpec) -> None:
     if s.batch_size > n_train:
         raise ConfigError(f"{ctx.cfg.source}: 'sgld.batch_size' ({s.batch_size}) is larger than the training "
                           f"split ({n_train} images)")
-    expected = thinned_count(s) * s.chains * spec.numel * 4 * DISK_MARGIN
+    expected = thinned_count(s) * s.chains * spec.numel * 4 * DISK_MARGIN + FREE_MARGIN
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(ctx.out_dir).free
     if expected > free:
-        raise ArtifactError(f"{ctx.out_dir}: the store needs about {expected / 2**20:,.0f} MiB, only "
-                            f"{free / 2**20:,.0f} MiB are free")
+        raise ArtifactError(f"{ctx.out_dir}: No space left for the sample store (it needs about "
+                            f"{expected / 2**20:,.1f} MiB, {free / 2**20:,.1f} MiB are free)")
 
 
 def sample_sgld(ctx: RunContext) -> Path:
     """Run (or resume, or reuse) the SGLD chains into ``samples.h5``; returns its path."""
     cfg, s = ctx.cfg, ctx.cfg.sgld
     path = ctx.layout.samples
-    if reusable(ctx, path, "sample", {}):
+    if reusable(ctx, path, "sample", {}) and _store_is_sound(path):
         return path
     partial, checkpoint = partial_of(path), checkpoint_of(path)
     stage_hash = config_hash(cfg, "sample")
@@ -139,6 +140,19 @@ def sample_sgld(ctx: RunContext) -> Path:
     return path
 
 
+def _store_is_sound(path: Path) -> bool:
+    """Whether the store opens and every row is finite (what reuse checks besides the manifest's digest)."""
+    try:
+        with SampleStore.open(path) as store:
+            block = max(1, STORE_CHECK_BYTES // (4 * store.dim))
+            for start in range(0, len(store), block):
+                store.read_all(start, min(len(store), start + block))
+    except ArtifactError as exc:
+        log.warning("not reusing it: %s", exc)
+        return False
+    return True
+
+
 def _monitor_accuracy(monitor_sum: Tensor | None, y: Tensor) -> float:
     if monitor_sum is None:
         return float("nan")
@@ -179,6 +193,13 @@ def _run_chain(ctx: RunContext, spec: ParamSpec, store: SampleStore, state: _Cha
 
 
 def _save_checkpoint(path: Path, stage_hash: str, chain: SGLDChain, state: _ChainState) -> None:
+    """Write the chain's state; weights that are no longer finite stop the run instead (a checkpoint is
+    never written with them)."""
+    bad = nonfinite_tensor(chain.net.state_dict())
+    if bad is not None:
+        raise DivergenceError(f"SGLD diverged before iteration {state.iteration} of chain {state.chain} ({bad} "
+                              f"not finite); try a smaller sgld.lr (now {chain.optimizer.defaults['lr']}); "
+                              "complete artifacts are unchanged")
     save_torch_atomic(path, {
         "config_hash": stage_hash, **chain.state_dict(),
         "chain": state.chain, "iteration": state.iteration, "stored": state.stored,
@@ -215,6 +236,10 @@ def train_and_save_baseline(ctx: RunContext, name: str) -> Path:
             net, b, data.x_train.to(device), data.y_train.to(device), data.x_val.to(device),
             data.y_val.to(device), seed=ctx.seed("baseline", name, "batches"), mc_passes=mc_passes,
             progress=lambda it: ctx.progress(it, desc=f"{name} epochs", unit="epoch"))
+    bad = nonfinite_tensor(result.state_dict)
+    if bad is not None:
+        raise DivergenceError(f"the {name} baseline diverged ({bad} not finite); try a smaller baselines.lr "
+                              f"(now {b.lr}); complete artifacts are unchanged")
     built = partial_of(path)
     save_torch_atomic(built, result.state_dict)
     record = manifest_record("baselines", config_hash(cfg, "baselines"), {}, method=name, dropout=dropout,
