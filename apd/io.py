@@ -144,7 +144,9 @@ def save_torch_atomic(path: Path, obj: Any) -> None:
 
 
 def load_torch(path: Path) -> Any:
-    """Load a state dict or checkpoint with ``weights_only=True`` (never unpickles arbitrary objects)."""
+    """Load a state dict or checkpoint with ``weights_only=True`` (never unpickles arbitrary objects). A
+    file that does not load, or holds a NaN or infinite value in a floating-point tensor (nothing here
+    saves one), is an :class:`ArtifactError`."""
     import torch
 
     if not path.is_file():
@@ -152,10 +154,14 @@ def load_torch(path: Path) -> Any:
     try:
         with warnings.catch_warnings():  # torch warns about foreign files before it refuses them
             warnings.simplefilter("ignore")
-            return torch.load(path, map_location="cpu", weights_only=True)
+            obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for corrupt or foreign files
         kind = type(exc).__name__
         raise ArtifactError(f"{path}: not a readable weights-only torch file ({kind})") from None
+    bad = nonfinite_tensor(obj)
+    if bad is not None:
+        raise ArtifactError(f"{path}: {bad} holds NaN or infinite values")
+    return obj
 
 
 def nonfinite_tensor(obj: Any, where: str = "") -> str | None:
