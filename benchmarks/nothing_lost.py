@@ -1033,6 +1033,21 @@ for _target, _forged, _command, _rc, _issue in (
             env.like_reference("base", ["generator.pt", "generator-last.pt"])
 
 
+for _target, _command, _rc in (("baselines/sgd.pt", "evaluate", 2), ("generator.pt", "evaluate", 2),
+                               ("generator.pt", "distill", 0)):
+    @case(f"nan-weights-{Path(_target).stem}-{_command}", "validate",
+          f"{_command} with NaN weights saved in {_target} under a forged (valid) manifest",
+          "exit 2, one line, unchanged" if _rc == 2 else "exit 0: made again (not reused), as before")
+    def _nan_weights(env: Env, target=_target, command=_command, rc=_rc) -> None:
+        state = torch.load(env.path(target), weights_only=True)
+        next(iter(state.values())).fill_(float("nan"))
+        torch.save(state, env.path(target))
+        forge(env.path(str(Path(target).with_suffix(".json"))))
+        env.cli(command, rc=rc, same=rc == 2)
+        if rc == 0:
+            env.like_reference("base", ["generator.pt", "generator-last.pt"])
+
+
 # --- E: interrupted stages resume --------------------------------------------------------------------------
 
 

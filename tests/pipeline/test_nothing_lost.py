@@ -378,6 +378,15 @@ def test_corrupt_generator(art, forged):
     torch.load(art.path("generator.pt"), weights_only=True)
 
 
+@pytest.mark.parametrize("target", ["baselines/sgd.pt", "generator.pt"])
+def test_nan_weights_under_a_forged_manifest(art, target):
+    state = torch.load(art.path(target), weights_only=True)
+    next(iter(state.values())).fill_(float("nan"))
+    torch.save(state, art.path(target))
+    forge(art.path(str(Path(target).with_suffix(".json"))))
+    art.fails("evaluate", match="NaN")
+
+
 def test_pickles_are_never_unpickled(art, tmp_path):
     marker = tmp_path / "PWNED"
 
