@@ -51,15 +51,13 @@ def run_distill(ctx: RunContext) -> Path:
 
 
 def _generator_loads(ctx: RunContext) -> bool:
-    """Whether both saved generators load (weights only) with finite weights: what reuse checks besides the
-    manifest's digests."""
+    """Whether both saved generators load (weights only, finite): what reuse checks besides the manifest's
+    digests."""
     for path in (ctx.layout.generator, ctx.layout.generator_last):
         try:
-            bad = nonfinite_tensor(load_torch(path))
+            load_torch(path)
         except ArtifactError as exc:
-            bad = str(exc)
-        if bad is not None:
-            log.warning("%s: not reusing it (%s)", path, bad)
+            log.warning("not reusing it: %s", exc)
             return False
     return True
 

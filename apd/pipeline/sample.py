@@ -24,7 +24,7 @@ from torch import Tensor
 from apd import __version__
 from apd.config import config_hash
 from apd.errors import ArtifactError, ConfigError, DivergenceError
-from apd.io import nonfinite_tensor, save_torch_atomic
+from apd.io import load_torch, nonfinite_tensor, save_torch_atomic
 from apd.nets import ParamSpec, mlp
 from apd.pipeline.layout import checkpoint_of, manifest_of, partial_of
 from apd.pipeline.manifests import load_checkpoint, manifest_record
@@ -153,6 +153,16 @@ def _store_is_sound(path: Path) -> bool:
     return True
 
 
+def _loads(path: Path) -> bool:
+    """Whether a saved baseline loads (weights only, finite): what reuse checks besides its digest."""
+    try:
+        load_torch(path)
+    except ArtifactError as exc:
+        log.warning("not reusing it: %s", exc)
+        return False
+    return True
+
+
 def _monitor_accuracy(monitor_sum: Tensor | None, y: Tensor) -> float:
     if monitor_sum is None:
         return float("nan")
@@ -220,7 +230,7 @@ def train_and_save_baseline(ctx: RunContext, name: str) -> Path:
     """Train the ``sgd`` or ``mcdropout`` baseline (or reuse it) into ``baselines/NAME.pt``."""
     cfg, b = ctx.cfg, ctx.cfg.baselines
     path = ctx.layout.baseline(name)
-    if reusable(ctx, path, "baselines", {}):
+    if reusable(ctx, path, "baselines", {}) and _loads(path):
         return path
     dropout = b.dropout if name == "mcdropout" else 0.0
     if b.batch_size > len(ctx.data.y_train):
