@@ -8,10 +8,12 @@ code 2; Ctrl-C exits with 130 and leaves every artifact resumable.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import importlib
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -34,7 +36,7 @@ STAGES = {
     "toy2d-figure": ("apd.pipeline.toy2d_figure", "run_toy2d_figure",
                      "2-D pipelines: each method's predictive and BALD over the plane (figures/toy2d.png)"),
 }
-READ_ONLY = ("report", "info")  # commands that take the artifact lock shared
+READ_ONLY = ("info",)  # commands that only read: they take the artifact lock shared
 # Experiments (`apd experiment NAME`): name → (module, function(ctx, options), help), dispatched like STAGES.
 EXPERIMENTS = {
     "distillers": ("apd.experiments.distillers", "run_distillers",
@@ -178,14 +180,36 @@ def main(argv: list[str] | None = None) -> int:
                 module, function, _ = STAGES[args.command]
                 getattr(importlib.import_module(module), function)(ctx)
     except ApdError as exc:
-        print(f"apd {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        print(f"apd {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        return _leaving(2)
     except OSError as exc:  # full disk, read-only file system, unreadable file: nothing complete was replaced
         where = f": {exc.filename}" if exc.filename else ""
-        print(f"apd {args.command}: error: {exc.strerror or exc}{where}; complete artifacts are unchanged",
-              file=sys.stderr)
-        return 2
+        print(f"apd {args.command}: error: {_one_line(exc.strerror or exc)}{where}; complete artifacts are "
+              "unchanged", file=sys.stderr)
+        return _leaving(2)
     except KeyboardInterrupt:
         print(f"apd {args.command}: interrupted; run the same command again to resume", file=sys.stderr)
-        return 130
+        return _leaving(130)
     return 0
+
+
+def _leaving(code: int) -> int:
+    """``code``; and where HDF5 failed to write (a disk that filled under a store), the process is made
+    to exit with it straight after the interpreter's exit handlers, before its final clean-up frees the
+    broken HDF5 handles, which can crash it (:func:`apd.samplers.store.hdf5_write_failed`)."""
+    store = sys.modules.get("apd.samplers.store")
+    if store is not None and store.hdf5_write_failed():
+        atexit.register(_exit_now, code)
+    return code
+
+
+def _exit_now(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def _one_line(message: object) -> str:
+    """A message on one line (HDF5's, for one, span several)."""
+    return " ".join(str(message).split())

@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import re
 import tomllib
 import typing
 from collections.abc import Callable
@@ -23,6 +24,9 @@ from typing import Any, Literal
 from apd.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")  # a device name as configured or given by --device
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # a pipeline's name: one plain file name
 
 
 def bounded(default: Any, **bounds: float) -> Any:
@@ -252,8 +256,8 @@ class EvaluateConfig:
 class PipelineConfig:
     """One experiment: data, target net, sampler, baselines, distiller and evaluation."""
 
-    name: str = "digits"
-    seed: int = bounded(0, ge=0)
+    name: str = "digits"  # the artifact directory's name: a plain file name (NAME_PATTERN)
+    seed: int = bounded(0, ge=0, lt=2**32)  # numpy and scikit-learn take seeds below 2**32
     device: str = "auto"
     threads: int = bounded(0, ge=0)  # CPU threads for torch; 0 keeps torch's default (one per core)
     # SGLD noise drawn on a worker thread ("auto": on CPU when a core is left free); results are identical
@@ -462,13 +466,16 @@ def _check_bounds(bounds: typing.Mapping[str, float], value: Any, where: str, ke
 
 def _check_consistency(cfg: PipelineConfig, where: str) -> None:
     """Constraints that span fields."""
+    if not NAME_PATTERN.fullmatch(cfg.name):
+        raise ConfigError(f"{where}: 'name' must be a plain file name (letters, digits, '_', '.', '-', not "
+                          f"starting with '.' or '-'), got {cfg.name!r}")
     if cfg.sgld.burn_in >= cfg.sgld.iterations:
         raise ConfigError(f"{where}: 'sgld.burn_in' ({cfg.sgld.burn_in}) must be less than "
                           f"'sgld.iterations' ({cfg.sgld.iterations})")
     if cfg.sgld.workers > cfg.sgld.chains:
         raise ConfigError(f"{where}: 'sgld.workers' ({cfg.sgld.workers}) must be at most 'sgld.chains' "
                           f"({cfg.sgld.chains}): a worker runs whole chains")
-    if cfg.device != "auto" and cfg.device != "cpu" and not cfg.device.startswith("cuda"):
+    if not DEVICE_PATTERN.fullmatch(cfg.device):
         raise ConfigError(f"{where}: 'device' must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {cfg.device!r}")
     adversarial = cfg.evaluate.adversarial
     if cfg.data.dataset == "toy2d" and adversarial.enabled:
@@ -483,6 +490,10 @@ def _check_consistency(cfg: PipelineConfig, where: str) -> None:
                           "numbers")
     if not cfg.peers.swag_lrs or min(cfg.peers.swag_lrs) <= 0:
         raise ConfigError(f"{where}: 'peers.swag_lrs' must be a non-empty list of positive learning rates")
+    d = cfg.distill
+    if d.generator == "subspace" and d.fit_samples < d.subspace_rank:
+        raise ConfigError(f"{where}: 'distill.fit_samples' ({d.fit_samples}) must be at least "
+                          f"'distill.subspace_rank' ({d.subspace_rank}): the subspace is fit to that many samples")
     if cfg.evaluate.mog_fit_samples < max(cfg.evaluate.mog_components):
         raise ConfigError(f"{where}: 'evaluate.mog_fit_samples' must be at least the largest "
                           f"'evaluate.mog_components'")

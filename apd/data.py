@@ -16,6 +16,7 @@ import gzip
 import hashlib
 import os
 import struct
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,7 +115,7 @@ def read_idx(path: Path) -> np.ndarray:
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rb") as fh:
             raw = fh.read()
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError, zlib.error) as exc:  # gzip's own errors are OSError or EOFError, zlib's are not
         raise DataError(f"{path}: cannot read IDX file: {exc}") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08 or not 1 <= raw[3] <= 4:
         raise DataError(f"{path}: not an unsigned-byte IDX file (bad magic number)")

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +57,7 @@ from apd.errors import ConfigError
 from apd.evaluation.fidelity import fidelity
 from apd.evaluation.protocol import EvaluationInputs
 from apd.evaluation.protocol import judge as judge_draw
-from apd.io import read_json, write_json_atomic
+from apd.io import read_json, write_json_atomic, write_text_atomic
 from apd.metrics import mean_std
 from apd.nets import ParamSpec, mlp
 from apd.pipeline.distill import REFERENCE_SAMPLES, codec_for, validation_monitor
@@ -400,7 +401,12 @@ def draw_figure(results: dict, path: Path) -> None:
         ax.set(xscale="log", xlabel="storage (SGLD samples' worth)", ylabel=f"{label} (% of SGLD)",
                title=f"{label}: {results['pipeline']}")
         ax.legend(fontsize=7)
-    figure.savefig(path, dpi=110)
+    tmp = path.with_name(f"{path.stem}.tmp.png")
+    try:
+        figure.savefig(tmp, dpi=110)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def run_distillers(ctx: RunContext, options: list[str]) -> dict:
@@ -409,7 +415,7 @@ def run_distillers(ctx: RunContext, options: list[str]) -> dict:
     out = ctx.layout.experiments
     write_json_atomic(out / "distillers.json", results)
     markdown = render_table(results)
-    (out / "distillers.md").write_text(markdown)
+    write_text_atomic(out / "distillers.md", markdown)
     draw_figure(results, out / "distillers.png")
     print(markdown)
     return results

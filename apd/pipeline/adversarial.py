@@ -33,7 +33,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +43,7 @@ from torch import Tensor
 
 from apd.config import AdversarialConfig, config_hash
 from apd.evaluation.attacks import ModelFn, craft, expected_predictive_fn, weight_sample_fn
+from apd.io import hdf5_atomic
 from apd.metrics import detection
 from apd.pipeline.layout import manifest_of
 from apd.pipeline.manifests import manifest_digest
@@ -252,19 +252,13 @@ def load_set(path: Path, attrs: dict[str, str]) -> AdversarialSet | None:
 def save_set(path: Path, adversarial: AdversarialSet, attrs: dict[str, str]) -> None:
     """Write ``adversarial`` with ``attrs`` and ``n_attempted`` to a temporary file, then rename it over
     ``path``, so an interrupted write never leaves a partial set under the real name."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with h5py.File(tmp, "w") as fh:
-            fh["x_adv"] = adversarial.x_adv.numpy().astype("float32")
-            fh["y"] = adversarial.y.numpy().astype("int64")
-            fh["eps"] = adversarial.eps.numpy().astype("float32")
-            fh["index"] = adversarial.index.numpy().astype("int64")
-            fh.attrs.update({**attrs, "n_attempted": adversarial.n_attempted,
-                             "n_clean_correct": adversarial.n_clean_correct})
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with hdf5_atomic(path) as fh:
+        fh["x_adv"] = adversarial.x_adv.numpy().astype("float32")
+        fh["y"] = adversarial.y.numpy().astype("int64")
+        fh["eps"] = adversarial.eps.numpy().astype("float32")
+        fh["index"] = adversarial.index.numpy().astype("int64")
+        fh.attrs.update({**attrs, "n_attempted": adversarial.n_attempted,
+                         "n_clean_correct": adversarial.n_clean_correct})
 
 
 # --------------------------------------------------------------------------------------------- detection

@@ -27,8 +27,8 @@ from apd.distillation.codec import WeightCodec, storage_in_samples
 from apd.distillation.gan import GANTrainer
 from apd.distillation.generator import DistilledGenerator, architecture
 from apd.distillation.training import StoreBatches, ValidationMonitor, evenly_spaced, make_codec, make_trainer
-from apd.errors import ConfigError
-from apd.io import save_torch_atomic
+from apd.errors import ArtifactError, ConfigError, DivergenceError
+from apd.io import load_torch, nonfinite_tensor, save_torch_atomic
 from apd.nets import ParamSpec, mlp
 from apd.pipeline.layout import checkpoint_of, manifest_of, partial_of
 from apd.pipeline.manifests import load_checkpoint, manifest_record
@@ -48,6 +48,28 @@ FISHER_INPUTS = 5000  # training images the Kronecker residual's factors are est
 def run_distill(ctx: RunContext) -> Path:
     """The whole stage: offline or online as configured; a complete generator is reused."""
     return distill_online(ctx) if ctx.cfg.distill.mode == "online" else distill_offline(ctx)
+
+
+def _generator_loads(ctx: RunContext) -> bool:
+    """Whether both saved generators load (weights only, finite): what reuse checks besides the manifest's
+    digests."""
+    for path in (ctx.layout.generator, ctx.layout.generator_last):
+        try:
+            load_torch(path)
+        except ArtifactError as exc:
+            log.warning("not reusing it: %s", exc)
+            return False
+    return True
+
+
+def _check_finite(trainer: GANTrainer, step: int) -> None:
+    """Stop with a :class:`DivergenceError` once the generator's or the critic's weights are not finite,
+    before anything is judged, kept or checkpointed with them."""
+    for part in ("generator", "critic"):
+        bad = nonfinite_tensor(getattr(trainer, part).state_dict())
+        if bad is not None:
+            raise DivergenceError(f"GAN training diverged by generator step {step} (the {part}'s {bad} is not "
+                                  "finite); try a smaller distill.lr; complete artifacts are unchanged")
 
 
 def codec_for(ctx: RunContext, samples: Tensor, d: DistillConfig | None = None) -> WeightCodec:
@@ -74,7 +96,7 @@ def distill_offline(ctx: RunContext) -> Path:
     d = ctx.cfg.distill
     path, source = ctx.layout.generator, ctx.layout.samples
     inputs = {"samples": require_input(ctx, source, "sample")}
-    if reusable(ctx, path, "distill", inputs):
+    if reusable(ctx, path, "distill", inputs) and _generator_loads(ctx):
         return path
     spec = ParamSpec.from_module(mlp(ctx.net_sizes))
     started = time.perf_counter()
@@ -126,6 +148,8 @@ def _train(ctx: RunContext, trainer: GANTrainer, codec: WeightCodec, real: Calla
             stats = trainer.step(real, d.n_critic)
             bar.update()
             step = trainer.generator_steps
+            if step % d.eval_every == 0 or step == d.steps or (resumable and step % d.checkpoint_every == 0):
+                _check_finite(trainer, step)
             if step % d.eval_every == 0 or step == d.steps:
                 model.eval()
                 judged = monitor.judge(model)
@@ -138,6 +162,10 @@ def _train(ctx: RunContext, trainer: GANTrainer, codec: WeightCodec, real: Calla
                 save_torch_atomic(checkpoint, {"config_hash": stage_hash, "inputs": inputs,
                                                "trainer": trainer.state_dict(), "history": history, "best": best,
                                                "generators": [rng.get_state() for rng in generators]})
+    if best["state"] is None:
+        last = history[-1]
+        raise DivergenceError(f"no generator step had a finite selection criterion (step {last['step']}: "
+                              f"{last['criterion']}); try a smaller distill.lr; complete artifacts are unchanged")
     last = copy.deepcopy(model.state_dict())
     model.load_state_dict(best["state"])
     residual = _match_residual(ctx, model, monitor) if codec.has_residual else {}
@@ -188,7 +216,7 @@ def distill_online(ctx: RunContext) -> Path:
     every ``t_sgld`` new samples the GAN takes ``t_gan`` generator steps on batches from the buffer."""
     d, s = ctx.cfg.distill, ctx.cfg.sgld
     path = ctx.layout.generator
-    if reusable(ctx, path, "distill", {}):
+    if reusable(ctx, path, "distill", {}) and _generator_loads(ctx):
         return path
     started = time.perf_counter()
     spec = ParamSpec.from_module(mlp(ctx.net_sizes))

@@ -19,7 +19,6 @@ import shutil
 import time
 from contextlib import ExitStack
 
-import h5py
 import numpy as np
 import torch
 
@@ -29,11 +28,11 @@ from apd.errors import DataError
 from apd.evaluation.fidelity import fidelity
 from apd.evaluation.protocol import EvaluationInputs, Judgement, judge
 from apd.evaluation.yardstick import Reference, kept_curve, kept_samples, kl_to_reference, quality, reference_predictive
-from apd.io import read_json, write_json_atomic
+from apd.io import hdf5_atomic, read_json, replace_directory, restore_directory, write_json_atomic
 from apd.metrics import mean_std
 from apd.pipeline.adversarial import evaluate_adversarial
 from apd.pipeline.layout import manifest_of
-from apd.pipeline.manifests import is_complete, manifest_record, write_manifest
+from apd.pipeline.manifests import file_digest, is_complete, manifest_record, write_manifest
 from apd.pipeline.methods import METHODS, fit_mixture, load_methods, method_inputs
 from apd.pipeline.report import run_report, write_report
 from apd.pipeline.runtime import RunContext, machine
@@ -43,6 +42,8 @@ from apd.samplers.store import SampleStore
 log = logging.getLogger(__name__)
 
 HEADLINE_SCORE = "bald"
+RECORDED_FILES = ("results.json", "scores.h5")  # eval/ files whose digests the manifest records (the rest
+# are rendered from them)
 MIXTURE_DRAWS = 3  # fresh ensemble draws per row of the mixture-growth table, for its spread
 
 
@@ -70,6 +71,7 @@ def evaluation_inputs(ctx: RunContext, role: str = "evaluate") -> EvaluationInpu
 def run_evaluate(ctx: RunContext) -> dict:
     cfg, layout = ctx.cfg, ctx.layout
     stage_hash = config_hash(cfg, "evaluate")
+    restore_directory(layout.eval_dir)
     if not ctx.force and is_complete(layout.evaluate_manifest, stage_hash, method_inputs(ctx)):
         log.info("reusing %s (--force to redo)", layout.results)
         run_report(ctx)
@@ -91,23 +93,16 @@ def run_evaluate(ctx: RunContext) -> dict:
             results["timing"]["adversarial"] = round(time.perf_counter() - t0, 2)
     results["timing"]["total"] = round(time.perf_counter() - started, 2)
     write_json_atomic(built / "results.json", results)
+    results = read_json(built / "results.json")  # tables from what results.json holds, as `apd report` makes them
     generator_json = layout.generator.with_suffix(".json")
     text = write_report(built, results, generator_json if generator_json.is_file() else None)
+    digests = {name: file_digest(built / name) for name in RECORDED_FILES}
     write_manifest(built / layout.evaluate_manifest.name,
-                   manifest_record("evaluate", stage_hash, inputs, seconds=results["timing"]["total"]))
-    _swap_directory(built, layout.eval_dir)
+                   {**manifest_record("evaluate", stage_hash, inputs, seconds=results["timing"]["total"]),
+                    "files": digests})
+    replace_directory(built, layout.eval_dir)
     print(text)
     return results
-
-
-def _swap_directory(built, final) -> None:
-    """Replace the directory ``final`` by ``built``: the old one is moved aside first and removed last."""
-    old = final.with_name(final.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    built.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def ensemble_sizes(ctx: RunContext, methods: dict[str, Posterior]) -> dict[str, int]:
@@ -123,7 +118,7 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
     generator = torch.Generator().manual_seed(ctx.seed("evaluate", "draws"))
     judgements: dict[str, list[Judgement]] = {m: [] for m in methods}
     timing: dict[str, float] = {m: 0.0 for m in methods}
-    scores_file = stack.enter_context(h5py.File(out / "scores.h5", "w"))
+    scores_file = stack.enter_context(hdf5_atomic(out / "scores.h5"))
     scores_file["test_labels"] = data.y_test.numpy()
     bar = stack.enter_context(ctx.progress(total=e.runs * len(methods), desc="evaluate", unit="draw"))
     for _ in range(e.runs):

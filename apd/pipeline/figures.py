@@ -8,6 +8,7 @@ figure stays registered after it is saved.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -218,6 +219,11 @@ def write_figures(eval_dir: Path, results: dict, generator_json: Path | None = N
             continue
         figure_dir.mkdir(parents=True, exist_ok=True)
         path = figure_dir / f"{name}.png"
-        figure.savefig(path, dpi=110)
+        tmp = path.with_name(f"{path.stem}.tmp.png")
+        try:
+            figure.savefig(tmp, dpi=110)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
         written.append(path)
     return written

@@ -3,15 +3,19 @@
 A stage takes the lock before it opens anything for writing; a second process asking for it while the
 first holds it stops at once with an :class:`ArtifactError` naming the holder's PID (written into the
 lock file). The kernel drops the lock when its holder exits, however it exits, so a killed stage never
-leaves a stale lock behind. Commands that only read (``apd report``, ``apd info``) take it shared, so
-they wait for no reader but never see a stage half-way through swapping its outputs.
+leaves a stale lock behind. A command that only reads (``apd info``) takes it shared: readers do not
+exclude each other, but a reader never sees a stage half-way through swapping its outputs, and a stage
+never starts while one reads. On a read-only file system, where no writer can be, a reader goes on
+without the lock.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,23 +27,41 @@ def artifact_lock(lock_path: Path, shared: bool = False) -> Iterator[None]:
     """Hold the lock at ``lock_path`` (exclusive, or ``shared``) for the ``with`` block; never waits."""
     try:
         lock_path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(lock_path, "a+")  # noqa: SIM115 (held open for the whole block)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
+        if shared and exc.errno == errno.EROFS:
+            yield
+            return
         raise ArtifactError(f"{lock_path.parent}: cannot write there ({exc.strerror})") from None
-    with handle:
+    try:
         try:
-            fcntl.flock(handle, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
+            holder = _holder(fd)
             raise ArtifactError(f"{lock_path.parent}: another apd process (PID {holder}) is working on these "
                                 "artifacts; wait for it to finish") from None
         if not shared:
-            handle.seek(0)
-            handle.truncate()
-            handle.write(str(os.getpid()))
-            handle.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            with contextlib.suppress(OSError):  # the PID is a note for others (a full disk may refuse it)
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def _holder(fd: int, tries: int = 50) -> str:
+    """The PID written into the lock file, read again for a moment while it names no live process (the
+    holder writes it just after taking the lock, over the PID of an earlier holder)."""
+    text = ""
+    for _ in range(tries):
+        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        if text.isdigit():
+            try:
+                os.kill(int(text), 0)
+                return text
+            except ProcessLookupError:
+                pass
+            except PermissionError:  # alive, another user's
+                return text
+        time.sleep(0.01)
+    return text or "unknown"

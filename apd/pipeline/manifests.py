@@ -64,12 +64,25 @@ def is_complete(manifest: Path, config_hash: str, inputs: dict[str, str], check_
     if record is None:
         return False
     if check_files:
-        for name, digest in record.get("files", {}).items():
+        try:
+            files = recorded_files(record, manifest)
+        except ArtifactError as exc:
+            log.warning("not reusing it: %s", exc)
+            return False
+        for name, digest in files.items():
             path = manifest.parent / name
             if not path.is_file() or file_digest(path) != digest:
                 log.warning("%s: changed since %s was written; not reusing it", path, manifest.name)
                 return False
     return True
+
+
+def recorded_files(record: dict, manifest: Path, key: str = "files") -> dict[str, str]:
+    """A manifest's ``files`` (or ``inputs``) entry: names and digests, checked to be strings."""
+    entry = record.get(key, {})
+    if not isinstance(entry, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in entry.items()):
+        raise ArtifactError(f"{manifest}: malformed manifest ({key!r} is not a table of digests)")
+    return entry
 
 
 def load_checkpoint(path: Path, **expected: Any) -> dict | None:

@@ -1,14 +1,16 @@
 """``apd report`` and what ``apd evaluate`` calls at its end: the tables (:mod:`apd.pipeline.tables`)
 and figures (:mod:`apd.pipeline.figures`) of an evaluation, written from ``results.json`` and
-``scores.h5`` without recomputing anything."""
+``scores.h5`` without recomputing anything (each file replaced whole, so an interrupted report leaves
+every file either as it was or as it is now)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from apd.errors import ArtifactError
-from apd.io import read_json
+from apd.io import read_json, restore_directory, write_text_atomic
 from apd.pipeline.figures import write_figures
+from apd.pipeline.manifests import file_digest
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.tables import assemble, build_tables, write_csv
 
@@ -22,7 +24,7 @@ def write_report(eval_dir: Path, results: dict, generator_json: Path | None = No
     for table in tables:
         write_csv(eval_dir / f"{table.name}.csv", table)
     markdown = assemble(results, tables)
-    (eval_dir / "tables.md").write_text(markdown)
+    write_text_atomic(eval_dir / "tables.md", markdown)
     write_figures(eval_dir, results, generator_json)
     return markdown
 
@@ -30,9 +32,15 @@ def write_report(eval_dir: Path, results: dict, generator_json: Path | None = No
 def run_report(ctx: RunContext) -> None:
     """``apd report``: render the tables and figures again from ``eval/results.json`` and print the tables."""
     layout = ctx.layout
+    restore_directory(layout.eval_dir)
     results_path = layout.results
     if not results_path.is_file():
         raise ArtifactError(f"{results_path}: not found; run `apd evaluate --config {ctx.cfg.source}` first")
+    recorded = read_json(layout.evaluate_manifest).get("files", {}) if layout.evaluate_manifest.is_file() else {}
+    for name, digest in recorded.items() if isinstance(recorded, dict) else ():
+        if file_digest(layout.eval_dir / name) != digest:
+            raise ArtifactError(f"{layout.eval_dir / name}: changed since `apd evaluate` wrote it; run `apd evaluate "
+                                f"--config {ctx.cfg.source} --force`")
     results = read_json(results_path)
     try:
         markdown = write_report(layout.eval_dir, results, layout.generator.with_suffix(".json"))

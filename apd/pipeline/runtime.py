@@ -6,7 +6,6 @@ import functools
 import logging
 import os
 import platform
-import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -15,16 +14,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from apd.config import PipelineConfig
+from apd.config import DEVICE_PATTERN, PipelineConfig
 from apd.data import Dataset, load_dataset
 from apd.errors import ConfigError
 from apd.pipeline import seeds
 from apd.pipeline.layout import Layout
 
 log = logging.getLogger("apd")
-
-
-DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 def resolve_device(name: str) -> torch.device:

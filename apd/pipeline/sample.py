@@ -43,8 +43,8 @@ from torch import Tensor
 
 from apd import __version__
 from apd.config import config_hash
-from apd.errors import ArtifactError, ConfigError
-from apd.io import save_torch_atomic
+from apd.errors import ArtifactError, ConfigError, DivergenceError
+from apd.io import load_torch, nonfinite_tensor, save_torch_atomic
 from apd.nets import ParamSpec, mlp
 from apd.pipeline.distributed import Group, process_group, spawn, torchrun_env, worker_device
 from apd.pipeline.layout import checkpoint_of, manifest_of, partial_of
@@ -56,7 +56,7 @@ from apd.samplers.baselines import train_baseline
 from apd.samplers.chain import ChainSeeds, SGLDChain, is_thinned_sample, thinned_count
 from apd.samplers.diagnostics import diagnose, summary_lines
 from apd.samplers.sgld import prefetch_pays
-from apd.samplers.store import SampleStore, join_stores
+from apd.samplers.store import FREE_MARGIN, SampleStore, join_stores
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ DIAGNOSTICS_TRAIN_IMAGES = 1000
 # What a run leaves beside the store it published: partial stores, checkpoints, shards, the probe join.
 _STALE = re.compile(r"samples(-\d+)?\.(partial\.h5|ckpt\.pt)|samples-\d+\.h5|samples\.probe\.h5|"
                     r"diagnostics\.partial\.png")
+STORE_CHECK_BYTES = 2**28  # rows read at a time when a store is checked before reuse
 
 
 def run_sample(ctx: RunContext) -> None:
@@ -135,12 +136,12 @@ def check_sampling_fits(ctx: RunContext, spec: ParamSpec) -> None:
     if s.batch_size > n_train:
         raise ConfigError(f"{ctx.cfg.source}: 'sgld.batch_size' ({s.batch_size}) is larger than the training "
                           f"split ({n_train} images)")
-    expected = thinned_count(s) * s.chains * spec.numel * 4 * DISK_MARGIN
+    expected = thinned_count(s) * s.chains * spec.numel * 4 * DISK_MARGIN + FREE_MARGIN
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(ctx.out_dir).free
     if expected > free:
-        raise ArtifactError(f"{ctx.out_dir}: the store needs about {expected / 2**20:,.0f} MiB, only "
-                            f"{free / 2**20:,.0f} MiB are free")
+        raise ArtifactError(f"{ctx.out_dir}: No space left for the sample store (it needs about "
+                            f"{expected / 2**20:,.1f} MiB, {free / 2**20:,.1f} MiB are free)")
 
 
 def sample_sgld(ctx: RunContext) -> Path:
@@ -148,7 +149,7 @@ def sample_sgld(ctx: RunContext) -> Path:
     docstring); returns its path."""
     s = ctx.cfg.sgld
     path = ctx.layout.samples
-    if reusable(ctx, path, "sample", {}):
+    if reusable(ctx, path, "sample", {}) and _store_is_sound(path):
         return path
     spec = ParamSpec.from_module(mlp(ctx.net_sizes))
     check_sampling_fits(ctx, spec)
@@ -359,6 +360,30 @@ def _run_chains(ctx: RunContext, spec: ParamSpec, chains: list[int], partial: Pa
                      state.monitor_sum)
 
 
+def _store_is_sound(path: Path) -> bool:
+    """Whether the store opens and every row is finite (what reuse checks besides the manifest's digest)."""
+    try:
+        with SampleStore.open(path) as store:
+            block = max(1, STORE_CHECK_BYTES // (4 * store.dim))
+            for start in range(0, len(store), block):
+                store.read_all(start, min(len(store), start + block))
+    except ArtifactError as exc:
+        log.warning("not reusing it: %s", exc)
+        return False
+    return True
+
+
+def _loads(path: Path) -> bool:
+    """Whether a saved baseline loads (weights only, finite): what reuse checks besides its digest."""
+    try:
+        load_torch(path)
+    except ArtifactError as exc:
+        log.warning("not reusing it: %s", exc)
+        return False
+    return True
+
+
+
 def _run_chain(ctx: RunContext, spec: ParamSpec, store: SampleStore, state: _ChainState, chains: list[int],
                resumed: dict | None, checkpoint: Path, stage_hash: str,
                tensors: tuple[Tensor, Tensor, Tensor, Tensor], processes: int, position: int) -> None:
@@ -397,6 +422,12 @@ def _run_chain(ctx: RunContext, spec: ParamSpec, store: SampleStore, state: _Cha
 def _save_checkpoint(path: Path, stage_hash: str, chains: list[int], chain: SGLDChain | None,
                      state: _ChainState) -> None:
     """The worker's state; with ``chain`` (mid-chain) its net and optimizer too."""
+    if chain is not None:
+        bad = nonfinite_tensor(chain.net.state_dict())
+        if bad is not None:
+            raise DivergenceError(f"SGLD diverged before iteration {state.iteration} of chain {chains[state.index]} "
+                                  f"({bad} not finite); try a smaller sgld.lr (now {chain.optimizer.defaults['lr']}); "
+                                  "complete artifacts are unchanged")
     save_torch_atomic(path, {
         "config_hash": stage_hash, "chains": chains, **(chain.state_dict() if chain is not None else {}),
         "index": state.index, "iteration": state.iteration, "stored": state.stored,
@@ -417,7 +448,7 @@ def train_and_save_baseline(ctx: RunContext, name: str) -> Path:
     """Train the ``sgd`` or ``mcdropout`` baseline (or reuse it) into ``baselines/NAME.pt``."""
     cfg, b = ctx.cfg, ctx.cfg.baselines
     path = ctx.layout.baseline(name)
-    if reusable(ctx, path, "baselines", {}):
+    if reusable(ctx, path, "baselines", {}) and _loads(path):
         return path
     dropout = b.dropout if name == "mcdropout" else 0.0
     if b.batch_size > len(ctx.data.y_train):
@@ -433,6 +464,10 @@ def train_and_save_baseline(ctx: RunContext, name: str) -> Path:
             net, b, data.x_train.to(device), data.y_train.to(device), data.x_val.to(device),
             data.y_val.to(device), seed=ctx.seed("baseline", name, "batches"), mc_passes=mc_passes,
             progress=lambda it: ctx.progress(it, desc=f"{name} epochs", unit="epoch"))
+    bad = nonfinite_tensor(result.state_dict)
+    if bad is not None:
+        raise DivergenceError(f"the {name} baseline diverged ({bad} not finite); try a smaller baselines.lr "
+                              f"(now {b.lr}); complete artifacts are unchanged")
     built = partial_of(path)
     save_torch_atomic(built, result.state_dict)
     record = manifest_record("baselines", config_hash(cfg, "baselines"), {}, method=name, dropout=dropout,

@@ -4,7 +4,7 @@ swap finished files in.
 - :func:`reusable`: a complete artifact whose manifest matches the stage's config hash, its inputs and
   its file digests is reused (``--force`` redoes it).
 - :func:`require_input`: an input must be complete, made under the config sections the running config
-  has, and unchanged since; otherwise one line names the stage to run again.
+  has, from the inputs there now, and unchanged since; otherwise one line names the stage to run again.
 - :func:`publish`: finished files replace the complete ones (data first, then the manifest), so until
   then the previous complete artifact stays valid, and a failure at any point leaves it as it was.
 """
@@ -19,13 +19,15 @@ from apd.config import STAGE_SECTIONS, config_hash
 from apd.errors import ArtifactError
 from apd.io import read_json
 from apd.pipeline.layout import manifest_of
-from apd.pipeline.manifests import file_digest, is_complete, manifest_digest, write_manifest
+from apd.pipeline.manifests import file_digest, is_complete, manifest_digest, recorded_files, write_manifest
 from apd.pipeline.runtime import RunContext
 
 log = logging.getLogger(__name__)
 
 # The command that makes each kind of artifact.
 PRODUCER = {"sample": "sample", "baselines": "sample", "peers": "sample", "distill": "distill", "evaluate": "evaluate"}
+# Inputs a manifest can name (``inputs`` entries), by the artifact each stands for.
+INPUT_ARTIFACTS = {"samples": lambda layout: layout.samples}
 
 
 def reusable(ctx: RunContext, artifact: Path, stage: str, inputs: dict[str, str]) -> bool:
@@ -47,9 +49,15 @@ def require_input(ctx: RunContext, artifact: Path, stage: str) -> str:
     if record.get("config_hash") != config_hash(ctx.cfg, stage):
         raise ArtifactError(f"{artifact}: made with another configuration of {', '.join(STAGE_SECTIONS[stage])}; "
                             f"run {command} again")
-    for name, digest in record.get("files", {}).items():
+    for name, digest in recorded_files(record, manifest).items():
         if file_digest(manifest.parent / name) != digest:
             raise ArtifactError(f"{manifest.parent / name}: changed since it was made; run {command} --force")
+    for name, digest in recorded_files(record, manifest, "inputs").items():
+        if name in INPUT_ARTIFACTS:
+            source = manifest_of(INPUT_ARTIFACTS[name](ctx.layout))
+            if not source.is_file() or manifest_digest(source) != digest:
+                raise ArtifactError(f"{artifact}: made from other {name} than the ones there now; run {command} "
+                                    "again")
     return manifest_digest(manifest)
 
 

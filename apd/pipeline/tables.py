@@ -9,6 +9,7 @@ BALD) is "n/a", never a number.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from apd.io import write_text_atomic
 from apd.pipeline.methods import METHODS, label
 
 METHOD_ORDER = tuple(METHODS)
@@ -563,7 +565,8 @@ def render_tables(results: dict) -> str:
 
 
 def write_csv(path: Path, table: Table) -> None:
-    with path.open("w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(table.columns)
-        writer.writerows(table.rows)
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(table.columns)
+    writer.writerows(table.rows)
+    write_text_atomic(path, text.getvalue())

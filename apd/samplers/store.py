@@ -30,14 +30,21 @@ system without fsync: this covers a crashed or killed process, not a power cut. 
   that a writer holds (or a writer opening one a reader holds) gets a clear error instead of corrupting
   or misreading it; where it does not (some network filesystems), nothing fails. HDF5 gives the
   environment variable ``HDF5_USE_FILE_LOCKING=FALSE`` precedence, to switch locking off entirely.
+
+A full disk. HDF5 fails on one in ways that break its file handles (a failed write, then a crash when the
+process exits), so the store never writes into the last MiB of a disk: ``create`` and ``append`` raise
+``OSError(ENOSPC)`` first, and the file closes cleanly with every committed sample.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Literal
@@ -68,6 +75,7 @@ _COLUMNS: dict[str, np.dtype] = {
 # Entries per chunk of a column: every flush rewrites the column's last chunk, so it stays small (2 KB).
 _COLUMN_CHUNK = 256
 _REBUILD_ROWS = 1000  # rows copied per append when a crashed writer's store is rebuilt
+FREE_MARGIN = 2**20  # bytes an append leaves free on the disk, or it does not write (``_require_space``)
 # File format bounds: 1.8-level objects and a version 0 superblock, which has no "open for write" flag.
 _LIBVER = ("earliest", "v108")
 _LOCKING = "best-effort"
@@ -86,6 +94,7 @@ class SampleStore:
         self._samples: h5py.Dataset = file[_SAMPLES]
         self._columns: dict[str, h5py.Dataset] = {name: file[name] for name in _COLUMNS}
         self._n_complete = h5a.open(file.id, _N_COMPLETE.encode())
+        self._finite = np.zeros(n, dtype=bool)  # rows read and found finite, each checked once per handle
 
     # ----------------------------------------------------------------------------------------- opening
 
@@ -114,24 +123,28 @@ class SampleStore:
         meta_json = json.dumps(meta, sort_keys=True)
         dim = spec.numel
         path.parent.mkdir(parents=True, exist_ok=True)
+        _require_space(path, 0)
         try:
             file = h5py.File(path, "w", libver=_LIBVER, locking=_LOCKING)
         except OSError as exc:
+            if "errno = 28" in str(exc):
+                raise _disk_error(path, exc) from None
             raise ArtifactError(f"{path}: cannot create the sample store ({exc})") from None
-        file.attrs["format"] = FORMAT_NAME
-        file.attrs["format_version"] = FORMAT_VERSION
-        file.attrs["spec"] = spec.to_json()
-        file.attrs["meta"] = meta_json
-        file.attrs["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        file.attrs[_N_COMPLETE] = np.int64(0)
-        file.attrs[_WRITING] = np.int8(1)
-        file.create_dataset(
-            _SAMPLES, shape=(0, dim), maxshape=(None, dim), dtype=np.float32,
-            chunks=(chunk_rows or 1, dim), **_filters(compression),
-        )
-        for name, dtype in _COLUMNS.items():
-            file.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(_COLUMN_CHUNK,))
-        file.flush()
+        with _writing(path, file):
+            file.attrs["format"] = FORMAT_NAME
+            file.attrs["format_version"] = FORMAT_VERSION
+            file.attrs["spec"] = spec.to_json()
+            file.attrs["meta"] = meta_json
+            file.attrs["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            file.attrs[_N_COMPLETE] = np.int64(0)
+            file.attrs[_WRITING] = np.int8(1)
+            file.create_dataset(
+                _SAMPLES, shape=(0, dim), maxshape=(None, dim), dtype=np.float32,
+                chunks=(chunk_rows or 1, dim), **_filters(compression),
+            )
+            for name, dtype in _COLUMNS.items():
+                file.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(_COLUMN_CHUNK,))
+            file.flush()
         return cls(file, path, spec, json.loads(meta_json), 0)
 
     @classmethod
@@ -171,18 +184,25 @@ class SampleStore:
             return cls.open(path, mode, expect_spec)
         store = cls(file, path, spec, meta, n)
         if mode == "a":
-            if any(ds.shape[0] != n for ds in store._datasets()):
-                store._resize(n)
-            file.attrs[_WRITING] = np.int8(1)
-            file.flush()
+            _require_space(path, 0)
+            with _writing(path, store, file):
+                if any(ds.shape[0] != n for ds in store._datasets()):
+                    store._resize(n)
+                file.attrs[_WRITING] = np.int8(1)
+                file.flush()
         return store
 
     def close(self) -> None:
         """Mark the file as no longer being written (in ``"a"`` mode), flush and close it (idempotent)."""
         if self._file.id.valid:
-            if self._file.mode == "r+":
-                self._file.attrs[_WRITING] = np.int8(0)
-            self._file.close()
+            if self._file.mode != "r+":
+                self._file.close()
+                return
+            with _writing(self.path, self):
+                try:
+                    self._file.attrs[_WRITING] = np.int8(0)
+                finally:
+                    self._file.close()
 
     def __enter__(self) -> SampleStore:
         return self
@@ -214,9 +234,11 @@ class SampleStore:
         self._require_writable()
         if not 0 <= n <= self._n:
             raise ValueError(f"cannot truncate a store of {self._n} samples to {n}")
-        self._commit(n)
-        self._resize(n)
-        self._file.flush()
+        with _writing(self.path, self):
+            self._commit(n)
+            self._resize(n)
+            self._file.flush()
+        self._finite[n:] = False
 
     # ----------------------------------------------------------------------------------------- reading
 
@@ -315,13 +337,23 @@ class SampleStore:
         return self._columns[name][: self._n]
 
     def _read_rows(self, start: int, out: np.ndarray) -> None:
-        """Fill ``out`` [k, D] with rows start:start+k (a corrupt chunk is an :class:`ArtifactError`)."""
+        """Fill ``out`` [k, D] with rows start:start+k. A corrupt chunk, or a row holding NaN or infinite
+        values (which no sampler stores: a store edited or damaged afterwards), is an :class:`ArtifactError`.
+        Each row is checked the first time it is read, so checking costs one pass over the store at most."""
         if out.size == 0:
             return
         try:
             _read_at(self._samples, start, out)
         except OSError as exc:
             raise ArtifactError(f"{self.path}: cannot read rows {start}:{start + len(out)} ({exc})") from None
+        stop = start + len(out)
+        if len(self._finite) < stop:
+            self._finite = np.concatenate([self._finite, np.zeros(stop - len(self._finite), dtype=bool)])
+        for i in np.flatnonzero(~self._finite[start:stop]):
+            if not np.isfinite(out[i]).all():
+                raise ArtifactError(f"{self.path}: sample {start + i} holds NaN or infinite values (the store "
+                                    "was damaged after it was written)")
+        self._finite[start:stop] = True
 
     def _require_writable(self) -> None:
         if self._file.mode != "r+":
@@ -345,14 +377,16 @@ class SampleStore:
                     log_liks: object) -> range:
         """Write rows and their columns, flush, then commit them by raising ``n_complete`` and flushing."""
         self._require_writable()
+        _require_space(self.path, rows.nbytes)
         start, stop = self._n, self._n + rows.shape[0]
         columns = {name: np.ascontiguousarray(np.broadcast_to(np.asarray(values, _COLUMNS[name]), len(rows)))
                    for name, values in zip(_COLUMNS, (steps, chains, lrs, log_liks), strict=True)}
-        self._resize(stop)
-        for dataset, values in zip(self._datasets(), [rows, *columns.values()], strict=True):
-            _write_at(dataset, start, values)
-        self._file.flush()
-        self._commit(stop)
+        with _writing(self.path, self):
+            self._resize(stop)
+            for dataset, values in zip(self._datasets(), [rows, *columns.values()], strict=True):
+                _write_at(dataset, start, values)
+            self._file.flush()
+            self._commit(stop)
         return range(start, stop)
 
     def _commit(self, n: int) -> None:
@@ -360,6 +394,48 @@ class SampleStore:
         self._n_complete.write(np.array(n, dtype=np.int64))
         self._file.flush()
         self._n = n
+
+
+_write_failed = False  # set once HDF5 failed to write a store (see hdf5_write_failed)
+_broken: list[object] = []  # stores and files whose HDF5 handles broke, never freed
+
+
+def hdf5_write_failed() -> bool:
+    """Whether HDF5 failed to write a store in this process (a full disk that filled under it, say). Its
+    handles are then broken and freeing them when the interpreter exits can crash it: a process that
+    saw this should leave with ``os._exit`` once it has reported the error."""
+    return _write_failed
+
+
+@contextlib.contextmanager
+def _writing(path: Path, *holders: object) -> Iterator[None]:
+    """Turn HDF5's failures while writing ``path`` into one ``OSError`` (``ENOSPC`` when the disk is full),
+    noting that its handles are broken (:func:`hdf5_write_failed`) and keeping ``holders`` (what holds
+    them) alive, since freeing a broken handle can crash the process."""
+    global _write_failed
+    try:
+        yield
+    except (OSError, RuntimeError) as exc:
+        _write_failed = True
+        _broken.extend(holders)
+        raise _disk_error(path, exc) from None
+
+
+def _disk_error(path: Path, exc: BaseException) -> OSError:
+    text = " ".join(str(exc).split())
+    full = "errno = 28" in text or shutil.disk_usage(path.parent).free < FREE_MARGIN
+    return OSError(errno.ENOSPC if full else errno.EIO, "No space left on device" if full else
+                   f"cannot write the sample store ({text[:200]})", str(path))
+
+
+def _require_space(path: Path, nbytes: int) -> None:
+    """Stop with ``ENOSPC`` before a write of ``nbytes`` to ``path`` that could fill the disk: HDF5 fails on
+    a full disk in ways that leave its file handles broken (a write error, then a crash at exit), so the
+    store never lets it get there; :data:`FREE_MARGIN` stays free for what is written when the file closes."""
+    free = shutil.disk_usage(path.parent).free
+    if free < nbytes + FREE_MARGIN:
+        raise OSError(errno.ENOSPC, f"No space left on device (the sample store stops with {free / 2**20:.1f} MiB "
+                      "free)", str(path))
 
 
 def _filters(compression: str) -> dict:

@@ -1,0 +1,588 @@
+"""Nothing lost: a stage that fails, races or gets stale inputs never destroys a complete artifact.
+
+Each test runs the CLI on a tiny digits pipeline against a complete artifact set and asserts the exit
+code, one line on stderr (never a traceback) and byte-identical complete artifacts afterwards (or their
+correct replacement where the run legitimately succeeds). ``benchmarks/nothing_lost.py`` runs the
+whole scenario matrix; the slow test at the end drives it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections import namedtuple
+from pathlib import Path
+from types import SimpleNamespace
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from apd.cli import main
+from tests.tiny_pipeline import toml
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = {
+    "name": "nl", "threads": 1,
+    "data": {"dataset": "digits", "train_size": 1000, "val_size": 300, "ood": ["gaussian"]},
+    "net": {"hidden": [16]},
+    "sgld": {"lr": 0.1, "prior_var": 0.1, "iterations": 300, "burn_in": 100, "thin": 10, "eval_every": 100,
+             "checkpoint_every": 100},
+    "baselines": {"epochs": 2, "lr": 0.1, "mc_passes": 5},
+    "distill": {"generator": "subspace", "subspace_rank": 4, "steps": 20, "eval_every": 10, "checkpoint_every": 10,
+                "gen_hidden": [16], "critic_hidden": [16], "eval_networks": 10, "lr": 1e-3, "fit_samples": 20,
+                "residual": {"model": "none"}},
+    "evaluate": {"runs": 1, "networks": 10, "sgld_samples": 10, "mc_passes": 5, "ood_size": 50, "mog_components": [1],
+                 "mog_fit_samples": 20, "scores": ["bald", "entropy"]},
+}
+WORK = re.compile(r"(^\.lock$|\.partial(\.|$)|\.ckpt\.pt$|\.tmp(\.|$))")
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """SHA-256 of every complete artifact file under ``root`` (the lock and work in progress left out)."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
+            if p.is_file() and not WORK.search(p.name) and "eval.partial" not in p.parts}
+
+
+def forge(manifest: Path) -> None:
+    """Make ``manifest`` record its files' current digests: a damaged file under a 'valid' manifest."""
+    from apd.pipeline.manifests import file_digest
+
+    record = json.loads(manifest.read_text())
+    record["files"] = {name: file_digest(manifest.parent / name) for name in record["files"]}
+    manifest.write_text(json.dumps(record))
+
+
+@pytest.fixture(scope="module")
+def complete(tmp_path_factory):
+    """A complete artifact set (sample, distill, evaluate) of the tiny pipeline: (root, config path)."""
+    root = tmp_path_factory.mktemp("complete")
+    config = root / "nl.toml"
+    config.write_text(toml(CONFIG))
+    for stage in ("sample", "distill", "evaluate"):
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert main([stage, "--config", str(config), "--artifacts", str(root / "art"), "--quiet"]) == 0
+    return root / "art", config
+
+
+Run = namedtuple("Run", "rc err")
+
+
+class Artifacts:
+    """A copy of the complete set for one test, and the CLI run on it."""
+
+    def __init__(self, source: Path, config: Path, root: Path) -> None:
+        shutil.copytree(source, root)
+        self.root, self.config, self.dir = root, config, root / "nl"
+
+    def argv(self, command: str, *extra: str, root: Path | None = None) -> list[str]:
+        return [command, "--config", str(self.config), "--artifacts", str(root or self.root), "--quiet", *extra]
+
+    def run(self, command: str, *extra: str, root: Path | None = None) -> Run:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            rc = main(self.argv(command, *extra, root=root))
+        return Run(rc, err.getvalue())
+
+    def fails(self, command: str, *extra: str, match: str | None = None, root: Path | None = None) -> str:
+        """Run a command that must stop with exit 2 and one line, leaving every complete artifact as it was."""
+        where = (root or self.root) / "nl"
+        before = snapshot(where)
+        rc, err = self.run(command, *extra, root=root)
+        assert rc == 2, err
+        assert len(err.strip().splitlines()) == 1, err
+        if match:
+            assert re.search(match, err), err
+        assert snapshot(where) == before
+        return err
+
+    def path(self, name: str) -> Path:
+        return self.dir / name
+
+
+@pytest.fixture
+def art(complete, tmp_path):
+    return Artifacts(complete[0], complete[1], tmp_path / "art")
+
+
+def nonfinite_checkpoints(root: Path) -> list[str]:
+    from apd.io import nonfinite_tensor
+
+    return [p.name for p in root.rglob("*.ckpt.pt") if nonfinite_tensor(torch.load(p, weights_only=True))]
+
+
+# ----------------------------------------------------------------------------------------- other processes
+
+
+class Child:
+    """``apd.cli.main(argv)`` in a forked process (torch is imported already), stderr to a file."""
+
+    def __init__(self, argv: list[str], err: Path) -> None:
+        self.err = err
+        sys.stdout.flush(), sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:
+            code = 1
+            try:
+                fd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(fd, 2)
+                os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+                sys.stderr, sys.stdout = os.fdopen(2, "w"), os.fdopen(1, "w")  # past pytest's capture
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                code = main(argv)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                with contextlib.suppress(Exception):
+                    sys.stderr.flush()
+                os._exit(code)
+        self.rc: int | None = None
+
+    def poll(self) -> int | None:
+        if self.rc is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        return self.rc
+
+    def wait(self) -> int:
+        while self.poll() is None:
+            time.sleep(0.01)
+        return self.rc
+
+    def stop(self) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+            self.wait()
+
+
+def holding_lock(art: Artifacts, child: Child, timeout: float = 120) -> bool:
+    """Wait until ``child`` holds the artifact lock (its PID is in the lock file)."""
+    lock, deadline = art.dir / ".lock", time.monotonic() + timeout
+    while time.monotonic() < deadline and child.poll() is None:
+        if lock.is_file() and lock.read_text().strip() == str(child.pid):
+            return True
+        time.sleep(0.005)
+    return False
+
+
+@pytest.mark.parametrize(("holder", "second"), [
+    (("sample", "--force", "--set", "sgld.iterations=100000"), ("sample", "--force")),
+    (("distill", "--force", "--set", "distill.steps=100000"), ("sample", "--set", "sgld.lr=0.2")),
+    (("distill", "--force", "--set", "distill.steps=100000"), ("sample", "--force")),
+    (("evaluate", "--force", "--set", "evaluate.runs=1000"), ("evaluate", "--force")),
+    (("evaluate", "--force", "--set", "evaluate.runs=1000"), ("report",)),
+    (("sample", "--force", "--set", "sgld.iterations=100000"), ("info",)),
+], ids=["sample-sample", "distill-sample", "distill-sample-force", "evaluate-evaluate", "evaluate-report",
+        "sample-info"])
+def test_a_second_process_exits_naming_the_holder(art, tmp_path, holder, second):
+    """While one process works on the artifacts, another stage stops at once (exit 2, one line naming the
+    holder's PID) and every complete artifact stays byte-identical, even after the holder is killed."""
+    before = snapshot(art.dir)
+    child = Child(art.argv(*holder), tmp_path / "holder.err")
+    try:
+        assert holding_lock(art, child), (tmp_path / "holder.err").read_text()
+        art.fails(*second, match=rf"PID {child.pid}\b")
+    finally:
+        child.stop()
+    assert snapshot(art.dir) == before
+
+
+# ----------------------------------------------------------------------------------------- failing stages
+
+
+@pytest.mark.parametrize("extra", [("--set", "sgld.lr=1e6"), ("--force", "--set", "sgld.lr=1e6"),
+                                   ("--set", "sgld.lr=1e6", "--set", "sgld.checkpoint_every=20")],
+                         ids=["changed", "force", "checkpoint-before-first-sample"])
+def test_diverging_resample_keeps_the_complete_store_and_checkpoints_no_nan(art, extra):
+    art.fails("sample", *extra, match="diverged")
+    assert not nonfinite_checkpoints(art.dir)
+
+
+def test_diverging_baseline_is_not_saved(art):
+    art.fails("sample", "--set", "baselines.lr=1e8", match="sgd baseline diverged")
+
+
+@pytest.mark.parametrize("setting", ["sgld.batch_size=5000", "baselines.batch_size=5000"])
+def test_batch_larger_than_the_training_split(art, setting):
+    art.fails("sample", "--set", setting, match="batch_size")
+
+
+@pytest.mark.parametrize(("settings", "match"), [
+    (["distill.subspace_rank=100000"], "subspace_rank"), (["distill.fit_samples=2"], "fit_samples"),
+    (["distill.subspace_rank=25", "distill.fit_samples=40"], "rank")],  # the store holds 20 samples
+    ids=["rank-100000", "fit-samples-2", "rank-above-store"])
+def test_failing_distill_keeps_the_generator(art, settings, match):
+    art.fails("distill", *(f"--set={setting}" for setting in settings), match=match)
+
+
+def test_diverging_gan_is_not_checkpointed(art):
+    art.fails("distill", "--set", "distill.lr=1e12", "--set", "distill.checkpoint_every=5", match="diverged")
+    assert not nonfinite_checkpoints(art.dir)
+
+
+# ----------------------------------------------------------------------------------------- provenance
+
+
+def test_distill_refuses_samples_of_another_sgld_config(art):
+    art.fails("distill", "--set", "sgld.lr=0.05", match="run `apd sample")
+
+
+def test_evaluate_refuses_a_generator_of_another_rank(art):
+    art.fails("evaluate", "--set", "distill.subspace_rank=3", match="run `apd distill")
+
+
+@pytest.mark.parametrize(("manifest", "command"), [("samples.json", "distill"), ("generator.json", "evaluate"),
+                                                   ("baselines/sgd.json", "evaluate")])
+def test_an_edited_config_hash_is_noticed(art, manifest, command):
+    path = art.path(manifest)
+    path.write_text(json.dumps({**json.loads(path.read_text()), "config_hash": "0123456789abcdef"}))
+    art.fails(command, match="another configuration")
+
+
+def test_evaluate_refuses_a_generator_made_from_other_samples(art):
+    assert art.run("sample", "--force").rc == 0
+    art.fails("evaluate", match="made from other samples.*apd distill")
+
+
+def test_edited_results_are_not_reused_or_reported(art):
+    results = art.path("eval/results.json")
+    results.write_text(results.read_text().replace('"runs": 1', '"runs": 7'))
+    art.fails("report", match="changed since")
+    assert art.run("evaluate").rc == 0
+    assert json.loads(results.read_text())["runs"] == 1
+
+
+def test_fashion_ood_never_comes_from_apd_data_dir(tmp_path, monkeypatch, digits):
+    from apd.config import DataConfig
+    from apd.data import FASHION_MNIST_DIR, available_ood, ood_set
+
+    if not Path(FASHION_MNIST_DIR).is_dir():
+        pytest.skip("Fashion-MNIST is not installed")
+    expected = ood_set("fashion", digits, 20, 0)
+    monkeypatch.setenv("APD_DATA_DIR", str(_fake_mnist(tmp_path)))
+    assert "fashion" in available_ood(DataConfig(), digits)
+    torch.testing.assert_close(ood_set("fashion", digits, 20, 0), expected)
+
+
+# ----------------------------------------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize(("command", "device"), [("sample", "tpu"), ("distill", "cuda:abc"), ("evaluate", "meta"),
+                                                 ("sample", "CPU")])
+def test_bad_device_is_one_line_even_on_reuse(art, command, device):
+    art.fails(command, "--device", device, match="device")
+
+
+@pytest.mark.parametrize("seed", ["99999999999999999", "4294967296", "-1"])
+def test_seed_out_of_range(art, seed):
+    art.fails("sample", "--set", f"seed={seed}", match="'seed'")
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", "..", ".", "", "/tmp/apd-abs"])
+def test_name_must_be_a_plain_file_name(art, tmp_path, name):
+    outside = snapshot(tmp_path)
+    art.fails("sample", "--set", f'name="{name}"', match="'name'")
+    assert snapshot(tmp_path) == outside and not Path("/tmp/apd-abs").exists()
+
+
+def _fake_mnist(directory: Path, broken: bool = False) -> Path:
+    """Four small gzipped MNIST-like IDX files; ``broken``: the train images' deflate stream is invalid."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", 1400), ("t10k", 200)):
+        for kind, array in (("images-idx3", np.zeros((n, 28, 28), np.uint8)), ("labels-idx1", np.arange(n) % 10)):
+            header = bytes([0, 0, 8, array.ndim]) + b"".join(d.to_bytes(4, "big") for d in array.shape)
+            raw = bytearray(gzip.compress(header + array.astype(np.uint8).tobytes(), mtime=0))
+            if broken and split == "train" and kind.startswith("images"):
+                raw[10] = 0x07  # the first deflate block has the reserved block type: a zlib error
+            (directory / f"{split}-{kind}-ubyte.gz").write_bytes(bytes(raw))
+    return directory
+
+
+def test_zlib_error_inside_an_idx_gz(art, tmp_path):
+    data = _fake_mnist(tmp_path / "mnist", broken=True)
+    art.fails("sample", "--set", 'data.dataset="mnist"', "--data-dir", str(data), match="cannot read IDX")
+
+
+def _nan_rows(store: Path) -> None:
+    with h5py.File(store, "r+") as fh:
+        fh["samples"][3] = np.nan
+
+
+@pytest.mark.parametrize("command", ["distill", "evaluate"])
+@pytest.mark.parametrize("forged", [False, True], ids=["stale-digest", "forged-digest"])
+def test_nan_rows_in_the_store(art, command, forged):
+    _nan_rows(art.path("samples.h5"))
+    if forged:
+        forge(art.path("samples.json"))
+    art.fails(command, "--force")
+
+
+def test_nan_rows_are_not_reused_by_sample(art):
+    _nan_rows(art.path("samples.h5"))
+    forge(art.path("samples.json"))
+    rc, err = art.run("sample")
+    assert rc == 0 and "NaN" in err
+    with h5py.File(art.path("samples.h5"), "r") as fh:
+        assert np.isfinite(fh["samples"][()]).all()
+
+
+def _random_bytes(path: Path, offset: int, length: int) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[offset:offset + length] = np.random.default_rng(offset).integers(0, 256, length, dtype=np.uint8).tobytes()
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("offset", [0, 96, 200, 1024, 2048])
+def test_random_bytes_near_the_store_header(art, complete, offset):
+    """Caught by the digest; under a forged digest, either one line and exit 2, or (where the bytes miss
+    everything read) a run on exactly the samples that were there."""
+    _random_bytes(art.path("samples.h5"), offset, 64)
+    art.fails("distill", "--force", match="changed since")
+    forge(art.path("samples.json"))
+    before = snapshot(art.dir)
+    rc, err = art.run("distill", "--force")
+    assert rc in (0, 2) and len(err.strip().splitlines()) == (1 if rc else 0), err
+    if rc == 2:
+        assert snapshot(art.dir) == before
+    else:
+        with h5py.File(art.path("samples.h5"), "r") as got, h5py.File(complete[0] / "nl" / "samples.h5", "r") as want:
+            np.testing.assert_array_equal(got["samples"][()], want["samples"][()])
+
+
+def test_a_store_with_fewer_samples_than_evaluate_draws(art):
+    art.fails("evaluate", "--set", "evaluate.sgld_samples=1000", match="1000")
+
+
+@pytest.mark.parametrize("forged", [False, True], ids=["stale-digest", "forged-digest"])
+def test_corrupt_generator(art, forged):
+    _random_bytes(art.path("generator.pt"), 300, 200)
+    if forged:
+        forge(art.path("generator.json"))
+    art.fails("evaluate", match="generator")
+    rc, err = art.run("distill")  # not reused: made again
+    assert rc == 0, err
+    torch.load(art.path("generator.pt"), weights_only=True)
+
+
+@pytest.mark.parametrize("target", ["baselines/sgd.pt", "generator.pt"])
+def test_nan_weights_under_a_forged_manifest(art, target):
+    state = torch.load(art.path(target), weights_only=True)
+    next(iter(state.values())).fill_(float("nan"))
+    torch.save(state, art.path(target))
+    forge(art.path(str(Path(target).with_suffix(".json"))))
+    art.fails("evaluate", match="NaN")
+
+
+def test_pickles_are_never_unpickled(art, tmp_path):
+    marker = tmp_path / "PWNED"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    torch.save({"weight": Evil()}, art.path("baselines/sgd.pt"))
+    forge(art.path("baselines/sgd.json"))
+    art.fails("evaluate", match="weights-only")
+    torch.save({"trainer": Evil()}, art.path("generator.ckpt.pt"))
+    assert art.run("distill", "--set", "distill.steps=30").rc == 0
+    assert not marker.exists()
+
+
+# ----------------------------------------------------------------------------------------- file systems
+
+
+def test_artifacts_pointing_at_a_file(art, tmp_path):
+    plain = tmp_path / "plain"
+    plain.write_text("x")
+    for command in ("sample", "info"):
+        rc, err = art.run(command, root=plain)
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and "not a directory" in err
+    assert plain.read_text() == "x"
+
+
+@contextlib.contextmanager
+def mounted(*commands: list[str], target: Path):
+    if os.geteuid() != 0 or subprocess.run(commands[0], capture_output=True).returncode:
+        pytest.skip("cannot mount here (needs root)")
+    try:
+        for command in commands[1:]:
+            subprocess.run(command, check=True, capture_output=True)
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(target)], capture_output=True)
+
+
+def test_read_only_artifacts_directory(art):
+    with mounted(["mount", "--bind", str(art.root), str(art.root)],
+                 ["mount", "-o", "remount,bind,ro", str(art.root)], target=art.root):
+        art.fails("sample", match="cannot write")
+        art.fails("evaluate", "--force")
+        assert art.run("info").rc == 0
+
+
+@pytest.mark.parametrize(("command", "free"), [("sample", 0), ("sample", 300_000), ("distill", 0),
+                                               ("distill", 40_000), ("evaluate", 0), ("evaluate", 150_000)])
+def test_full_disk(art, tmp_path, command, free):
+    """On a small tmpfs left with ``free`` bytes: exit 2, one line, no crash, every complete artifact kept."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    size = sum(p.stat().st_size for p in art.root.rglob("*") if p.is_file()) + 2**20
+    with mounted(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], target=disk):
+        shutil.copytree(art.root, disk / "art")
+        stat = os.statvfs(disk)
+        with contextlib.suppress(OSError), open(disk / "filler", "wb") as fh:
+            fh.write(b"\1" * max(0, stat.f_bavail * stat.f_frsize - free))
+        child = Child(art.argv(command, "--force", root=disk / "art"), tmp_path / "err")
+        assert child.wait() == 2, (tmp_path / "err").read_text()  # a crash would be a negative signal number
+        err = (tmp_path / "err").read_text()
+        assert len(err.strip().splitlines()) == 1 and "No space left" in err, err
+        assert snapshot(disk / "art" / "nl") == snapshot(art.dir)
+
+
+UNCHECKED = """
+import sys
+import apd.pipeline.sample as sample
+import apd.samplers.store as store
+store._require_space = lambda *args: None  # as if another process filled the disk just after every check
+sample.check_sampling_fits = lambda *args: None
+from apd.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_disk_filling_under_hdf5_is_one_line_and_no_crash(art, tmp_path):
+    """HDF5 writing into a full disk breaks its handles, and freeing them crashed the process (exit 139):
+    in a fresh interpreter, with the store's own free-space check out of the way, the failure is one line
+    and exit 2."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    with mounted(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], target=disk):
+        shutil.copytree(art.root, disk / "art")
+        stat = os.statvfs(disk)
+        with contextlib.suppress(OSError), open(disk / "filler", "wb") as fh:
+            fh.write(b"\1" * max(0, stat.f_bavail * stat.f_frsize - 60_000))
+        before = snapshot(disk / "art" / "nl")
+        result = subprocess.run([sys.executable, "-c", UNCHECKED, *art.argv("sample", "--force", root=disk / "art")],
+                                cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert result.returncode == 2, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and "No space left" in result.stderr, result.stderr
+        assert snapshot(disk / "art" / "nl") == before
+
+
+def _disk_with(free: int):
+    return SimpleNamespace(disk_usage=lambda path: shutil._ntuple_diskusage(2**30, 2**30 - free, free))
+
+
+def test_store_stops_before_the_disk_is_full(art, monkeypatch):
+    """The store refuses to append into the last MiB of a disk (HDF5 on a full disk crashes at exit)."""
+    monkeypatch.setattr("apd.samplers.store.shutil", _disk_with(2**19))
+    art.fails("sample", "--force", match="No space left")
+
+
+def test_a_failed_torch_save_is_one_line(art, monkeypatch):
+    def full(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+
+    monkeypatch.setattr(torch, "save", full)
+    monkeypatch.setattr("apd.io.shutil", _disk_with(0))
+    art.fails("distill", "--force", match="No space left")
+
+
+def test_evaluation_directory_is_always_whole(tmp_path):
+    """replace_directory swaps in one step; a swap cut short between two renames is undone."""
+    from apd.io import replace_directory, restore_directory
+
+    final, built = tmp_path / "eval", tmp_path / "eval.partial"
+    final.mkdir(), built.mkdir()
+    (final / "x").write_text("old"), (built / "x").write_text("new")
+    replace_directory(built, final)
+    assert (final / "x").read_text() == "new" and not built.exists()
+    final.rename(tmp_path / "eval.old")  # as if killed after moving the old one aside
+    restore_directory(final)
+    assert (final / "x").read_text() == "new"
+
+
+def test_disk_errors_keep_their_errno(monkeypatch):
+    """ENOSPC from the store is an OSError, which the CLI prints as one line."""
+    from apd.samplers.store import _require_space
+
+    monkeypatch.setattr("apd.samplers.store.shutil", _disk_with(0))
+    with pytest.raises(OSError) as info:
+        _require_space(Path("/tmp/x.h5"), 10)
+    assert info.value.errno == errno.ENOSPC
+
+
+# ----------------------------------------------------------------------------------------- slow
+
+
+def _python_apd(art: Artifacts, *argv: str, err: Path) -> subprocess.Popen:
+    with open(err, "wb") as fh:
+        return subprocess.Popen([sys.executable, "-m", "apd", *art.argv(*argv)], cwd=REPO, stderr=fh,
+                                stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["sample", "evaluate"])
+def test_two_python_processes_at_once(art, tmp_path, command):
+    """Two `python -m apd COMMAND --force` started together: one finishes (exit 0), the other exits 2 naming
+    its PID; the store reads and scores.h5 has the test labels."""
+    labels = h5py.File(art.path("eval/scores.h5"), "r")["test_labels"][()]
+    procs = [_python_apd(art, command, "--force", err=tmp_path / f"{i}.err") for i in range(2)]
+    codes = [p.wait(timeout=900) for p in procs]
+    assert sorted(codes) == [0, 2], codes
+    winner, loser = (0, 1) if codes[0] == 0 else (1, 0)
+    err = (tmp_path / f"{loser}.err").read_text()
+    assert len(err.strip().splitlines()) == 1 and f"PID {procs[winner].pid}" in err, err
+    with h5py.File(art.path("samples.h5"), "r") as fh:
+        assert np.isfinite(fh["samples"][()]).all()
+    with h5py.File(art.path("eval/scores.h5"), "r") as fh:
+        np.testing.assert_array_equal(fh["test_labels"][()], labels)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_interrupted_resample_resumes_to_the_same_store(art, complete, tmp_path, sig):
+    """A `python -m apd sample` of another config stopped at its second checkpoint keeps every complete
+    artifact; run again, it stores exactly what an uninterrupted run stores."""
+    extra = ("--set", "seed=1", "--set", "sgld.iterations=900", "--set", "sgld.checkpoint_every=50")
+    reference = Artifacts(complete[0], complete[1], tmp_path / "reference")
+    assert reference.run("sample", *extra).rc == 0
+    before = snapshot(art.dir)
+    proc = _python_apd(art, "sample", *extra, err=tmp_path / "err")
+    checkpoint, seen, stamp = art.path("samples.ckpt.pt"), 0, None
+    while seen < 2 and proc.poll() is None:
+        current = checkpoint.stat().st_mtime_ns if checkpoint.exists() else None
+        if current is not None and current != stamp:
+            seen, stamp = seen + 1, current
+        time.sleep(0.002)
+    proc.send_signal(sig)
+    proc.wait(timeout=120)
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130 and len((tmp_path / "err").read_text().strip().splitlines()) == 1
+    assert snapshot(art.dir) == before
+    assert art.run("sample", *extra).rc == 0
+    with h5py.File(art.path("samples.h5"), "r") as got, h5py.File(reference.path("samples.h5"), "r") as want:
+        for key in ("samples", "step", "chain", "log_lik"):
+            np.testing.assert_array_equal(got[key][()], want[key][()])
+
+
+@pytest.mark.slow
+def test_nothing_lost_matrix():
+    """The whole scenario matrix (benchmarks/nothing_lost.py): every case passes."""
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "nothing_lost.py")], cwd=REPO,
+                            capture_output=True, text=True, timeout=6 * 3600)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
