@@ -57,9 +57,13 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
     results_dir = root / RESULTS_DIR / pipeline
     if table in EXPERIMENT_TABLES:
         return EXPERIMENT_TABLES[table](results_dir)
+    if table == "toy2d":
+        return render_toy2d(read_json(results_dir / "toy2d.json"))
     results = read_json(results_dir / "results.json")
     if table == "machine":
         return render_machine(results)
+    if table == "diagnostics":
+        return render_diagnostics(results["sgld_diagnostics"])
     if table.startswith("ood-"):
         built = ood_table({**results, "ood": {s: {table[4:]: by[table[4:]]} for s, by in results["ood"].items()
                                              if table[4:] in by}})
@@ -80,6 +84,40 @@ def render_machine(results: dict) -> str:
     return (f"Measured by `apd evaluate` on {machine.get('cpu', '?')} ({cores} cores, "
             f"{machine.get('threads', '?')} torch thread(s), torch {machine.get('torch', '?')}, device "
             f"{machine.get('device', '?')}); evaluation took {format_duration(timing.get('total', 0.0))}.")
+
+
+def render_diagnostics(diagnostics: dict) -> str:
+    """SGLD's convergence: rank-normalised split R-hat and bulk/tail ESS per family of quantities."""
+    labels = {"function": "p(y | x) on validation inputs", "log_lik": "log-likelihood",
+              "weight_pcs": "top weight principal components"}
+    body = []
+    for family, s in diagnostics["families"].items():
+        body.append([labels.get(family, family), f"{s['quantities']:,}", f"{s['rhat_median']:.3f}",
+                     f"{s['rhat_max']:.3f}", f"{100 * s['frac_rhat_above_1.01']:.1f}",
+                     f"{100 * s['frac_rhat_above_1.05']:.1f}", f"{s['ess_bulk_median']:,.0f}",
+                     f"{s['ess_bulk_min']:,.0f}", f"{s['ess_tail_median']:,.0f}"])
+    header = ["quantities", "count", "R-hat median", "R-hat max", "% > 1.01", "% > 1.05", "bulk ESS median",
+              "bulk ESS min", "tail ESS median"]
+    chains = (f"{diagnostics['chains_used']} chains" if not diagnostics.get("pseudo_chains") else
+              f"one chain split into {diagnostics['chains_used']} pieces")
+    note = f"{chains} × {diagnostics['draws_per_chain']:,} draws each"
+    warning = diagnostics.get("warning")
+    return (note + "; " + ("warning: " + warning if warning else "no convergence warning") + "\n\n"
+            + markdown_table(header, body))
+
+
+def render_toy2d(summary: dict) -> str:
+    """Mean BALD at the training points and far from both blobs, per method of the toy 2-D picture."""
+    body = []
+    for name, s in summary["methods"].items():
+        if s.get("bald_train") is None:
+            body.append([method_label(name), "n/a (one network)", "n/a", "n/a"])
+        else:
+            ratio = s.get("far_over_train")
+            body.append([method_label(name), f"{s['bald_train']:.3f}", f"{s['bald_far']:.3f}",
+                         "—" if ratio is None else f"{ratio:.1f}×"])
+    return markdown_table(["method", "mean BALD at the training points", f"far (> {summary['far_sd']:g} sd)",
+                           "far / near"], body)
 
 
 def render_paper(table: str, paper: dict) -> str:
