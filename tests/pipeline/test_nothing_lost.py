@@ -234,6 +234,25 @@ def test_diverging_gan_is_not_checkpointed(art):
     assert not nonfinite_checkpoints(art.dir)
 
 
+def test_ctrl_c_turned_into_another_error_is_still_an_interrupt(art, monkeypatch):
+    """h5py can turn a KeyboardInterrupt raised inside it into another error (a TypeError was seen when
+    Ctrl-C came while the store was being created): still one line and exit 130, nothing complete lost."""
+    from apd.samplers.store import SampleStore
+
+    def mangled(*args, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+        except KeyboardInterrupt:
+            raise TypeError("Operation not defined for data type class") from None
+
+    monkeypatch.setattr(SampleStore, "append", mangled)
+    before = snapshot(art.dir)
+    rc, err = art.run("sample", "--force")
+    assert rc == 130 and len(err.strip().splitlines()) == 1 and "interrupted" in err, err
+    assert snapshot(art.dir) == before
+
+
 # ----------------------------------------------------------------------------------------- provenance
 
 
