@@ -14,7 +14,10 @@ import importlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -155,42 +158,71 @@ def _takes_lock(command: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.quiet)
-    try:
-        if args.command == "report" and args.docs:
-            return docs(args.check)
-        if args.command == "reproduce":
-            args.artifacts = str(Path(args.artifacts) / "reproduce")
-        ctx = RunContext(cfg=load_config(args.config, args.set), artifacts_root=Path(args.artifacts),
-                         data_dir=args.data_dir, device_name=args.device, force=args.force, quiet=args.quiet)
-        if ctx.cfg.threads:
-            torch.set_num_threads(ctx.cfg.threads)
-        if ctx.artifacts_root.exists() and not ctx.artifacts_root.is_dir():
-            raise ArtifactError(f"--artifacts {ctx.artifacts_root}: not a directory")
-        lock = artifact_lock(ctx.layout.lock, shared=args.command in READ_ONLY) if _takes_lock(args.command) \
-            else contextlib.nullcontext()
-        with lock:
-            if args.command == "info":
-                info(ctx)
-            elif args.command == "reproduce":
-                return reproduce(ctx, args.committed)
-            elif args.command == "experiment":
-                module, function, _ = EXPERIMENTS[args.name]
-                getattr(importlib.import_module(module), function)(ctx, args.option)
-            else:
-                module, function, _ = STAGES[args.command]
-                getattr(importlib.import_module(module), function)(ctx)
-    except ApdError as exc:
-        print(f"apd {args.command}: error: {_one_line(exc)}", file=sys.stderr)
-        return _leaving(2)
-    except OSError as exc:  # full disk, read-only file system, unreadable file: nothing complete was replaced
-        where = f": {exc.filename}" if exc.filename else ""
-        print(f"apd {args.command}: error: {_one_line(exc.strerror or exc)}{where}; complete artifacts are "
-              "unchanged", file=sys.stderr)
-        return _leaving(2)
-    except KeyboardInterrupt:
-        print(f"apd {args.command}: interrupted; run the same command again to resume", file=sys.stderr)
-        return _leaving(130)
+    with _noting_interrupts() as interrupted:
+        try:
+            code = run(args)
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt) or interrupted:  # C extensions may turn Ctrl-C into another error
+                print(f"apd {args.command}: interrupted; run the same command again to resume", file=sys.stderr)
+                return _leaving(130)
+            if isinstance(exc, ApdError):
+                print(f"apd {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+                return _leaving(2)
+            if isinstance(exc, OSError):  # full disk, read-only file system, unreadable file
+                where = f": {exc.filename}" if exc.filename else ""
+                print(f"apd {args.command}: error: {_one_line(exc.strerror or exc)}{where}; complete artifacts "
+                      "are unchanged", file=sys.stderr)
+                return _leaving(2)
+            raise
+    return code
+
+
+def run(args: argparse.Namespace) -> int:
+    """The command ``args`` names, under the artifact lock; its exit code."""
+    if args.command == "report" and args.docs:
+        return docs(args.check)
+    if args.command == "reproduce":
+        args.artifacts = str(Path(args.artifacts) / "reproduce")
+    ctx = RunContext(cfg=load_config(args.config, args.set), artifacts_root=Path(args.artifacts),
+                     data_dir=args.data_dir, device_name=args.device, force=args.force, quiet=args.quiet)
+    if ctx.cfg.threads:
+        torch.set_num_threads(ctx.cfg.threads)
+    if ctx.artifacts_root.exists() and not ctx.artifacts_root.is_dir():
+        raise ArtifactError(f"--artifacts {ctx.artifacts_root}: not a directory")
+    lock = artifact_lock(ctx.layout.lock, shared=args.command in READ_ONLY) if _takes_lock(args.command) \
+        else contextlib.nullcontext()
+    with lock:
+        if args.command == "info":
+            info(ctx)
+        elif args.command == "reproduce":
+            return reproduce(ctx, args.committed)
+        elif args.command == "experiment":
+            module, function, _ = EXPERIMENTS[args.name]
+            getattr(importlib.import_module(module), function)(ctx, args.option)
+        else:
+            module, function, _ = STAGES[args.command]
+            getattr(importlib.import_module(module), function)(ctx)
     return 0
+
+
+@contextlib.contextmanager
+def _noting_interrupts() -> Iterator[list[bool]]:
+    """Ctrl-C raises KeyboardInterrupt as usual, and is noted in the list yielded (from the main thread
+    only; elsewhere the list stays empty)."""
+    noted: list[bool] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+
+    def interrupt(signum, frame):
+        noted.append(True)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield noted
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
 
 
 def _leaving(code: int) -> int:

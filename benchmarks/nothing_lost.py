@@ -1009,12 +1009,12 @@ for _name, _issue in (("../../x", True), ("../x", False), ("a/b", False), ("..",
     @case(f"name-{_name.replace('/', '_').replace('.', 'dot') or 'empty'}", "validate",
           f"sample --set name=\"{_name}\"", "exit 2, one line, nothing written anywhere", issue=_issue)
     def _name_case(env: Env, name=_name) -> None:
+        if name == "/tmp/abs":  # an absolute path of this case's own
+            name = str(env.base / "abs")
         before = snapshot(env.base)
         proc = env.run("sample", "--set", f'name="{name}"')
         env.check(proc, 2, has="name")
         env.same(before, env.base)
-        if name == "/tmp/abs" and Path("/tmp/abs").exists():
-            env.fail("/tmp/abs was created")
 
 
 for _target, _forged, _command, _rc, _issue in (
