@@ -4,6 +4,11 @@
 # requirements-nodeps.txt change.
 PIPELINE ?= pipelines/digits.toml
 ARGS ?=
+# CHAINS=C / WORKERS=W override [sgld] chains and workers (W processes on this machine, chain c on worker
+# c mod W); passed to every stage, since the chain count is part of the samples' configuration.
+CHAINS ?=
+WORKERS ?=
+SGLD_ARGS := $(if $(CHAINS),--set sgld.chains=$(CHAINS)) $(if $(WORKERS),--set sgld.workers=$(WORKERS))
 EXPERIMENT ?= distillers
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -22,19 +27,19 @@ $(STAMP): pyproject.toml constraints.txt requirements-nodeps.txt
 install: $(STAMP)
 
 sample: $(STAMP)
-	$(APD) sample --config $(PIPELINE) $(ARGS)
+	$(APD) sample --config $(PIPELINE) $(SGLD_ARGS) $(ARGS)
 
 distill: $(STAMP)
-	$(APD) distill --config $(PIPELINE) $(ARGS)
+	$(APD) distill --config $(PIPELINE) $(SGLD_ARGS) $(ARGS)
 
 evaluate: $(STAMP)
-	$(APD) evaluate --config $(PIPELINE) $(ARGS)
+	$(APD) evaluate --config $(PIPELINE) $(SGLD_ARGS) $(ARGS)
 
 report: $(STAMP)
-	$(APD) report --config $(PIPELINE) $(ARGS)
+	$(APD) report --config $(PIPELINE) $(SGLD_ARGS) $(ARGS)
 
 info: $(STAMP)
-	$(APD) info --config $(PIPELINE) $(ARGS)
+	$(APD) info --config $(PIPELINE) $(SGLD_ARGS) $(ARGS)
 
 docs: $(STAMP)
 	$(APD) report --docs
@@ -43,7 +48,7 @@ reproduce: $(STAMP)
 	$(APD) reproduce --config $(PIPELINE) $(ARGS)
 
 experiment: $(STAMP)
-	$(APD) experiment $(EXPERIMENT) --config $(PIPELINE) $(ARGS)
+	$(APD) experiment $(EXPERIMENT) --config $(PIPELINE) $(SGLD_ARGS) $(ARGS)
 
 # Two Gaussian blobs in the plane: every method through the same stages, then each one's predictive and
 # BALD over the plane in artifacts/toy2d/eval/figures/toy2d.png.

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import logging
 import os
 import socket
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -126,35 +129,39 @@ def spawn(worker: Callable[..., None], nprocs: int, *args: Any, on_death: Callab
     (a signal, or an exit without an error) stops the others and becomes an :class:`ArtifactError` with
     ``on_death(rank, how)``'s sentence. Any other exception in a worker is re-raised with its traceback.
     """
-    context = mp.get_context("spawn")
-    failures = context.SimpleQueue()
     init_method = f"tcp://127.0.0.1:{free_port()}"
-    processes = mp.start_processes(_entry, args=(worker, nprocs, init_method, failures, args), nprocs=nprocs,
-                                   join=False, start_method="spawn")
-    try:
-        while not processes.join():
-            pass
-    except mp.ProcessExitedException as exc:
-        if not failures.empty():
-            _, kind, message = failures.get()
-            raise getattr(errors, kind, ApdError)(message) from None
-        how = f"killed by {exc.signal_name}" if exc.signal_name else f"exited with code {exc.exit_code}"
-        raise ArtifactError(on_death(exc.error_index, how)) from None
-    except mp.ProcessRaisedException as exc:
-        raise RuntimeError(f"worker {exc.error_index} failed:\n{exc}") from None
-    finally:
-        for process in processes.processes:
-            if process.is_alive():
-                process.terminate()
+    torch_log = logging.getLogger("torch.multiprocessing.spawn")
+    level = torch_log.level
+    torch_log.setLevel(logging.ERROR)  # its note on stopping the other workers is ours to say
+    with tempfile.TemporaryDirectory(prefix="apd-workers-") as failures:
+        processes = mp.start_processes(_entry, args=(worker, nprocs, init_method, failures, args), nprocs=nprocs,
+                                       join=False, start_method="spawn")
+        try:
+            while not processes.join():
+                pass
+        except mp.ProcessExitedException as exc:
+            reported = sorted(Path(failures).glob("*.json"))
+            if reported:
+                kind, message = json.loads(reported[0].read_text())
+                raise getattr(errors, kind, ApdError)(message) from None
+            how = f"killed by {exc.signal_name}" if exc.signal_name else f"exited with code {exc.exit_code}"
+            raise ArtifactError(on_death(exc.error_index, how)) from None
+        except mp.ProcessRaisedException as exc:
+            raise RuntimeError(f"worker {exc.error_index} failed:\n{exc}") from None
+        finally:
+            torch_log.setLevel(level)
+            for process in processes.processes:
+                if process.is_alive():
+                    process.terminate()
 
 
-def _entry(rank: int, worker: Callable[..., None], size: int, init_method: str, failures: Any,
+def _entry(rank: int, worker: Callable[..., None], size: int, init_method: str, failures: str,
            args: tuple) -> None:
-    """A spawned worker: ``worker``'s user errors go to the parent through ``failures`` (exit code 2)."""
+    """A spawned worker: its user error goes to the parent as ``FAILURES/RANK.json`` (exit code 2)."""
     try:
         worker(rank, size, init_method, *args)
     except ApdError as exc:
-        failures.put((rank, type(exc).__name__, str(exc)))
+        (Path(failures) / f"{rank}.json").write_text(json.dumps([type(exc).__name__, str(exc)]))
         raise SystemExit(2) from None
     except KeyboardInterrupt:
         raise SystemExit(130) from None

@@ -34,12 +34,14 @@ import os
 import re
 import shutil
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
 from apd import __version__
 from apd.config import config_hash
@@ -153,6 +155,9 @@ def sample_sgld(ctx: RunContext) -> Path:
         return path
     spec = ParamSpec.from_module(mlp(ctx.net_sizes))
     check_sampling_fits(ctx, spec)
+    if s.chains > 1 and s.init == "default":
+        log.info("the %d chains start from PyTorch's initialisation, not over-dispersed: R-hat may look better "
+                 "than it is (sgld.init = \"prior\" starts them from prior draws)", s.chains)
     env = torchrun_env()
     if env is not None:
         if env.world_size > s.chains:
@@ -186,6 +191,9 @@ def _death_notice(ctx: RunContext, rank: int, how: str) -> str:
 def _spawned_worker(rank: int, size: int, init_method: str, portable: dict) -> None:
     """A worker process started by :func:`~apd.pipeline.distributed.spawn` (one machine)."""
     quiet = portable["quiet"]
+    # tqdm's default lock is a multiprocessing semaphore, which a killed worker would leave to the
+    # resource tracker's "leaked semaphore" complaint; these workers share no bar, a thread lock does
+    tqdm.set_lock(threading.RLock())
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, force=True,
                         format=f"worker {rank}/{size}: %(message)s")
     torch.set_num_threads(1)
