@@ -215,12 +215,14 @@ def craft_successful(model_fn: ModelFn, x_val: Tensor, y_val: Tensor, order: Ten
 def crafting_hash(ctx: RunContext, setting: str, source: str, attack: str) -> str:
     """What a stored set depends on, hashed (SHA-256, 16 hex digits): the seed and the data, net, SGLD,
     baseline and distillation sections, the attack fields of the evaluate section, the digest of the
-    source's artifact manifest, and (setting, source, attack). Other evaluate fields (runs, ensemble
-    sizes, OOD sets) leave the sets valid."""
+    source's artifact manifest, the evaluate fields the peers fit at evaluation time depend on (Stein's
+    candidates, Laplace's NLL tolerance), and (setting, source, attack). Other evaluate fields (runs,
+    ensemble sizes, OOD sets) leave the sets valid."""
     cfg = ctx.cfg
     identity = {"sections": [config_hash(cfg, "distill"), config_hash(cfg, "baselines")],
                 "adversarial": {name: getattr(cfg.evaluate.adversarial, name) for name in CRAFTING_FIELDS},
                 "mog": [cfg.evaluate.mog_components, cfg.evaluate.mog_fit_samples],
+                "peers": [cfg.evaluate.stein_candidates, cfg.evaluate.laplace_nll_tolerance],
                 "artifact": _artifact_digest(ctx, source), "job": [setting, source, attack]}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 

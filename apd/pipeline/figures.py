@@ -159,7 +159,7 @@ def _yardstick_figure(results: dict) -> Figure | None:
         ax.set_yscale("symlog", linthresh=1.0 if key == "bald_gap" else 0.01)
     axes[0, 0].set_title("Storage against quality (lower is closer to SGLD)", fontsize=9)
     handles, labels = axes[0, 1].get_legend_handles_labels()
-    axes[0, 1].legend(handles, labels, fontsize=7, loc="upper right")
+    figure.legend(handles, labels, fontsize=7, loc="outside right upper")
     return figure
 
 

@@ -176,9 +176,13 @@ def _laplace(sources: Sources, structure: str) -> LaplacePosterior:
         data = ctx.data
         fit = fit_kfac if structure == "kfac" else fit_last_layer
         generator = torch.Generator(device=ctx.device).manual_seed(ctx.seed("evaluate", "laplace", structure))
-        post = fit(_baseline(sources, "sgd", 0.0), data.x_train, data.y_train, data.x_val, data.y_val,
-                   nll_tolerance=ctx.cfg.evaluate.laplace_nll_tolerance, generator=generator,
-                   name=f"laplace-{'kfac' if structure == 'kfac' else 'll'}")
+        try:
+            post = fit(_baseline(sources, "sgd", 0.0), data.x_train, data.y_train, data.x_val, data.y_val,
+                       nll_tolerance=ctx.cfg.evaluate.laplace_nll_tolerance, generator=generator,
+                       name=f"laplace-{'kfac' if structure == 'kfac' else 'll'}")
+        except ImportError as exc:
+            raise ConfigError(f"{ctx.cfg.source}: {exc}; or leave the laplace-* methods out of "
+                              "'evaluate.methods'") from None
         info = post.info
         log.info("Laplace %s: prior precisions %s by marginal likelihood; scale %g (GLM %g) by validation NLL "
                  "(%.1f s)", structure, ", ".join(f"{p:.3g}" for p in info.prior_precision), post.scale,
