@@ -1,5 +1,5 @@
 # apd: `make sample distill evaluate` runs the pipeline, `make test` the tests,
-# `make experiment EXPERIMENT=distillers` a study on the pipeline's samples.
+# `make experiment EXPERIMENT=distillers` a study on the pipeline's samples, `make active` active learning.
 # Every target builds .venv itself; it is rebuilt only when pyproject.toml, constraints.txt or
 # requirements-nodeps.txt change.
 PIPELINE ?= pipelines/digits.toml
@@ -15,7 +15,7 @@ PY := $(VENV)/bin/python
 APD := $(VENV)/bin/apd
 STAMP := $(VENV)/.installed
 
-.PHONY: install sample distill evaluate report info experiment docs reproduce test test-slow lint bench clean toy2d
+.PHONY: install sample distill evaluate report info experiment active docs reproduce test test-slow lint bench clean toy2d
 
 $(STAMP): pyproject.toml constraints.txt requirements-nodeps.txt
 	python3 -m venv $(VENV)
@@ -49,6 +49,9 @@ reproduce: $(STAMP)
 
 experiment: $(STAMP)
 	$(APD) experiment $(EXPERIMENT) --config $(PIPELINE) $(SGLD_ARGS) $(ARGS)
+
+active: $(STAMP)
+	$(APD) experiment active-learning --config $(PIPELINE) $(ARGS)
 
 # Two Gaussian blobs in the plane: every method through the same stages, then each one's predictive and
 # BALD over the plane in artifacts/toy2d/eval/figures/toy2d.png.

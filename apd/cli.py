@@ -46,6 +46,8 @@ EXPERIMENTS = {
                    "dense vs subspace APD vs Gaussians and MoG: storage, time, accuracy, OOD, against SGLD"),
     "gan-variants": ("apd.experiments.gan_variants", "run_gan_variants",
                      "WGAN-GP vs WGAN with clipping vs the original GAN on the same store and budget"),
+    "active-learning": ("apd.experiments.active_learning", "run_active_learning",
+                        "active learning with SGLD, APD, MC dropout and a deterministic net: accuracy per label"),
 }
 
 

@@ -47,6 +47,7 @@ def _experiment(module: str, function: str, file: str) -> Callable[[Path], str]:
 EXPERIMENT_TABLES: dict[str, Callable[[Path], str]] = {
     "distillers": _experiment("apd.experiments.distillers", "render_table", "distillers.json"),
     "gan-variants": _experiment("apd.experiments.gan_variants", "render_table", "gan_variants.json"),
+    "active-learning": _experiment("apd.experiments.active_report", "render_table", "active_learning.json"),
 }
 
 
