@@ -117,6 +117,7 @@ class _ChainState:
     stored: int = 0
     monitor_sum: Tensor | None = None
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # CPU time of the sampling process (all its threads): wall time without the waits
 
 
 @dataclass
@@ -129,6 +130,7 @@ class _Finished:
     samples: int
     bytes: int
     seconds: float
+    cpu_seconds: float
     monitor_sum: Tensor | None
 
 
@@ -212,7 +214,9 @@ def _sample_shard(ctx: RunContext, spec: ParamSpec, group: Group, local_workers:
     finished = _run_chains(ctx, spec, chains, partial_of(shard), checkpoint_of(shard), local_workers,
                            rank=group.rank)
     reports = group.gather(dataclasses.replace(finished, monitor_sum=None))
-    total = finished.monitor_sum if finished.monitor_sum is not None else torch.zeros(0)
+    total = finished.monitor_sum  # the running ensemble's summed probabilities on the monitor images
+    if total is None:
+        total = torch.zeros(len(ctx.data.y_val[:MONITOR_SIZE]), ctx.data.num_classes, device=ctx.device)
     total = group.sum(total)
     if group.rank != 0:
         log.info("worker %d: %d samples of chains %s in %s; rank 0 joins the shards", group.rank,
@@ -270,14 +274,15 @@ def _publish_samples(ctx: RunContext, spec: ParamSpec, reports: list[_Finished],
     seconds = max(report.seconds for report in reports)
     monitor = reports[0].monitor_sum
     y_monitor = ctx.data.y_val[:MONITOR_SIZE]
-    accuracy = _monitor_accuracy(monitor if monitor is not None and monitor.numel() else None, y_monitor)
+    accuracy = _monitor_accuracy(monitor if monitor is not None and monitor.any() else None, y_monitor)
     details = {"samples": samples, "dimension": spec.numel, "chains": s.chains, "workers": len(reports),
-               "seconds": round(seconds, 2),
+               "seconds": round(seconds, 2), "cpu_seconds": round(sum(report.cpu_seconds for report in reports), 2),
                "iterations_per_second": round(s.iterations * s.chains / max(seconds, 1e-9), 1),
                "monitor_ensemble_val_accuracy": accuracy, "diagnostics": diagnostics, "machine": machine(ctx.device)}
     if len(reports) > 1:
         details["shards"] = [{"file": final.name, "rank": report.rank, "host": report.host,
-                              "chains": report.chains, "samples": report.samples, "seconds": round(report.seconds, 2)}
+                              "chains": report.chains, "samples": report.samples, "seconds": round(report.seconds, 2),
+                              "cpu_seconds": round(report.cpu_seconds, 2)}
                              for report, final in zip(reports, built.values(), strict=True)]
     publish(files, manifest_of(path), manifest_record("sample", config_hash(cfg, "sample"), {}, **details))
     if figure.is_file():
@@ -361,11 +366,11 @@ def _run_chains(ctx: RunContext, spec: ParamSpec, chains: list[int], partial: Pa
             _run_chain(ctx, spec, store, state, chains, resumed, checkpoint, stage_hash,
                        (x_train, y_train, x_monitor, y_monitor), processes, rank)
             resumed = None
-            state = _ChainState(state.index + 1, 0, len(store), state.monitor_sum, state.seconds)
+            state = _ChainState(state.index + 1, 0, len(store), state.monitor_sum, state.seconds, state.cpu_seconds)
             _save_checkpoint(checkpoint, stage_hash, chains, None, state)
         n_samples = len(store)
     return _Finished(rank, socket.gethostname(), chains, n_samples, partial.stat().st_size, state.seconds,
-                     state.monitor_sum)
+                     state.cpu_seconds, state.monitor_sum)
 
 
 def _store_is_sound(path: Path) -> bool:
@@ -405,6 +410,7 @@ def _run_chain(ctx: RunContext, spec: ParamSpec, store: SampleStore, state: _Cha
     where = f"SGLD chain {index + 1}/{s.chains}"
     bar = ctx.progress(total=s.iterations, initial=state.iteration, desc=where, unit="it", position=position)
     started = time.perf_counter() - state.seconds  # state.seconds: time spent before this call
+    cpu_started = time.process_time() - state.cpu_seconds
     with bar:
         for t in range(state.iteration, s.iterations):
             keep = is_thinned_sample(s, chain.schedule, t)
@@ -423,8 +429,10 @@ def _run_chain(ctx: RunContext, spec: ParamSpec, store: SampleStore, state: _Cha
                          val_acc=f"{accuracy:.4f}")
             if done % s.checkpoint_every == 0 and done < s.iterations:
                 _save_checkpoint(checkpoint, stage_hash, chains, chain, _ChainState(
-                    state.index, done, len(store), state.monitor_sum, time.perf_counter() - started))
+                    state.index, done, len(store), state.monitor_sum, time.perf_counter() - started,
+                    time.process_time() - cpu_started))
     state.seconds = time.perf_counter() - started
+    state.cpu_seconds = time.process_time() - cpu_started
 
 
 def _save_checkpoint(path: Path, stage_hash: str, chains: list[int], chain: SGLDChain | None,
@@ -439,7 +447,7 @@ def _save_checkpoint(path: Path, stage_hash: str, chains: list[int], chain: SGLD
     save_torch_atomic(path, {
         "config_hash": stage_hash, "chains": chains, **(chain.state_dict() if chain is not None else {}),
         "index": state.index, "iteration": state.iteration, "stored": state.stored,
-        "monitor_sum": state.monitor_sum, "seconds": state.seconds,
+        "monitor_sum": state.monitor_sum, "seconds": state.seconds, "cpu_seconds": state.cpu_seconds,
     })
 
 
@@ -448,7 +456,7 @@ def _load_checkpoint(path: Path, stage_hash: str, chains: list[int]) -> dict | N
     ckpt = load_checkpoint(path, config_hash=stage_hash, chains=chains)
     if ckpt is not None:
         ckpt["state"] = _ChainState(ckpt["index"], ckpt["iteration"], ckpt["stored"], ckpt["monitor_sum"],
-                                    ckpt["seconds"])
+                                    ckpt["seconds"], ckpt.get("cpu_seconds", 0.0))
     return ckpt
 
 
