@@ -64,7 +64,7 @@ PREFETCH_SETTINGS = {"auto": None, "on": True, "off": False}  # config value -> 
 MONITOR_SIZE = 1000  # validation images the running-ensemble accuracy on the progress bar is measured on
 BASELINES = ("sgd", "mcdropout")
 DISK_MARGIN = 1.1  # free disk asked for, relative to the store's expected size
-# Diagnostics: ArviZ's statistics on whole arrays (apd.samplers.diagnostics, engine "numpy"), equal to
+# Diagnostics: ArviZ's statistics on whole arrays (apd.samplers.rank_stats, engine "numpy"), equal to
 # ArviZ's own to 1e-15 (tested) and 3-7x faster; training images of the log-likelihood quantity.
 DIAGNOSTICS_ENGINE = "numpy"
 DIAGNOSTICS_TRAIN_IMAGES = 1000
