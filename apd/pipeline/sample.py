@@ -11,7 +11,7 @@ log-likelihood at exactly those weights.
 ``torchrun`` launch; :mod:`apd.pipeline.distributed`) each run chains c ≡ rank (mod workers), one
 compute thread each, into their own shard ``samples-RANK.partial.h5``; when all have finished, rank 0
 checks every shard, joins them into ``samples.h5`` as an HDF5 virtual dataset ordered by chain
-(:func:`~apd.samplers.store.join_stores`: no sample copied, chain ids global) and publishes the shards and
+(:func:`~apd.samplers.store_join.join_stores`: no sample copied, chain ids global) and publishes the shards and
 the joined store under one manifest that holds every file's digest. Chain c's samples do not depend on
 the number of workers: the joined store equals the one-worker store row for row.
 
@@ -56,7 +56,9 @@ from apd.samplers.baselines import train_baseline
 from apd.samplers.chain import ChainSeeds, SGLDChain, is_thinned_sample, thinned_count
 from apd.samplers.diagnostics import diagnose, summary_lines
 from apd.samplers.sgld import prefetch_pays
-from apd.samplers.store import FREE_MARGIN, SampleStore, join_stores
+from apd.samplers.store import SampleStore
+from apd.samplers.store_disk import FREE_MARGIN
+from apd.samplers.store_join import join_stores
 
 log = logging.getLogger(__name__)
 
