@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from apd import __version__
-from apd.config import config_hash, load_config
+from apd.config import config_hash
+from apd.config_load import load_config
 from apd.errors import ApdError, ArtifactError
 from apd.pipeline.locks import artifact_lock
 from apd.pipeline.runtime import RunContext, setup_logging
