@@ -184,7 +184,7 @@ def test_stored_log_likelihood_is_that_of_the_stored_weights(tmp_path):
 
     from apd.data import MinibatchOrder
     from apd.nets import ParamSpec, predict_logits
-    from apd.pipeline.sample import chain_seeds
+    from apd.pipeline.sample_chains import chain_seeds
 
     ctx = context(tmp_path, sgld={"chains": 1, "iterations": 300})
     sample_sgld(ctx)
@@ -201,7 +201,7 @@ def test_stored_log_likelihood_is_that_of_the_stored_weights(tmp_path):
 def test_chain_streams_are_distinct_from_each_other_and_from_the_baselines(tmp_path):
     """Initialisation, minibatch order and noise of every chain, and the baselines' streams, are all
     different seeds (before, chain 7's initialisation equalled the SGD baseline's)."""
-    from apd.pipeline.sample import chain_seeds
+    from apd.pipeline.sample_chains import chain_seeds
 
     ctx = context(tmp_path)
     seeds = [s for c in range(16) for s in vars(chain_seeds(ctx, c)).values()]
