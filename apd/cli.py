@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from apd import __version__
-from apd.config import config_hash, load_config
+from apd.config import config_hash
+from apd.config_load import load_config
 from apd.errors import ApdError, ArtifactError
 from apd.pipeline.locks import artifact_lock
 from apd.pipeline.runtime import RunContext, setup_logging
@@ -230,9 +231,9 @@ def _noting_interrupts() -> Iterator[list[bool]]:
 def _leaving(code: int) -> int:
     """``code``; and where HDF5 failed to write (a disk that filled under a store), the process is made
     to exit with it straight after the interpreter's exit handlers, before its final clean-up frees the
-    broken HDF5 handles, which can crash it (:func:`apd.samplers.store.hdf5_write_failed`)."""
-    store = sys.modules.get("apd.samplers.store")
-    if store is not None and store.hdf5_write_failed():
+    broken HDF5 handles, which can crash it (:func:`apd.samplers.store_disk.hdf5_write_failed`)."""
+    disk = sys.modules.get("apd.samplers.store_disk")
+    if disk is not None and disk.hdf5_write_failed():
         atexit.register(_exit_now, code)
     return code
 

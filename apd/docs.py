@@ -21,13 +21,8 @@ from pathlib import Path
 
 from apd.errors import ArtifactError
 from apd.io import read_json
-from apd.pipeline.tables import (
-    TABLE_BUILDERS,
-    format_duration,
-    markdown_table,
-    method_label,
-    ood_table,
-)
+from apd.pipeline.table_format import format_duration, markdown_table, method_label
+from apd.pipeline.tables import TABLE_BUILDERS, ood_table
 
 REGION = re.compile(r"(<!-- results:(?P<pipeline>[\w.-]+):(?P<table>[\w.:-]+) -->\n)(?P<body>.*?)(<!-- end -->)",
                     re.S)

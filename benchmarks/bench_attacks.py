@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from apd.config import load_config
+from apd.config_load import load_config
 from apd.evaluation.attacks import craft, module_fn, weight_sample_fn
 from apd.nets import ParamSpec, mlp
 

@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python benchmarks/bench_diagnostics.py`` (a minute or two on one thread). For 4 chains
 of 500 or 2000 i.i.d. normal draws and Q = 300, 1000, 2000 quantities it prints the seconds
-:func:`apd.samplers.diagnostics.rank_diagnostics` takes with ``engine="arviz"`` (ArviZ's functions behind an
+:func:`apd.samplers.rank_stats.rank_diagnostics` takes with ``engine="arviz"`` (ArviZ's functions behind an
 xarray ``quantity`` dimension, a Python loop over the quantities) and ``engine="numpy"`` (the same
 statistics on whole arrays), the ratio, and the largest relative difference between the two results.
 Best of ``REPEATS`` runs after a warm-up (``timing.best_time``), on one torch/BLAS thread.
@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from timing import best_time
 
-from apd.samplers.diagnostics import rank_diagnostics
+from apd.samplers.rank_stats import rank_diagnostics
 
 CHAINS = 4
 SHAPES = [(500, 300), (500, 1000), (500, 2000), (2000, 300), (2000, 2000)]  # (draws per chain, Q)

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from apd.config import PipelineConfig, config_hash, from_dict, load_config
+from apd.config import PipelineConfig, config_hash
+from apd.config_load import from_dict, load_config
 from apd.errors import ConfigError
 
 PIPELINES = sorted(Path("pipelines").glob("*.toml"))

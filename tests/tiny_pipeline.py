@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from apd.config import from_dict
+from apd.config_load import from_dict
 from apd.pipeline.runtime import RunContext
 
 TINY = {

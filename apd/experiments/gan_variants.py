@@ -33,7 +33,7 @@ from apd.pipeline.evaluate import evaluation_inputs, mean_auroc
 from apd.pipeline.figures import new_figure
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.stage import require_input
-from apd.pipeline.tables import format_number, markdown_table
+from apd.pipeline.table_format import format_number, markdown_table
 from apd.posteriors import APDGenerator
 from apd.samplers.store import SampleStore
 

@@ -33,7 +33,7 @@ from apd.nets import ParamSpec, mlp
 from apd.pipeline.layout import checkpoint_of, manifest_of, partial_of
 from apd.pipeline.manifests import load_checkpoint, manifest_record
 from apd.pipeline.runtime import RunContext, machine
-from apd.pipeline.sample import make_chain
+from apd.pipeline.sample_chains import make_chain
 from apd.pipeline.stage import publish, require_input, reusable
 from apd.samplers.chain import is_thinned_sample
 from apd.samplers.store import SampleStore

@@ -17,7 +17,7 @@ import numpy as np
 
 from apd.errors import ArtifactError
 from apd.io import read_json
-from apd.pipeline.tables import HISTOGRAM_SCORES, method_label, methods_in_order, ordered, score_label
+from apd.pipeline.table_format import HISTOGRAM_SCORES, method_label, methods_in_order, ordered, score_label
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -12,7 +12,8 @@ from apd.io import read_json, restore_directory, write_text_atomic
 from apd.pipeline.figures import write_figures
 from apd.pipeline.manifests import file_digest
 from apd.pipeline.runtime import RunContext
-from apd.pipeline.tables import assemble, build_tables, write_csv
+from apd.pipeline.table_format import write_csv
+from apd.pipeline.tables import assemble, build_tables
 
 
 def write_report(eval_dir: Path, results: dict, generator_json: Path | None = None) -> str:

@@ -1,17 +1,5 @@
-"""HDF5 store of flat weight samples θ ∈ R^D written by the SGLD sampler and read by later stages.
-
-Layout of one file:
-
-* ``samples``: float32 [n, D], chunked one row per chunk by default, resizable along rows, optionally
-  lzf- or gzip-compressed after a byte shuffle. One row per chunk makes appending a row one fresh chunk
-  write and reading a random row one chunk read; several rows per chunk measured slower for both, and
-  far slower with compression, since every flush recompresses the partly filled chunk
-  (``benchmarks/bench_store.py`` times appends and reads).
-* ``step`` (int64), ``chain`` (int32), ``lr`` (float64), ``log_lik`` (float64, NaN when not given):
-  one entry per sample, resizable.
-* root attributes: ``format`` = ``"apd-samples"``, ``format_version``, ``spec`` (:meth:`ParamSpec.to_json`),
-  ``meta`` (a JSON string chosen by the caller), ``created`` (ISO time), ``n_complete`` and
-  ``writing`` (1 while a writer holds the file, 0 once it closed it).
+"""HDF5 store of flat weight samples θ ∈ R^D written by the SGLD sampler and read by later stages. The file's
+layout is described in :mod:`apd.samplers.store_format`; :mod:`apd.samplers.store_join` joins shards.
 
 Crash safety. Every append writes its rows, flushes, then raises ``n_complete`` and flushes again, so
 the committed count only ever covers rows whose data and chunk index already reached the file; a reader
@@ -31,20 +19,14 @@ system without fsync: this covers a crashed or killed process, not a power cut. 
   or misreading it; where it does not (some network filesystems), nothing fails. HDF5 gives the
   environment variable ``HDF5_USE_FILE_LOCKING=FALSE`` precedence, to switch locking off entirely.
 
-A full disk. HDF5 fails on one in ways that break its file handles (a failed write, then a crash when the
-process exits), so the store never writes into the last MiB of a disk: ``create`` and ``append`` raise
-``OSError(ENOSPC)`` first, and the file closes cleanly with every committed sample.
+A full disk (:mod:`apd.samplers.store_disk`). The store never writes into the last MiB of a disk: ``create``
+and ``append`` raise ``OSError(ENOSPC)`` first, and the file closes cleanly with every committed sample.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
-import os
-import shutil
 import time
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Literal
@@ -52,34 +34,35 @@ from typing import Literal
 import h5py
 import numpy as np
 import torch
-from h5py import h5a, h5s
+from h5py import h5a
 from torch import Tensor
 
 from apd.errors import ArtifactError
 from apd.nets import ParamSpec
+from apd.samplers.store_disk import disk_error, require_space, writing_to
+from apd.samplers.store_format import (
+    COLUMNS,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    LOCKING,
+    N_COMPLETE,
+    SAMPLES,
+    WRITING,
+    check_shards,
+    filters,
+    read_at,
+    source_path,
+    validate,
+    write_at,
+)
 
-FORMAT_NAME = "apd-samples"
-FORMAT_VERSION = 1
 COMPRESSIONS = ("none", "lzf", "gzip")
 
-_SAMPLES = "samples"
-_N_COMPLETE = "n_complete"
-_WRITING = "writing"
-# Per-sample columns and their dtypes; ``steps``/``chains``/``lrs``/``log_liks`` read them back.
-_COLUMNS: dict[str, np.dtype] = {
-    "step": np.dtype(np.int64),
-    "chain": np.dtype(np.int32),
-    "lr": np.dtype(np.float64),
-    "log_lik": np.dtype(np.float64),
-}
 # Entries per chunk of a column: every flush rewrites the column's last chunk, so it stays small (2 KB).
 _COLUMN_CHUNK = 256
 _REBUILD_ROWS = 1000  # rows copied per append when a crashed writer's store is rebuilt
-FREE_MARGIN = 2**20  # bytes an append leaves free on the disk, or it does not write (``_require_space``)
 # File format bounds: 1.8-level objects and a version 0 superblock, which has no "open for write" flag.
 _LIBVER = ("earliest", "v108")
-_LOCKING = "best-effort"
-_JOINED_LIBVER = ("earliest", "v110")  # a virtual dataset needs the 1.10 layout message; readers need HDF5 ≥ 1.10
 
 
 class SampleStore:
@@ -91,9 +74,9 @@ class SampleStore:
         self.spec = spec
         self.meta = meta
         self._n = n
-        self._samples: h5py.Dataset = file[_SAMPLES]
-        self._columns: dict[str, h5py.Dataset] = {name: file[name] for name in _COLUMNS}
-        self._n_complete = h5a.open(file.id, _N_COMPLETE.encode())
+        self._samples: h5py.Dataset = file[SAMPLES]
+        self._columns: dict[str, h5py.Dataset] = {name: file[name] for name in COLUMNS}
+        self._n_complete = h5a.open(file.id, N_COMPLETE.encode())
         self._finite = np.zeros(n, dtype=bool)  # rows read and found finite, each checked once per handle
 
     # ----------------------------------------------------------------------------------------- opening
@@ -123,26 +106,26 @@ class SampleStore:
         meta_json = json.dumps(meta, sort_keys=True)
         dim = spec.numel
         path.parent.mkdir(parents=True, exist_ok=True)
-        _require_space(path, 0)
+        require_space(path, 0)
         try:
-            file = h5py.File(path, "w", libver=_LIBVER, locking=_LOCKING)
+            file = h5py.File(path, "w", libver=_LIBVER, locking=LOCKING)
         except OSError as exc:
             if "errno = 28" in str(exc):
-                raise _disk_error(path, exc) from None
+                raise disk_error(path, exc) from None
             raise ArtifactError(f"{path}: cannot create the sample store ({exc})") from None
-        with _writing(path, file):
+        with writing_to(path, file):
             file.attrs["format"] = FORMAT_NAME
             file.attrs["format_version"] = FORMAT_VERSION
             file.attrs["spec"] = spec.to_json()
             file.attrs["meta"] = meta_json
             file.attrs["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-            file.attrs[_N_COMPLETE] = np.int64(0)
-            file.attrs[_WRITING] = np.int8(1)
+            file.attrs[N_COMPLETE] = np.int64(0)
+            file.attrs[WRITING] = np.int8(1)
             file.create_dataset(
-                _SAMPLES, shape=(0, dim), maxshape=(None, dim), dtype=np.float32,
-                chunks=(chunk_rows or 1, dim), **_filters(compression),
+                SAMPLES, shape=(0, dim), maxshape=(None, dim), dtype=np.float32,
+                chunks=(chunk_rows or 1, dim), **filters(compression),
             )
-            for name, dtype in _COLUMNS.items():
+            for name, dtype in COLUMNS.items():
                 file.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(_COLUMN_CHUNK,))
             file.flush()
         return cls(file, path, spec, json.loads(meta_json), 0)
@@ -163,32 +146,32 @@ class SampleStore:
         if not path.is_file():
             raise ArtifactError(f"{path}: sample store not found")
         try:
-            file = h5py.File(path, "r" if mode == "r" else "r+", libver=_LIBVER, locking=_LOCKING)
+            file = h5py.File(path, "r" if mode == "r" else "r+", libver=_LIBVER, locking=LOCKING)
         except OSError as exc:
             if "unable to lock file" in str(exc):
                 raise ArtifactError(f"{path}: in use by another process (HDF5 file lock; is a sampler still "
                                     "writing it? HDF5_USE_FILE_LOCKING=FALSE disables the check)") from None
             raise ArtifactError(f"{path}: not a readable HDF5 file ({exc})") from None
         try:
-            spec, meta, n = _validate(file, path, expect_spec)
-            if file[_SAMPLES].is_virtual:
+            spec, meta, n = validate(file, path, expect_spec)
+            if file[SAMPLES].is_virtual:
                 if mode == "a":
                     raise ArtifactError(f"{path}: a joined store (a virtual dataset over its shards) is read-only")
-                _check_shards(file[_SAMPLES], path)
+                check_shards(file[SAMPLES], path)
         except BaseException:
             file.close()
             raise
-        if mode == "a" and file.attrs.get(_WRITING, 0):
+        if mode == "a" and file.attrs.get(WRITING, 0):
             file.close()
             _rebuild(path, spec, meta)
             return cls.open(path, mode, expect_spec)
         store = cls(file, path, spec, meta, n)
         if mode == "a":
-            _require_space(path, 0)
-            with _writing(path, store, file):
+            require_space(path, 0)
+            with writing_to(path, store, file):
                 if any(ds.shape[0] != n for ds in store._datasets()):
                     store._resize(n)
-                file.attrs[_WRITING] = np.int8(1)
+                file.attrs[WRITING] = np.int8(1)
                 file.flush()
         return store
 
@@ -198,9 +181,9 @@ class SampleStore:
             if self._file.mode != "r+":
                 self._file.close()
                 return
-            with _writing(self.path, self):
+            with writing_to(self.path, self):
                 try:
-                    self._file.attrs[_WRITING] = np.int8(0)
+                    self._file.attrs[WRITING] = np.int8(0)
                 finally:
                     self._file.close()
 
@@ -234,7 +217,7 @@ class SampleStore:
         self._require_writable()
         if not 0 <= n <= self._n:
             raise ValueError(f"cannot truncate a store of {self._n} samples to {n}")
-        with _writing(self.path, self):
+        with writing_to(self.path, self):
             self._commit(n)
             self._resize(n)
             self._file.flush()
@@ -252,11 +235,11 @@ class SampleStore:
 
     @property
     def shards(self) -> list[Path]:
-        """The files a joined store's rows live in (:func:`join_stores`), in the order they were joined;
-        empty for a store that holds its own rows."""
+        """The files a joined store's rows live in (:func:`~apd.samplers.store_join.join_stores`), in the order
+        they were joined; empty for a store that holds its own rows."""
         if not self._samples.is_virtual:
             return []
-        return list(dict.fromkeys(_source_path(self.path, m.file_name) for m in self._samples.virtual_sources()))
+        return list(dict.fromkeys(source_path(self.path, m.file_name) for m in self._samples.virtual_sources()))
 
     @property
     def dim(self) -> int:
@@ -343,7 +326,7 @@ class SampleStore:
         if out.size == 0:
             return
         try:
-            _read_at(self._samples, start, out)
+            read_at(self._samples, start, out)
         except OSError as exc:
             raise ArtifactError(f"{self.path}: cannot read rows {start}:{start + len(out)} ({exc})") from None
         stop = start + len(out)
@@ -377,14 +360,14 @@ class SampleStore:
                     log_liks: object) -> range:
         """Write rows and their columns, flush, then commit them by raising ``n_complete`` and flushing."""
         self._require_writable()
-        _require_space(self.path, rows.nbytes)
+        require_space(self.path, rows.nbytes)
         start, stop = self._n, self._n + rows.shape[0]
-        columns = {name: np.ascontiguousarray(np.broadcast_to(np.asarray(values, _COLUMNS[name]), len(rows)))
-                   for name, values in zip(_COLUMNS, (steps, chains, lrs, log_liks), strict=True)}
-        with _writing(self.path, self):
+        columns = {name: np.ascontiguousarray(np.broadcast_to(np.asarray(values, COLUMNS[name]), len(rows)))
+                   for name, values in zip(COLUMNS, (steps, chains, lrs, log_liks), strict=True)}
+        with writing_to(self.path, self):
             self._resize(stop)
             for dataset, values in zip(self._datasets(), [rows, *columns.values()], strict=True):
-                _write_at(dataset, start, values)
+                write_at(dataset, start, values)
             self._file.flush()
             self._commit(stop)
         return range(start, stop)
@@ -394,77 +377,6 @@ class SampleStore:
         self._n_complete.write(np.array(n, dtype=np.int64))
         self._file.flush()
         self._n = n
-
-
-_write_failed = False  # set once HDF5 failed to write a store (see hdf5_write_failed)
-_broken: list[object] = []  # stores and files whose HDF5 handles broke, never freed
-
-
-def hdf5_write_failed() -> bool:
-    """Whether HDF5 failed to write a store in this process (a full disk that filled under it, say). Its
-    handles are then broken and freeing them when the interpreter exits can crash it: a process that
-    saw this should leave with ``os._exit`` once it has reported the error."""
-    return _write_failed
-
-
-@contextlib.contextmanager
-def _writing(path: Path, *holders: object) -> Iterator[None]:
-    """Turn HDF5's failures while writing ``path`` into one ``OSError`` (``ENOSPC`` when the disk is full),
-    noting that its handles are broken (:func:`hdf5_write_failed`) and keeping ``holders`` (what holds
-    them) alive, since freeing a broken handle can crash the process."""
-    global _write_failed
-    try:
-        yield
-    except (OSError, RuntimeError) as exc:
-        _write_failed = True
-        _broken.extend(holders)
-        raise _disk_error(path, exc) from None
-
-
-def _disk_error(path: Path, exc: BaseException) -> OSError:
-    text = " ".join(str(exc).split())
-    full = "errno = 28" in text or shutil.disk_usage(path.parent).free < FREE_MARGIN
-    return OSError(errno.ENOSPC if full else errno.EIO, "No space left on device" if full else
-                   f"cannot write the sample store ({text[:200]})", str(path))
-
-
-def _require_space(path: Path, nbytes: int) -> None:
-    """Stop with ``ENOSPC`` before a write of ``nbytes`` to ``path`` that could fill the disk: HDF5 fails on
-    a full disk in ways that leave its file handles broken (a write error, then a crash at exit), so the
-    store never lets it get there; :data:`FREE_MARGIN` stays free for what is written when the file closes."""
-    free = shutil.disk_usage(path.parent).free
-    if free < nbytes + FREE_MARGIN:
-        raise OSError(errno.ENOSPC, f"No space left on device (the sample store stops with {free / 2**20:.1f} MiB "
-                      "free)", str(path))
-
-
-def _filters(compression: str) -> dict:
-    """h5py filter arguments: with compression, the byte-shuffle filter goes first (it groups the
-    exponent bytes of the float32 weights, which compress far better than the mantissa bytes)."""
-    if compression == "none":
-        return {}
-    return {"compression": compression, "shuffle": True}
-
-
-# Reads and writes use h5py's low-level DatasetID.read/write with a hyperslab selection: per call that
-# costs a fraction of ``dataset[i] = …`` or ``read_direct``, which matters when every append touches
-# five datasets and a random batch reads each of its rows separately.
-
-
-def _rows_selection(dataset: h5py.Dataset, start: int, shape: tuple[int, ...]) -> h5s.SpaceID:
-    space = dataset.id.get_space()
-    space.select_hyperslab((start, *([0] * (len(shape) - 1))), shape)
-    return space
-
-
-def _write_at(dataset: h5py.Dataset, start: int, values: np.ndarray) -> None:
-    """Write the C-contiguous ``values`` [k, …] to rows start:start+k of ``dataset``."""
-    dataset.id.write(h5s.create_simple(values.shape), _rows_selection(dataset, start, values.shape), values)
-
-
-def _read_at(dataset: h5py.Dataset, start: int, out: np.ndarray) -> None:
-    """Fill the C-contiguous ``out`` [k, …] with rows start:start+k of ``dataset``."""
-    dataset.id.read(h5s.create_simple(out.shape), _rows_selection(dataset, start, out.shape), out)
 
 
 def _rebuild(path: Path, spec: ParamSpec, meta: dict) -> None:
@@ -484,138 +396,3 @@ def _rebuild(path: Path, spec: ParamSpec, meta: dict) -> None:
         fresh.replace(path)
     finally:
         fresh.unlink(missing_ok=True)
-
-
-def join_stores(path: str | Path, shards: Sequence[str | Path], names: Sequence[str] | None = None,
-                meta: dict | None = None) -> int:
-    """Join complete stores (``shards``) into one read-only store at ``path`` without copying a sample;
-    returns its row count.
-
-    The joined ``samples`` is an HDF5 virtual dataset (HDF5 ≥ 1.10) whose rows map onto the shards' rows;
-    the small per-sample columns (step, chain, lr, log_lik) are copied. Rows are ordered by chain id,
-    each chain's rows in sampling order, so ``k`` evenly spaced rows of the joined store take an equal share
-    of every chain of equal length. Each chain must lie in one shard, its rows contiguous (as a sampler
-    that runs its chains one after another writes them); a chain in two shards, a shard left open by its
-    writer (``writing`` = 1), or shards of different networks are an :class:`ArtifactError`.
-
-    ``names`` are the file names the virtual dataset records, one per shard (default: each shard's path
-    relative to ``path``'s folder): relative names are looked up beside the joined file when it is read,
-    so the folder can move as a whole, and a shard built under a temporary name can be joined under its
-    final one. ``meta`` is the joined store's meta (default: the first shard's). :meth:`SampleStore.open`
-    checks, on every open, that each shard is present and holds the rows it is joined for.
-    """
-    path = Path(path)
-    shards = [Path(shard) for shard in shards]
-    if not shards:
-        raise ValueError("nothing to join")
-    if names is None:
-        names = [os.path.relpath(shard.resolve(), path.resolve().parent) for shard in shards]
-    if len(names) != len(shards):
-        raise ValueError(f"{len(shards)} shards but {len(names)} names")
-    spec, first_meta, segments, columns = None, None, [], {name: [] for name in _COLUMNS}
-    owner: dict[int, Path] = {}
-    for index, shard in enumerate(shards):
-        with SampleStore.open(shard) as store:
-            if store._file.attrs.get(_WRITING, 0):
-                raise ArtifactError(f"{shard}: still being written, or its writer stopped before closing it")
-            if spec is None:
-                spec, first_meta = store.spec, store.meta
-            elif store.spec != spec:
-                raise ArtifactError(f"{shard}: samples are for a different network ({_describe(store.spec)}; "
-                                    f"{shards[0]} has {_describe(spec)})")
-            values = {name: store._column(name) for name in _COLUMNS}
-            chains = values["chain"]
-            for chain in dict.fromkeys(chains.tolist()):
-                rows = np.flatnonzero(chains == chain)
-                if chain in owner or rows[-1] - rows[0] + 1 != rows.size:
-                    where = f"{owner[chain]} and {shard}" if chain in owner else f"{shard}, not contiguously"
-                    raise ArtifactError(f"cannot join: chain {chain} is in {where}")
-                owner[chain] = shard
-                segments.append((chain, index, int(rows[0]), int(rows[-1]) + 1, len(store)))
-            for name in _COLUMNS:
-                columns[name].append(values[name])
-    segments.sort()
-    total = sum(stop - start for _, _, start, stop, _ in segments)
-    layout = h5py.VirtualLayout(shape=(total, spec.numel), dtype=np.float32)
-    offset = 0
-    for _, index, start, stop, length in segments:
-        source = h5py.VirtualSource(names[index], _SAMPLES, shape=(length, spec.numel), dtype=np.float32)
-        layout[offset:offset + stop - start] = source[start:stop]
-        offset += stop - start
-    order = np.concatenate([np.arange(start, stop) + sum(len(c) for c in columns["chain"][:index])
-                            for _, index, start, stop, _ in segments]) if segments else np.zeros(0, np.int64)
-    meta_json = json.dumps(first_meta if meta is None else meta, sort_keys=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        file = h5py.File(path, "w", libver=_JOINED_LIBVER, locking=_LOCKING)
-    except OSError as exc:
-        raise ArtifactError(f"{path}: cannot create the joined store ({exc})") from None
-    with file:
-        file.attrs["format"] = FORMAT_NAME
-        file.attrs["format_version"] = FORMAT_VERSION
-        file.attrs["spec"] = spec.to_json()
-        file.attrs["meta"] = meta_json
-        file.attrs["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        file.attrs[_N_COMPLETE] = np.int64(total)
-        file.attrs[_WRITING] = np.int8(0)
-        file.create_virtual_dataset(_SAMPLES, layout, fillvalue=np.nan)
-        for name, dtype in _COLUMNS.items():
-            file.create_dataset(name, data=np.concatenate(columns[name]).astype(dtype)[order])
-    return total
-
-
-def _source_path(path: Path, name: str) -> Path:
-    """Where a joined store at ``path`` finds the shard it records as ``name``."""
-    return Path(name) if os.path.isabs(name) else path.parent / name
-
-
-def _check_shards(samples: h5py.Dataset, path: Path) -> None:
-    """Every shard of a joined store is present and holds every row the store maps onto it (HDF5 itself
-    would read the fill value, NaN, for a missing shard's rows)."""
-    needed: dict[str, int] = {}
-    for mapping in samples.virtual_sources():
-        (_, _), (last, _) = mapping.src_space.get_select_bounds()
-        needed[mapping.file_name] = max(needed.get(mapping.file_name, 0), int(last) + 1)
-    for name, rows in needed.items():
-        shard = _source_path(path, name)
-        if not shard.is_file():
-            raise ArtifactError(f"{path}: its shard {shard} is missing")
-        try:
-            with h5py.File(shard, "r", locking=_LOCKING) as file:
-                committed = min(int(file.attrs[_N_COMPLETE]), file[_SAMPLES].shape[0])
-        except (OSError, KeyError) as exc:
-            raise ArtifactError(f"{path}: its shard {shard} is not a readable sample store ({exc})") from None
-        if committed < rows:
-            raise ArtifactError(f"{path}: its shard {shard} holds {committed} samples, the joined store reads "
-                                f"{rows} from it (truncated)")
-
-
-def _validate(file: h5py.File, path: Path, expect_spec: ParamSpec | None) -> tuple[ParamSpec, dict, int]:
-    """Check the format marker, spec, meta and datasets of an open file; return (spec, meta, n)."""
-    attrs = file.attrs
-    if attrs.get("format") != FORMAT_NAME:
-        raise ArtifactError(f"{path}: not an apd sample store (no format={FORMAT_NAME!r} attribute)")
-    version = attrs.get("format_version")
-    if version != FORMAT_VERSION:
-        raise ArtifactError(f"{path}: sample store format version {version}, this apd reads "
-                            f"version {FORMAT_VERSION}")
-    try:
-        spec = ParamSpec.from_json(str(attrs["spec"]))
-        meta = json.loads(str(attrs["meta"]))
-        n = int(attrs[_N_COMPLETE])
-        samples = file[_SAMPLES]
-        lengths = [file[name].shape[0] for name in _COLUMNS]
-    except (KeyError, ValueError, TypeError, OSError, ArtifactError) as exc:
-        raise ArtifactError(f"{path}: malformed sample store ({exc})") from None
-    if samples.dtype != np.float32 or samples.ndim != 2 or samples.shape[1] != spec.numel:
-        raise ArtifactError(f"{path}: malformed sample store (samples {samples.dtype} {samples.shape}, "
-                            f"spec needs [n, {spec.numel}] float32)")
-    if expect_spec is not None and spec != expect_spec:
-        raise ArtifactError(f"{path}: samples are for a different network ({_describe(spec)}; "
-                            f"expected {_describe(expect_spec)})")
-    return spec, meta, min(n, samples.shape[0], *lengths)
-
-
-def _describe(spec: ParamSpec) -> str:
-    shapes = ", ".join(f"{name} {list(shape)}" for name, shape in zip(spec.names, spec.shapes, strict=True))
-    return f"{spec.numel} parameters: {shapes}"

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from apd.cli import main
-from apd.config import from_dict
+from apd.config_load import from_dict
 from apd.errors import ConfigError
 from apd.pipeline import adversarial as adv
 from apd.pipeline.adversarial import (

@@ -477,7 +477,7 @@ UNCHECKED = """
 import sys
 import apd.pipeline.sample as sample
 import apd.samplers.store as store
-store._require_space = lambda *args: None  # as if another process filled the disk just after every check
+store.require_space = lambda *args: None  # as if another process filled the disk just after every check
 sample.check_sampling_fits = lambda *args: None
 from apd.cli import main
 sys.exit(main(sys.argv[1:]))
@@ -509,7 +509,7 @@ def _disk_with(free: int):
 
 def test_store_stops_before_the_disk_is_full(art, monkeypatch):
     """The store refuses to append into the last MiB of a disk (HDF5 on a full disk crashes at exit)."""
-    monkeypatch.setattr("apd.samplers.store.shutil", _disk_with(2**19))
+    monkeypatch.setattr("apd.samplers.store_disk.shutil", _disk_with(2**19))
     art.fails("sample", "--force", match="No space left")
 
 
@@ -538,11 +538,11 @@ def test_evaluation_directory_is_always_whole(tmp_path):
 
 def test_disk_errors_keep_their_errno(monkeypatch):
     """ENOSPC from the store is an OSError, which the CLI prints as one line."""
-    from apd.samplers.store import _require_space
+    from apd.samplers.store_disk import require_space
 
-    monkeypatch.setattr("apd.samplers.store.shutil", _disk_with(0))
+    monkeypatch.setattr("apd.samplers.store_disk.shutil", _disk_with(0))
     with pytest.raises(OSError) as info:
-        _require_space(Path("/tmp/x.h5"), 10)
+        require_space(Path("/tmp/x.h5"), 10)
     assert info.value.errno == errno.ENOSPC
 
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from apd.cli import main
-from apd.config import ALL_METHODS, load_config
+from apd.config import ALL_METHODS
+from apd.config_load import load_config
 from apd.distillation.generator import load_generator
 from apd.distillation.training import evenly_spaced
 from apd.errors import ArtifactError

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from apd.cli import main
-from apd.config import from_dict
+from apd.config_load import from_dict
 from apd.errors import DivergenceError
 from apd.nets import mlp
 from apd.pipeline.layout import checkpoint_of, manifest_of, partial_of
@@ -150,7 +150,7 @@ def test_baselines_are_plain_state_dicts(tmp_path):
 def test_digits_pipeline_sgld_beats_sgd_on_nll(tmp_path):
     """The default digits pipeline: SGLD's 100-sample ensemble has a lower test NLL than SGD and an
     accuracy within 1 point of it, judged over 10 draws of 100 samples."""
-    from apd.config import load_config
+    from apd.config_load import load_config
     from apd.nets import ParamSpec, predict_probs
 
     ctx = RunContext(cfg=load_config("pipelines/digits.toml"), artifacts_root=tmp_path, quiet=True)
@@ -184,7 +184,7 @@ def test_stored_log_likelihood_is_that_of_the_stored_weights(tmp_path):
 
     from apd.data import MinibatchOrder
     from apd.nets import ParamSpec, predict_logits
-    from apd.pipeline.sample import chain_seeds
+    from apd.pipeline.sample_chains import chain_seeds
 
     ctx = context(tmp_path, sgld={"chains": 1, "iterations": 300})
     sample_sgld(ctx)
@@ -201,7 +201,7 @@ def test_stored_log_likelihood_is_that_of_the_stored_weights(tmp_path):
 def test_chain_streams_are_distinct_from_each_other_and_from_the_baselines(tmp_path):
     """Initialisation, minibatch order and noise of every chain, and the baselines' streams, are all
     different seeds (before, chain 7's initialisation equalled the SGD baseline's)."""
-    from apd.pipeline.sample import chain_seeds
+    from apd.pipeline.sample_chains import chain_seeds
 
     ctx = context(tmp_path)
     seeds = [s for c in range(16) for s in vars(chain_seeds(ctx, c)).values()]

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from apd.cli import main
-from apd.config import DataConfig, from_dict
+from apd.config import DataConfig
+from apd.config_load import from_dict
 from apd.data import available_ood, load_dataset, ood_set
 from apd.errors import ConfigError
 from apd.toy2d import MEANS, far_mask

@@ -1,5 +1,6 @@
-"""Convergence diagnostics (apd.samplers.diagnostics) against known answers: i.i.d. chains, shifted chains, AR(1)
-chains, R-hat computed by hand from its formulas, the chain layout, and diagnose() on a small network."""
+"""Convergence diagnostics (apd.samplers.rank_stats, .quantities and .diagnostics) against known answers: i.i.d.
+chains, shifted chains, AR(1) chains, R-hat computed by hand from its formulas, the chain layout, and diagnose()
+on a small network."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from scipy.stats import rankdata
 
 from apd.nets import ParamSpec, mlp
 from apd.samplers import diagnostics as diag
+from apd.samplers.quantities import arrange_chains, chain_layout, compute_quantities
+from apd.samplers.rank_stats import rank_diagnostics, summarise
 from apd.samplers.store import SampleStore
 
 
@@ -30,7 +33,7 @@ def _ar1(rng: np.random.Generator, rho: float, chains: int, n: int, q: int = 1) 
 def test_iid_chains_have_rhat_one_and_full_ess():
     rng = np.random.default_rng(0)
     draws = rng.standard_normal((4, 1000, 50))
-    stats = diag.rank_diagnostics(draws)
+    stats = rank_diagnostics(draws)
     assert stats["rhat"].shape == stats["ess_bulk"].shape == stats["ess_tail"].shape == (50,)
     assert np.mean(np.abs(stats["rhat"] - 1) < 0.01) >= 0.96
     assert stats["rhat"].max() < 1.02
@@ -41,9 +44,9 @@ def test_iid_chains_have_rhat_one_and_full_ess():
 def test_chains_with_shifted_means_have_large_rhat():
     rng = np.random.default_rng(1)
     draws = rng.standard_normal((4, 500, 20)) + np.arange(4).reshape(4, 1, 1)  # 1 sd apart
-    stats = diag.rank_diagnostics(draws)
+    stats = rank_diagnostics(draws)
     assert stats["rhat"].min() > 1.1
-    summary = diag.summarise(draws, stats)
+    summary = summarise(draws, stats)
     assert summary["frac_rhat_above_1.01"] == 1.0
     assert summary["ess_bulk_median"] < 400
 
@@ -51,7 +54,7 @@ def test_chains_with_shifted_means_have_large_rhat():
 def test_chains_with_different_scales_are_caught_by_the_folded_rhat():
     rng = np.random.default_rng(2)
     draws = rng.standard_normal((4, 1000, 5)) * np.array([1, 1, 1, 3]).reshape(4, 1, 1)
-    assert diag.rank_diagnostics(draws)["rhat"].min() > 1.05
+    assert rank_diagnostics(draws)["rhat"].min() > 1.05
 
 
 @pytest.mark.parametrize("rho", [0.5, 0.8])
@@ -59,7 +62,7 @@ def test_bulk_ess_of_ar1_chains(rho):
     rng = np.random.default_rng(3)
     draws = _ar1(rng, rho, chains=4, n=2000, q=4)
     expected = draws.shape[0] * draws.shape[1] * (1 - rho) / (1 + rho)
-    ess = diag.rank_diagnostics(draws)["ess_bulk"]
+    ess = rank_diagnostics(draws)["ess_bulk"]
     assert np.all(np.abs(ess / expected - 1) < 0.25), (ess, expected)
 
 
@@ -87,7 +90,7 @@ def test_rhat_matches_a_hand_computation(n_draws):
     theta = rng.standard_normal((3, n_draws, 3)) * np.array([1.0, 1.0, 2.0]).reshape(3, 1, 1)
     theta[2, :, 1] += 1.5  # one quantity whose bulk R-hat dominates
     theta[1, :4, 0] = theta[1, 4, 0]  # ties
-    got = diag.rank_diagnostics(theta)["rhat"]
+    got = rank_diagnostics(theta)["rhat"]
     for q in range(3):
         assert got[q] == pytest.approx(_rhat_by_hand(theta[:, :, q]), abs=1e-6)
 
@@ -96,10 +99,10 @@ def test_rhat_is_nan_for_a_constant_quantity_and_summary_skips_it():
     rng = np.random.default_rng(5)
     draws = rng.standard_normal((4, 100, 3))
     draws[:, :, 1] = 1.0
-    summary = diag.summarise(draws)
+    summary = summarise(draws)
     assert summary["n_constant"] == 1
     assert summary["rhat_max"] is not None and np.isfinite(summary["rhat_max"])
-    assert np.isnan(diag.rank_diagnostics(draws)["rhat"][1])
+    assert np.isnan(rank_diagnostics(draws)["rhat"][1])
 
 
 # ------------------------------------------------------------------------------------------- layout
@@ -109,34 +112,34 @@ def test_chain_layout_truncates_to_the_shortest_chain_and_thins_evenly():
     ids = np.array([0] * 10 + [1] * 7 + [2] * 12)
     rng = np.random.default_rng(6)
     rng.shuffle(ids)  # interleaved chains keep their row order
-    layout = diag.chain_layout(ids)
+    layout = chain_layout(ids)
     assert (layout.chains, layout.draws, layout.pseudo_chains) == (3, 7, False)
     for c in range(3):
         assert np.all(ids[layout.rows[c]] == c)
         assert np.array_equal(layout.rows[c], np.flatnonzero(ids == c)[:7])
-    thinned = diag.chain_layout(ids, max_draws=4)
+    thinned = chain_layout(ids, max_draws=4)
     assert thinned.draws == 4
     assert np.array_equal(thinned.rows[:, [0, -1]], layout.rows[:, [0, -1]])  # first and last kept
     assert np.array_equal(thinned.rows, layout.rows[:, [0, 2, 4, 6]])
 
     draws = np.arange(len(ids) * 2).reshape(-1, 2)
-    arranged = diag.arrange_chains(ids, draws, max_draws=4)
+    arranged = arrange_chains(ids, draws, max_draws=4)
     assert arranged.shape == (3, 4, 2)
     assert np.array_equal(arranged, draws[thinned.rows])
 
 
 def test_one_chain_is_split_into_pseudo_chains():
-    layout = diag.chain_layout(np.zeros(103, dtype=np.int32))
+    layout = chain_layout(np.zeros(103, dtype=np.int32))
     assert (layout.chains, layout.draws, layout.pseudo_chains) == (4, 25, True)
     assert np.array_equal(layout.rows.reshape(-1), np.arange(100))  # consecutive pieces
-    arranged = diag.arrange_chains(np.zeros(103), np.arange(103.0), max_draws=5)
+    arranged = arrange_chains(np.zeros(103), np.arange(103.0), max_draws=5)
     assert arranged.shape == (4, 5, 1)
     assert np.array_equal(arranged[1, :, 0], [25, 31, 37, 43, 49])
 
 
 def test_too_few_draws_is_a_clear_error():
     with pytest.raises(ValueError, match="too few samples"):
-        diag.chain_layout(np.zeros(12))
+        chain_layout(np.zeros(12))
 
 
 # ---------------------------------------------------------------------------------------- diagnose
@@ -221,8 +224,8 @@ def test_streamed_pca_matches_the_cached_one_and_the_exact_components(tiny_probl
     weights = centre.numpy() + (rng.standard_normal((400, len(centre))) * scales) @ basis.T
     weights = torch.as_tensor(weights, dtype=torch.float32)
     ids = np.repeat([0, 1], 200)
-    cached = diag.compute_quantities(spec, weights, x_val, y_val, x_train, y_train, chain_ids=ids)
-    streamed = diag.compute_quantities(spec, weights, x_val, y_val, x_train, y_train, chain_ids=ids,
+    cached = compute_quantities(spec, weights, x_val, y_val, x_train, y_train, chain_ids=ids)
+    streamed = compute_quantities(spec, weights, x_val, y_val, x_train, y_train, chain_ids=ids,
                                        cache_bytes=0)
     np.testing.assert_allclose(streamed.draws["weight_pcs"], cached.draws["weight_pcs"], rtol=1e-10, atol=1e-10)
     pcs = cached.draws["weight_pcs"].reshape(400, 5)
@@ -239,7 +242,7 @@ def test_function_space_quantity_is_the_true_class_probability(tiny_problem):
 
     spec, centre, x_val, y_val, x_train, y_train = tiny_problem
     weights = _draws(centre, 16, 9)
-    quantities = diag.compute_quantities(spec, weights, x_val, y_val, x_train, y_train,
+    quantities = compute_quantities(spec, weights, x_val, y_val, x_train, y_train,
                                          chain_ids=np.repeat([0, 1], 8))
     probs = predict_probs(spec, weights, x_val)
     expected = probs[:, torch.arange(len(y_val)), y_val].double().numpy()
@@ -271,7 +274,7 @@ def test_numpy_engine_agrees_with_arviz():
     cases[0][:, :, 2] = 0.5  # constant
     cases[0][:2, :, 3] += 2.0  # shifted
     for draws in cases:
-        arviz, fast = diag.rank_diagnostics(draws), diag.rank_diagnostics(draws, engine="numpy")
+        arviz, fast = rank_diagnostics(draws), rank_diagnostics(draws, engine="numpy")
         for key in arviz:
             np.testing.assert_allclose(fast[key], arviz[key], rtol=1e-10, atol=1e-12, equal_nan=True,
                                        err_msg=f"{key} of draws {draws.shape}")

@@ -315,7 +315,7 @@ def write_shard(path: Path, chains: list[int], per_chain: int, **kwargs) -> None
 
 
 def test_joined_store_maps_every_shard_row_in_chain_order_without_copying(tmp_path):
-    from apd.samplers.store import join_stores
+    from apd.samplers.store_join import join_stores
 
     write_shard(tmp_path / "s-0.h5", [0, 2, 4], 6)
     write_shard(tmp_path / "s-1.h5", [1, 3], 6, compression="lzf")
@@ -340,7 +340,7 @@ def test_joined_store_maps_every_shard_row_in_chain_order_without_copying(tmp_pa
 
 
 def test_joined_store_moves_with_its_folder_and_records_the_names_it_is_given(tmp_path):
-    from apd.samplers.store import join_stores
+    from apd.samplers.store_join import join_stores
 
     folder = tmp_path / "a"
     folder.mkdir()
@@ -357,7 +357,7 @@ def test_joined_store_moves_with_its_folder_and_records_the_names_it_is_given(tm
 
 
 def test_joined_store_with_a_missing_or_truncated_shard_is_one_clear_error(tmp_path):
-    from apd.samplers.store import join_stores
+    from apd.samplers.store_join import join_stores
 
     write_shard(tmp_path / "s-0.h5", [0], 5)
     write_shard(tmp_path / "s-1.h5", [1], 5)
@@ -372,7 +372,7 @@ def test_joined_store_with_a_missing_or_truncated_shard_is_one_clear_error(tmp_p
 
 
 def test_join_refuses_split_chains_open_shards_and_other_networks(tmp_path):
-    from apd.samplers.store import join_stores
+    from apd.samplers.store_join import join_stores
 
     write_shard(tmp_path / "a.h5", [0, 1], 3)
     write_shard(tmp_path / "b.h5", [1], 3)
@@ -400,7 +400,7 @@ def test_evenly_spaced_rows_of_a_joined_store_take_every_chain_equally(tmp_path)
     """Consumers pick 'evenly spaced' rows over the whole store (the codec fit, the SGLD reference of
     distillation, the MoG fit): ordered by chain, that is an equal share of each equal-length chain."""
     from apd.distillation.training import evenly_spaced
-    from apd.samplers.store import join_stores
+    from apd.samplers.store_join import join_stores
 
     write_shard(tmp_path / "s-0.h5", [0, 2], 50)
     write_shard(tmp_path / "s-1.h5", [1], 50)

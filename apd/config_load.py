@@ -1,0 +1,133 @@
+"""Reading a pipeline: the TOML file with ``section.key=value`` overrides applied on top, the flat keys of
+earlier releases moved into their sub-tables (with a one-line warning each), every section built and checked
+field by field (:func:`apd.config.build_section`), then the constraints that span fields; every problem is a
+one-line :class:`ConfigError` naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import logging
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from apd.config import (
+    ADVERSARIAL_SOURCES,
+    DEVICE_PATTERN,
+    NAME_PATTERN,
+    PipelineConfig,
+    build_section,
+    parse_override,
+)
+from apd.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> PipelineConfig:
+    """Read and validate a pipeline TOML file, with ``section.key=value`` overrides applied on top;
+    every problem is a one-line :class:`ConfigError`."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such pipeline file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    for override in overrides:
+        keys, value = parse_override(override)
+        table = raw
+        for key in keys[:-1]:
+            table = table.setdefault(key, {})
+            if not isinstance(table, dict):
+                raise ConfigError(f"--set {override!r}: {key!r} is not a section")
+        table[keys[-1]] = value
+    cfg = from_dict(raw, where=str(path) + (" with --set" if overrides else ""))
+    cfg.source = str(path)
+    return cfg
+
+
+def from_dict(raw: dict[str, Any], where: str = "<config>") -> PipelineConfig:
+    """Build a validated :class:`PipelineConfig` from nested dicts (as TOML gives)."""
+    cfg = build_section(PipelineConfig, upgrade_deprecated_keys(raw, where), where, prefix="")
+    _check_consistency(cfg, where)
+    return cfg
+
+
+# Flat keys of earlier releases: (section, old key) → (sub-table, new key, value map). Accepted for one
+# release with a one-line warning each.
+DEPRECATED_KEYS: dict[tuple[str, str], tuple[str, str, Callable[[Any], Any]]] = {
+    ("distill", "subspace_residual"): ("residual", "model", lambda on: "diagonal" if on else "none"),
+    ("distill", "subspace_residual_model"): ("residual", "model", lambda model: model),
+    ("distill", "subspace_residual_scale"): ("residual", "scale", lambda scale: scale),
+    ("distill", "kronecker_rank"): ("residual", "kronecker_rank", lambda rank: rank),
+    **{("evaluate", f"adv_{name}"): ("adversarial", name, lambda value: value)
+       for name in ("examples", "samples", "sources", "whitebox", "whitebox_examples", "eot_members")},
+    **{("evaluate", name): ("adversarial", name, lambda value: value)
+       for name in ("pgd_eps", "pgd_steps", "pgd_step_size", "fgsm_eps_grid")},
+}
+
+
+def upgrade_deprecated_keys(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """A copy of ``raw`` with the flat keys of :data:`DEPRECATED_KEYS` moved into their sub-tables (and
+    ``evaluate.adversarial = true|false`` into ``[evaluate.adversarial] enabled``), warning once per key.
+    ``subspace_residual = false`` wins over a residual model given beside it, as it did before."""
+    upgraded = {key: dict(value) if isinstance(value, dict) else value for key, value in raw.items()}
+    for section in ("distill", "evaluate"):
+        table = upgraded.get(section)
+        if not isinstance(table, dict):
+            continue
+        if isinstance(table.get("adversarial"), bool):
+            table["adversarial"] = {"enabled": table["adversarial"]}
+            log.warning("%s: 'evaluate.adversarial = true|false' is deprecated; write [evaluate.adversarial] "
+                        "enabled = …", where)
+        switched_off = table.get("subspace_residual") is False
+        for (owner, old), (sub, new, convert) in DEPRECATED_KEYS.items():
+            if owner != section or old not in table:
+                continue
+            nested = table.setdefault(sub, {})
+            if not isinstance(nested, dict):
+                raise ConfigError(f"{where}: '{section}.{sub}' must be a table")
+            nested[new] = convert(table.pop(old))
+            log.warning("%s: '%s.%s' is deprecated; write [%s.%s] %s = …", where, section, old, section, sub, new)
+        if switched_off:
+            table["residual"]["model"] = "none"
+    return upgraded
+
+
+def _check_consistency(cfg: PipelineConfig, where: str) -> None:
+    """Constraints that span fields."""
+    if not NAME_PATTERN.fullmatch(cfg.name):
+        raise ConfigError(f"{where}: 'name' must be a plain file name (letters, digits, '_', '.', '-', not "
+                          f"starting with '.' or '-'), got {cfg.name!r}")
+    if cfg.sgld.burn_in >= cfg.sgld.iterations:
+        raise ConfigError(f"{where}: 'sgld.burn_in' ({cfg.sgld.burn_in}) must be less than "
+                          f"'sgld.iterations' ({cfg.sgld.iterations})")
+    if cfg.sgld.workers > cfg.sgld.chains:
+        raise ConfigError(f"{where}: 'sgld.workers' ({cfg.sgld.workers}) must be at most 'sgld.chains' "
+                          f"({cfg.sgld.chains}): a worker runs whole chains")
+    if not DEVICE_PATTERN.fullmatch(cfg.device):
+        raise ConfigError(f"{where}: 'device' must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {cfg.device!r}")
+    adversarial = cfg.evaluate.adversarial
+    if cfg.data.dataset == "toy2d" and adversarial.enabled:
+        raise ConfigError(f"{where}: 'evaluate.adversarial.enabled' needs images in [-1, 1]; toy2d has points in "
+                          "the plane (set it to false)")
+    unknown_sources = sorted(set(adversarial.sources) - set(ADVERSARIAL_SOURCES))
+    if unknown_sources:
+        raise ConfigError(f"{where}: 'evaluate.adversarial.sources' has unknown method {unknown_sources[0]!r} "
+                          f"(choose from {', '.join(ADVERSARIAL_SOURCES)})")
+    if not adversarial.fgsm_eps_grid or min(adversarial.fgsm_eps_grid) <= 0:
+        raise ConfigError(f"{where}: 'evaluate.adversarial.fgsm_eps_grid' must be a non-empty list of positive "
+                          "numbers")
+    if not cfg.peers.swag_lrs or min(cfg.peers.swag_lrs) <= 0:
+        raise ConfigError(f"{where}: 'peers.swag_lrs' must be a non-empty list of positive learning rates")
+    d = cfg.distill
+    if d.generator == "subspace" and d.fit_samples < d.subspace_rank:
+        raise ConfigError(f"{where}: 'distill.fit_samples' ({d.fit_samples}) must be at least "
+                          f"'distill.subspace_rank' ({d.subspace_rank}): the subspace is fit to that many samples")
+    if cfg.evaluate.mog_fit_samples < max(cfg.evaluate.mog_components):
+        raise ConfigError(f"{where}: 'evaluate.mog_fit_samples' must be at least the largest "
+                          f"'evaluate.mog_components'")

@@ -1,0 +1,272 @@
+"""The report's tables that set the methods against SGLD and against each other: every method at its own
+and at a common ensemble size, the kept-samples yardstick and its storage curve, how the peers' settings were
+chosen, and adversarial-example detection (gray-box across methods, white-box on each).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from apd.pipeline.table_format import (
+    MISSING,
+    UNDEFINED,
+    Table,
+    format_number,
+    format_sample_count,
+    markdown_table,
+    mean_std,
+    method_label,
+    methods_in_order,
+    ordered,
+    score_label,
+)
+
+ADVERSARIAL_SCORE_ORDER = ("entropy", "bald", "model_variance")  # the scores of the paper's adversarial study
+
+
+def _gap(value: float | dict | None, digits: int = 1) -> str:
+    """A signed gap (plain or ``{"mean", "std"}``); "n/a" where undefined (one network has no BALD)."""
+    if value is None:
+        return UNDEFINED
+    if isinstance(value, dict):
+        return f"{value['mean']:+.{digits}f} ±{format_number(value['std'], digits)}"
+    return f"{value:+.{digits}f}" if math.isfinite(value) else MISSING
+
+
+def _plain(value: float | dict | None, digits: int) -> str:
+    if value is None:
+        return UNDEFINED
+    return format_number(value["mean"] if isinstance(value, dict) else value, digits)
+
+
+QUALITY_NOTE = ("Gaps to SGLD (the yardstick, `apd/evaluation/yardstick.py`): worst per-set AUROC gap = max over the "
+                "OOD sets of SGLD's AUROC − the method's, in percent points (positive: below SGLD on some set); NLL "
+                "gap = NLL − SGLD's NLL (nats); KL = mean over test inputs of KL(SGLD's predictive ‖ the method's), "
+                "SGLD's predictive over {samples} stored samples.")
+
+
+def members_table(results: dict) -> Table | None:
+    """Every method at its own ensemble size (the main tables' draws) and at ``networks`` members where it
+    can draw that many (a kept set, an ensemble or one network cannot: n/a)."""
+    q, at = results.get("quality"), results.get("at_networks")
+    if not q:
+        return None
+    methods = methods_in_order(results, q)
+    at = at or {}
+    networks = next((row["members"] for row in at.values() if row), None)
+    acc = results.get("accuracy", {})
+
+    def mean_bald(m: str) -> float | None:
+        values = [per_set["bald"][m]["auroc"]["mean"] for per_set in results.get("ood", {}).values()
+                  if per_set.get("bald", {}).get(m) is not None]
+        return float(np.mean(values)) if values and len(values) == len(results["ood"]) else None
+
+    body, rows = [], []
+    for m in methods:
+        own = q[m]
+        cells = [method_label(m), format_sample_count(own["in_sgld_samples"]), f"{own['members']:,}",
+                 _plain(acc[m]["acc"], 4), _plain(acc[m]["nll"], 3), _plain(mean_bald(m), 1), _gap(own["bald_gap"]),
+                 _gap(own["max_prob_gap"]), _gap(own["nll_gap"], 3), _plain(own["kl"], 4)]
+        row = at.get(m)
+        cells += ([UNDEFINED] * 4 if row is None else
+                  [_plain(row["acc"], 4), _plain(row["nll"], 3), _plain(row["mean_bald_auroc"], 1),
+                   _gap(row.get("bald_gap"))])
+        body.append(cells)
+        rows.append([m, own["in_sgld_samples"], own["members"], acc[m]["acc"]["mean"], acc[m]["nll"]["mean"],
+                     mean_bald(m), own["bald_gap"], own["max_prob_gap"], own["nll_gap"], own["kl"],
+                     None if row is None else row["acc"]["mean"], None if row is None else row["nll"]["mean"],
+                     None if row is None else row["mean_bald_auroc"]["mean"],
+                     None if row is None or row.get("bald_gap") is None else row["bald_gap"]["mean"]])
+    header = ["method", "storage (SGLD samples)", "members", "accuracy", "NLL", "mean BALD AUROC",
+              "worst BALD gap", "worst max-prob gap", "NLL gap", "KL", f"accuracy @{networks}", f"NLL @{networks}",
+              f"mean BALD AUROC @{networks}", f"worst BALD gap @{networks}"]
+    samples = results.get("yardstick", {}).get("reference", {}).get("kl_samples", "?")
+    note = (f"Each method at its own ensemble size (the draws of the tables above) and at {networks} members where "
+            "it can draw that many (n/a: a fixed set of fewer members). " + QUALITY_NOTE.format(samples=samples)
+            + "\n\n")
+    return Table("members", "Every method against SGLD, at its own size and at a common size", note + markdown_table(
+        header, body), ["method", "in_sgld_samples", "members", "acc", "nll", "mean_bald_auroc", "bald_gap",
+                        "max_prob_gap", "nll_gap", "kl", "acc_at_networks", "nll_at_networks",
+                        "mean_bald_auroc_at_networks", "bald_gap_at_networks"], rows)
+
+
+def yardstick_table(results: dict) -> Table | None:
+    """The kept-samples yardstick: each method of storage S against ⌈S⌉ SGLD samples simply kept (evenly
+    spaced; random subsets for the spread), on the worst per-set BALD AUROC gap, the NLL gap and the KL."""
+    y, q = results.get("yardstick"), results.get("quality") or {}
+    if not y:
+        return None
+    kept = y.get("kept", {})
+    body, rows = [], []
+    for m in methods_in_order(results, y.get("equal_storage", {})):
+        entry = y["equal_storage"][m]
+        row = kept.get(str(entry["k"]))
+        if row is None:
+            continue
+        even, rand, own = row["evenly_spaced"], row["random"], q.get(m, {})
+        body.append([method_label(m), format_sample_count(entry["in_sgld_samples"]), str(entry["k"]),
+                     _gap(own.get("bald_gap")), _gap(even["bald_gap"]), _gap(rand["bald_gap"]),
+                     _gap(own.get("nll_gap"), 3), _gap(even["nll_gap"], 3), _gap(rand["nll_gap"], 3),
+                     _plain(own.get("kl"), 4), _plain(even["kl"], 4), mean_std(rand["kl"], 4)])
+        rows.append([m, entry["in_sgld_samples"], entry["k"], own.get("bald_gap"), even["bald_gap"],
+                     None if rand["bald_gap"] is None else rand["bald_gap"]["mean"],
+                     None if rand["bald_gap"] is None else rand["bald_gap"]["std"], own.get("nll_gap"),
+                     even["nll_gap"], rand["nll_gap"]["mean"], rand["nll_gap"]["std"], own.get("kl"), even["kl"],
+                     rand["kl"]["mean"], rand["kl"]["std"]])
+    if not body:
+        return None
+    subsets = next(iter(kept.values()))["subsets"] if kept else 0
+    note = (f"For each method of storage S: the method, ⌈S⌉ kept SGLD samples evenly spaced over the store, and the "
+            f"mean ± std over {subsets} random subsets of ⌈S⌉ samples. A compressed posterior is useful where it "
+            "beats the kept samples. " + QUALITY_NOTE.format(samples=y["reference"]["kl_samples"]) + "\n\n")
+    header = ["method", "S", "⌈S⌉", "BALD gap: method", "kept", "random", "NLL gap: method", "kept", "random",
+              "KL: method", "kept", "random"]
+    return Table("yardstick", "The kept-samples yardstick at equal storage", note + markdown_table(header, body),
+                 ["method", "in_sgld_samples", "k", "bald_gap", "kept_bald_gap", "random_bald_gap",
+                  "random_bald_gap_std", "nll_gap", "kept_nll_gap", "random_nll_gap", "random_nll_gap_std", "kl",
+                  "kept_kl", "random_kl", "random_kl_std"], rows)
+
+
+def kept_curve_table(results: dict) -> Table | None:
+    """Storage against quality for k kept SGLD samples (k of ``evaluate.yardstick_sizes``)."""
+    curve = (results.get("yardstick") or {}).get("curve")
+    if not curve:
+        return None
+    body, rows = [], []
+    for row in curve:
+        even, rand = row["evenly_spaced"], row["random"]
+        body.append([str(row["k"]), _plain(even["acc"], 4), _plain(even["nll"], 3), _plain(even["mean_bald_auroc"], 1),
+                     _gap(even["bald_gap"]), _gap(even["max_prob_gap"]), _gap(even["nll_gap"], 3),
+                     _plain(even["kl"], 4), _gap(rand["bald_gap"]), _gap(rand["max_prob_gap"]),
+                     _gap(rand["nll_gap"], 3), mean_std(rand["kl"], 4)])
+        rows.append([row["k"], even["acc"], even["nll"], even["mean_bald_auroc"], even["bald_gap"],
+                     even["max_prob_gap"], even["nll_gap"], even["kl"],
+                     *(None if rand[key] is None else rand[key][stat]
+                       for key in ("bald_gap", "max_prob_gap", "nll_gap", "kl") for stat in ("mean", "std"))])
+    note = ("k SGLD samples kept evenly spaced over the store (storage k), then the mean ± std over random subsets "
+            "of k. " + QUALITY_NOTE.format(samples=results["yardstick"]["reference"]["kl_samples"]) + "\n\n")
+    header = ["k", "accuracy", "NLL", "mean BALD AUROC", "worst BALD gap", "worst max-prob gap", "NLL gap", "KL",
+              "random: BALD gap", "max-prob gap", "NLL gap", "KL"]
+    return Table("kept_curve", "Kept SGLD samples: storage against quality", note + markdown_table(header, body),
+                 ["k", "acc", "nll", "mean_bald_auroc", "bald_gap", "max_prob_gap", "nll_gap", "kl",
+                  "random_bald_gap", "random_bald_gap_std", "random_max_prob_gap", "random_max_prob_gap_std",
+                  "random_nll_gap", "random_nll_gap_std", "random_kl", "random_kl_std"], rows)
+
+
+def peers_table(results: dict) -> Table | None:
+    """What fitting each peer chose, and on which data: SWAG's learning rate, the Laplace approximations'
+    prior precisions and scales, the kept and Stein-thinned samples."""
+    peers = results.get("peers")
+    if not peers:
+        return None
+    body, rows = [], []
+
+    def add(method: str, setting: str, value: str, data: str) -> None:
+        body.append([method_label(method), setting, value, data])
+        rows.append([method, setting, value, data])
+
+    if "kept" in peers:
+        add("kept", "samples kept", str(peers["kept"]["k"]), "⌈APD's storage⌉; " + peers["kept"]["rule"])
+    if "stein" in peers:
+        st = peers["stein"]
+        add("stein", "samples kept", f"{st['k']} of {st['candidates']:,} candidates",
+            f"greedy kernel Stein discrepancy, full-training-set gradients ({st['seconds']:.1f} s)")
+    if "swag" in peers:
+        sw = peers["swag"]
+        grid = ", ".join(f"{lr}: {'diverged' if v is None else format_number(v, 3)}"
+                         for lr, v in (sw.get("val_nll") or {}).items())
+        add("swag", "constant learning rate", f"{sw['lr']:g}", f"lowest validation NLL ({grid})")
+        add("swag", "rank, scale", f"{sw['rank']}, {sw['scale']:g}", "fixed (Maddox et al., 2019)")
+    for name in ("laplace-kfac", "laplace-ll", "laplace-glm"):
+        if name not in peers:
+            continue
+        la = peers[name]
+        if name != "laplace-glm":
+            add(name, "prior precision", ", ".join(f"{g} {p:.3g}" for g, p in
+                                                    zip(la["prior_groups"], la["prior_precision"], strict=True)),
+                "marginal likelihood of the training split, one per parameter tensor")
+        grid = ", ".join(f"{t:g}: {format_number(v, 3)}" for t, v in zip(la["scales"], la["val_nll"], strict=True))
+        rule = ("lowest validation NLL" if la["nll_tolerance"] == 0 else
+                f"widest within {la['nll_tolerance']:g} nats of the lowest validation NLL "
+                f"(the lowest alone: {la['lowest_val_nll_scale']:g})")
+        add(name, "posterior scale τ", f"{la['scale']:g}", f"{rule}; NLL by τ: {grid}")
+    note = "Nothing here saw the test split or an OOD set.\n\n"
+    return Table("peers", "How the peers' settings were chosen", note + markdown_table(
+        ["method", "setting", "value", "chosen on"], body), ["method", "setting", "value", "chosen_on"], rows)
+
+
+def _adversarial_cells(results: dict) -> dict[tuple[str, str, str, str], dict]:
+    """(setting, source, attack, target) → {SCORE: {"auroc"}, "accuracy"}; white-box source = target."""
+    cells = {("gray-box", source, attack, target): cell
+             for source, attacks in results.get("adversarial", {}).items()
+             for attack, targets in attacks.items() for target, cell in targets.items()}
+    cells.update({("white-box", target, attack, target): cell
+                  for target, attacks in results.get("adversarial_whitebox", {}).items()
+                  for attack, cell in attacks.items()})
+    return cells
+
+
+def _auroc_cell(cell: dict, score: str) -> str:
+    """An adversarial cell's AUROC for ``score``: "n/a" where the target cannot have the score."""
+    if score not in cell:
+        return MISSING
+    return UNDEFINED if cell[score] is None else format_number(cell[score]["auroc"], 2)
+
+
+def _cell_scores(cells: Iterable[dict]) -> list[str]:
+    return ordered((key for cell in cells for key in cell if key != "accuracy"), ADVERSARIAL_SCORE_ORDER)
+
+
+def adversarial_table(results: dict) -> Table | None:
+    """Adversarial-example detection as in Wang et al. (2018): gray-box attacks crafted on one weight
+    sample of a source method, detected by each target method (rows source × attack, columns targets), one
+    block per score, plus the targets' accuracy on the adversarial inputs; then white-box attacks on each
+    target's own expected predictive. AUROC in percent, adversarial inputs positive."""
+    cells = _adversarial_cells(results)
+    if not cells:
+        return None
+    blocks = []
+    gray = {key[1:]: cell for key, cell in cells.items() if key[0] == "gray-box"}
+    if gray:
+        pairs = _ordered_pairs(results, [(source, attack) for source, attack, _ in gray])
+        targets = methods_in_order(results, (target for _, _, target in gray))
+
+        def grid(value: Any) -> str:
+            body = [[method_label(source), attack.upper(),
+                     *(MISSING if (cell := gray.get((source, attack, t))) is None else value(cell)
+                       for t in targets)] for source, attack in pairs]
+            return markdown_table(["source", "attack", *map(method_label, targets)], body)
+
+        for score in _cell_scores(gray.values()):
+            blocks.append(f"### Gray-box, score: {score_label(score)} (AUROC %)\n\n" + grid(
+                lambda cell, score=score: _auroc_cell(cell, score)))
+        blocks.append("### Gray-box: target accuracy on the adversarial inputs\n\n" + grid(
+            lambda cell: format_number(cell.get("accuracy"), 3)))
+    white = {key[1:]: cell for key, cell in cells.items() if key[0] == "white-box"}
+    if white:
+        scores = _cell_scores(white.values())
+        body = [[method_label(target), attack.upper(),
+                 *(_auroc_cell(cell, s) for s in scores),
+                 format_number(cell.get("accuracy"), 3)]
+                for target, attack in _ordered_pairs(results, [(t, a) for _, a, t in white])
+                for cell in [white[(target, attack, target)]]]
+        blocks.append("### White-box (attack on the target's expected predictive)\n\n" + markdown_table(
+            ["target", "attack", *(f"{score_label(s)} AUROC %" for s in scores), "accuracy"], body))
+    rows = [[setting, source, attack, target, "auroc", score, cell[score]["auroc"]]
+            for (setting, source, attack, target), cell in cells.items() for score in _cell_scores([cell])
+            if cell.get(score) is not None]
+    rows += [[setting, source, attack, target, "accuracy", "", cell["accuracy"]]
+             for (setting, source, attack, target), cell in cells.items() if "accuracy" in cell]
+    return Table("adversarial", "Adversarial-example detection", "\n\n".join(blocks),
+                 ["setting", "source", "attack", "target", "metric", "score", "value"], rows)
+
+
+def _ordered_pairs(results: dict, pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Distinct (method, attack) pairs, grouped by method in the method order, attacks as they came."""
+    distinct = list(dict.fromkeys(pairs))
+    methods = methods_in_order(results, (method for method, _ in distinct))
+    return sorted(distinct, key=lambda pair: (methods.index(pair[0]), distinct.index(pair)))

@@ -1,0 +1,117 @@
+"""The cells and layout of the report's tables: :class:`Table` (one section's Markdown and the same numbers as
+CSV rows, built once so the two cannot disagree), the order and labels of methods and scores, the formatting
+of numbers, sizes and durations ("—" for an absent value, "n/a" for a score a method cannot have), Markdown
+tables and CSV files.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from apd.io import write_text_atomic
+from apd.pipeline.methods import METHODS, label
+
+METHOD_ORDER = tuple(METHODS)
+SCORE_ORDER = ("variation_ratio", "bald", "entropy", "max_prob", "model_variance")
+SCORE_LABELS = {"variation_ratio": "variation ratio", "bald": "BALD", "entropy": "predictive entropy",
+                "max_prob": "max probability", "model_variance": "model variance"}
+HISTOGRAM_SCORES = ("variation_ratio", "bald")
+MISSING = "—"
+UNDEFINED = "n/a"  # a score the method cannot have (e.g. BALD of one network)
+
+
+@dataclass(frozen=True)
+class Table:
+    """One section of the report: its Markdown for ``tables.md`` and the same numbers as CSV rows."""
+
+    name: str  # CSV file stem
+    title: str
+    markdown: str
+    columns: list[str]
+    rows: list[list[Any]]
+
+
+# ---------------------------------------------------------------------------------------------- formatting
+
+
+def ordered(keys: Iterable[str], preferred: Sequence[str]) -> list[str]:
+    """The distinct ``keys``: those in ``preferred`` first, in its order, then the rest as they came."""
+    distinct = list(dict.fromkeys(keys))
+    rank = {key: i for i, key in enumerate(dict.fromkeys(preferred))}
+    return sorted(distinct, key=lambda key: (rank.get(key, len(rank)), distinct.index(key)))
+
+
+def methods_in_order(results: dict, present: Iterable[str]) -> list[str]:
+    """Methods in the order results.json asks for (then the usual order, then any others)."""
+    return ordered(present, [*results.get("methods", []), *METHOD_ORDER])
+
+
+def method_label(method: str) -> str:
+    return label(method)
+
+
+def score_label(score: str) -> str:
+    return SCORE_LABELS.get(score, score)
+
+
+def format_number(value: float | None, digits: int) -> str:
+    """``value`` with ``digits`` decimals; an absent or non-finite value is a dash."""
+    if value is None or not math.isfinite(value):
+        return MISSING
+    return f"{value:.{digits}f}"
+
+
+def mean_std(stat: dict | None, digits: int) -> str:
+    if stat is None:
+        return MISSING
+    return f"{format_number(stat.get('mean'), digits)} ± {format_number(stat.get('std'), digits)}"
+
+
+def percent_of(share: float | None) -> str:
+    """A fraction of SGLD's value as a percentage with one decimal (0.993 → 99.3)."""
+    return MISSING if share is None else format_number(100.0 * share, 1)
+
+
+def format_sample_count(value: float | None) -> str:
+    """A number of SGLD samples' worth: three significant digits below 100, whole numbers above."""
+    if value is None or not math.isfinite(value):
+        return MISSING
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def human_bytes(count: int) -> str:
+    """Bytes in binary units: 1536 → 1.5 KiB."""
+    value, units = float(count), ("B", "KiB", "MiB", "GiB", "TiB")
+    unit = 0
+    while value >= 1024 and unit < len(units) - 1:
+        value /= 1024
+        unit += 1
+    return f"{count} B" if unit == 0 else f"{value:.1f} {units[unit]}"
+
+
+def format_duration(seconds: float) -> str:
+    minutes, rest = divmod(seconds, 60.0)
+    hours, minutes = divmod(int(minutes), 60)
+    if hours:
+        return f"{hours} h {minutes} min"
+    return f"{minutes} min {rest:.0f} s" if minutes else f"{rest:.1f} s"
+
+
+def markdown_table(header: Sequence[str], body: Iterable[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in body]
+    return "\n".join(lines)
+
+
+def write_csv(path: Path, table: Table) -> None:
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(table.columns)
+    writer.writerows(table.rows)
+    write_text_atomic(path, text.getvalue())
