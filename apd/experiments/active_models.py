@@ -41,7 +41,7 @@ from apd.distillation.training import make_trainer
 from apd.errors import ConfigError, DivergenceError
 from apd.nets import ParamSpec, mlp, predict_probs
 from apd.pipeline.runtime import RunContext
-from apd.pipeline.sample import PREFETCH_SETTINGS
+from apd.pipeline.sample_chains import PREFETCH_SETTINGS
 from apd.pipeline.seeds import seed as derived_seed
 from apd.samplers.sgld import SGLD
 

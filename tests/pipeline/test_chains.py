@@ -16,13 +16,16 @@ import numpy as np
 import pytest
 
 from apd.cli import main
-from apd.config import config_hash, from_dict
+from apd.config import config_hash
+from apd.config_load import from_dict
 from apd.errors import ArtifactError, ConfigError
 from apd.io import read_json
 from apd.pipeline.distributed import free_port
 from apd.pipeline.layout import checkpoint_of, manifest_of, partial_of
 from apd.pipeline.runtime import RunContext
-from apd.pipeline.sample import _check_shards, _Finished, sample_sgld
+from apd.pipeline.sample import sample_sgld
+from apd.pipeline.sample_chains import Finished
+from apd.pipeline.sample_workers import _check_shards
 from apd.samplers.store import SampleStore
 from tests.tiny_pipeline import TINY, toml
 
@@ -132,7 +135,7 @@ def test_workers_are_not_part_of_the_config_hash_and_never_outnumber_chains():
 
 def test_a_missing_or_short_shard_is_named_before_joining(tmp_path):
     shards = [tmp_path / "samples-0.h5", tmp_path / "samples-1.h5"]
-    reports = [_Finished(rank, "node-a", [rank], 5, 0, 1.0, 1.0, None) for rank in (0, 1)]
+    reports = [Finished(rank, "node-a", [rank], 5, 0, 1.0, 1.0, None) for rank in (0, 1)]
     with SampleStore.create(partial_of(shards[0]), _spec(), {}) as store:
         for i in range(5):
             store.append(np.zeros(_spec().numel), step=i, chain=0)
