@@ -33,12 +33,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from apd.acquisition import ACQUISITIONS, SINGLE_NETWORK
-from apd.config import DistillConfig, ResidualConfig, bounded, build_section, parse_override
+from apd.config import DistillConfig, ResidualConfig, bounded
 from apd.distillation.codec import WeightCodec, fit_codec
 from apd.distillation.gan import GANTrainer
 from apd.distillation.generator import DistilledGenerator
 from apd.distillation.training import make_trainer
 from apd.errors import ConfigError, DivergenceError
+from apd.experiments.options import plan_from_options as options_plan
 from apd.nets import ParamSpec, mlp, predict_probs
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.sample_chains import PREFETCH_SETTINGS
@@ -107,13 +108,7 @@ class ActivePlan:
 def plan_from_options(options: list[str]) -> ActivePlan:
     """An :class:`ActivePlan` from ``KEY=VALUE`` strings, checked like a config section, then for
     consistency; every problem is a one-line :class:`ConfigError`."""
-    raw = {}
-    for text in options:
-        if "=" not in text:
-            raise ConfigError(f"--option {text!r}: expected KEY=VALUE")
-        keys, value = parse_override(text)
-        raw[".".join(keys)] = value
-    plan = build_section(ActivePlan, raw, "--option", prefix="")
+    plan = options_plan(options, ActivePlan)
     for key, allowed in (("models", MODELS), ("acquisitions", ACQUISITIONS)):
         chosen = getattr(plan, key)
         unknown = [name for name in chosen if name not in allowed]

@@ -1,40 +1,23 @@
 """``apd experiment distillers``: how small and fast can a distilled posterior be and still match SGLD?
 
-On one pipeline's SGLD samples, in one run, every distiller below is built (and timed), then judged on
-the protocol of ``apd evaluate`` (R runs, each a fresh draw of the same number of networks):
-
-- ``SGLD``: the samples themselves, the reference;
-- ``SGLD in subspace r``: the samples projected onto the top-r principal subspace, θ ↦ μ + U·Uᵀ(θ − μ),
-  stored as the codec and the n × r coordinates of the n samples (principal-component compression, no
-  model of their distribution): the ceiling of any distiller working in that subspace;
-- ``SGLD in subspace r + another sample's residual``: the projection of one SGLD draw plus the part of an
-  independent draw outside the subspace, μ + UUᵀ(θ_i − μ) + (I − UUᵀ)(θ_j − μ): both parts keep SGLD's
-  marginals, only their dependence is lost, so it bounds what a model of the subspace plus an independent
-  residual (the per-weight one below, or any richer one) can reach;
-- ``dense APD``: the paper's WGAN-GP on raw D-dimensional weight vectors (Wang et al., 2018), for
-  ``dense_steps`` generator steps or until ``max_seconds`` run out;
-- ``subspace APD r``: the same GAN on whitened coordinates in the top-r principal subspace, with the
-  pipeline's ``[distill]`` hyper-parameters, without the residual (``ranks``), with the per-weight
-  residual scaled to SGLD's in-distribution disagreement (``residual_ranks``, :mod:`apd.distillation.residual`) or at
-  its fitted per-weight spread (``fitted_residual_ranks``), or with the Kronecker-factored Laplace
-  residual, matched likewise (``kronecker_ranks``, :mod:`apd.distillation.kronecker`);
-- ``Gaussian r``: the null model of subspace APD, θ = μ + U·diag(σ)·z with z ~ N(0, I_r), i.e. the same
-  codec with the GAN left out, without (``ranks``) and with the matched residuals (``residual_ranks``,
-  ``kronecker_ranks``);
-- ``diagonal Gaussian``: θ = μ + σ ⊙ z per weight (the standardising codec with N(0, I) codes);
-- ``MoG-k``: diagonal mixtures of k Gaussians, as in the evaluation.
+On one pipeline's SGLD samples every distiller is built (and timed), then judged on the protocol of
+``apd evaluate`` (R runs of fresh draws): SGLD itself; SGLD projected on the top-r principal subspace,
+θ ↦ μ + UUᵀ(θ − μ) (the ceiling of any rank-r distiller), and that projection joined to an independent
+draw's residual (the ceiling of a subspace model plus any independent residual); dense APD, the paper's
+WGAN-GP on raw weight vectors (Wang et al., 2018); subspace APD (the same GAN on whitened coordinates,
+without a residual, with the per-weight or the Kronecker-factored Laplace residual, matched to SGLD's
+in-distribution disagreement or at its fitted spread: :mod:`apd.distillation.residual`,
+:mod:`apd.distillation.kronecker`); its Gaussian null model θ = μ + U·diag(σ)·z; a diagonal Gaussian; and
+diagonal mixtures of k Gaussians.
 
 Reported per distiller: storage in SGLD samples' worth, build time, accuracy and mean AUROC of BALD and
 max_prob (the paper's "variation ratio" column, 1 − max p̄) as shares of SGLD's, the AUROC on every OOD
-set, the nearest-SGLD-sample distance ratio of :func:`apd.evaluation.fidelity.fidelity`, which of the
-targets it misses (``DistillerPlan``), and for a matched residual the factor α it was scaled by.
-
-Everything here is a tuning study, so it is judged on what settings may be chosen on: validation images
-(accuracy, and the in-distribution side of detection) and the OOD *tuning* pool (:func:`apd.data.ood_set`
-with ``role="tuning"``), never on the test split or the OOD sets ``apd evaluate`` reports. Outputs:
+set, the nearest-SGLD-sample distance ratio (:func:`apd.evaluation.fidelity.fidelity`), the targets it
+misses (``DistillerPlan``), and for a matched residual the factor α it was scaled by. It is a tuning
+study, so it is judged on validation images and the OOD *tuning* pool (:func:`apd.data.ood_set` with
+``role="tuning"``), never on the test split or evaluate's OOD sets. Outputs:
 ``artifacts/NAME/experiments/distillers.{json,md,png}``.
 """
-
 from __future__ import annotations
 
 import dataclasses
@@ -43,13 +26,12 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from apd.config import DistillConfig, ResidualConfig, bounded, build_section, parse_override
+from apd.config import DistillConfig, ResidualConfig, bounded
 from apd.distillation.codec import WeightCodec, fit_codec, storage_in_samples
 from apd.distillation.generator import DistilledGenerator
 from apd.distillation.training import StoreBatches, evenly_spaced, make_trainer
@@ -57,6 +39,7 @@ from apd.errors import ConfigError
 from apd.evaluation.fidelity import fidelity
 from apd.evaluation.protocol import EvaluationInputs
 from apd.evaluation.protocol import judge as judge_draw
+from apd.experiments.options import plan_from_options
 from apd.io import read_json, write_json_atomic, write_text_atomic
 from apd.metrics import mean_std
 from apd.nets import ParamSpec, mlp
@@ -166,18 +149,6 @@ class DecoupledResidual(ProjectedSamples):
 
     def stored_parameters(self) -> int:
         return len(self.samples.store) * self.spec.numel
-
-
-def plan_from_options(options: list[str], plan: type = None) -> Any:
-    """A plan (:class:`DistillerPlan` by default) from ``KEY=VALUE`` strings, checked like a config section
-    (unknown keys, types, bounds) with one-line :class:`ConfigError` messages."""
-    raw = {}
-    for text in options:
-        if "=" not in text:
-            raise ConfigError(f"--option {text!r}: expected KEY=VALUE")
-        keys, value = parse_override(text)
-        raw[".".join(keys)] = value
-    return build_section(plan or DistillerPlan, raw, "--option", prefix="")
 
 
 def variants(plan: DistillerPlan) -> list[Variant]:
@@ -411,7 +382,7 @@ def draw_figure(results: dict, path: Path) -> None:
 
 def run_distillers(ctx: RunContext, options: list[str]) -> dict:
     """``apd experiment distillers``: compare, write ``experiments/distillers.{json,md,png}``, print the table."""
-    results = compare_distillers(ctx, plan_from_options(options))
+    results = compare_distillers(ctx, plan_from_options(options, DistillerPlan))
     out = ctx.layout.experiments
     write_json_atomic(out / "distillers.json", results)
     markdown = render_table(results)

@@ -25,7 +25,7 @@ from apd.distillation.generator import DistilledGenerator
 from apd.distillation.training import StoreBatches, evenly_spaced, make_trainer
 from apd.errors import DivergenceError
 from apd.evaluation.protocol import Judgement, judge
-from apd.experiments.distillers import plan_from_options
+from apd.experiments.options import plan_from_options
 from apd.io import write_json_atomic
 from apd.nets import ParamSpec, mlp
 from apd.pipeline.distill import REFERENCE_SAMPLES, codec_for, validation_monitor

@@ -10,7 +10,8 @@ import torch
 from apd.cli import main
 from apd.distillation.codec import fit_codec
 from apd.errors import ConfigError
-from apd.experiments.distillers import DecoupledResidual, DistillerPlan, ProjectedSamples, plan_from_options, variants
+from apd.experiments.distillers import DecoupledResidual, DistillerPlan, ProjectedSamples, variants
+from apd.experiments.options import plan_from_options
 from apd.posteriors import SGLDSamples
 from apd.samplers.store import SampleStore
 from tests.tiny_pipeline import TINY, toml
@@ -128,7 +129,7 @@ def test_decoupled_residual_joins_one_draw_inside_the_subspace_to_another_outsid
 
 
 def test_plan_options_are_checked():
-    plan = plan_from_options(["ranks=[3, 5]", "max_seconds=60", "diagonal=false"])
+    plan = plan_from_options(["ranks=[3, 5]", "max_seconds=60", "diagonal=false"], DistillerPlan)
     assert (plan.ranks, plan.max_seconds, plan.diagonal) == ([3, 5], 60.0, False)
     plan = DistillerPlan(ranks=[3], residual_ranks=[4], fitted_residual_ranks=[5], kronecker_ranks=[6],
                          mog_components=[2])
@@ -138,11 +139,11 @@ def test_plan_options_are_checked():
                      "subspace APD r=6 + Kronecker residual", "Gaussian r=3", "Gaussian r=4 + matched residual",
                      "Gaussian r=6 + Kronecker residual", "diagonal Gaussian", "MoG-2"]
     with pytest.raises(ConfigError, match="unknown key 'rank'"):
-        plan_from_options(["rank=[3]"])
+        plan_from_options(["rank=[3]"], DistillerPlan)
     with pytest.raises(ConfigError, match="'dense_steps' must be at least 0"):
-        plan_from_options(["dense_steps=-1"])
+        plan_from_options(["dense_steps=-1"], DistillerPlan)
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):
-        plan_from_options(["ranks"])
+        plan_from_options(["ranks"], DistillerPlan)
 
 
 def test_too_large_a_rank_is_a_config_error(experiment, capsys):
