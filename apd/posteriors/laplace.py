@@ -40,6 +40,7 @@ at τ = 0.01, 0.196 at 0.1, 1.57 at 1), so the lowest-NLL rule returns the small
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import time
@@ -54,6 +55,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from apd.nets import ParamSpec, predict_probs
 from apd.posteriors.base import Posterior
+from apd.posteriors.laplace_glm import glm_draws, kfac_glm_moments, probit_predictive
 
 # Posterior scales τ tried on the validation split (τ = 1: the Laplace posterior itself).
 DEFAULT_SCALES: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
@@ -130,7 +132,7 @@ class LaplacePosterior(Posterior):
         (J = ∂f/∂θ at θ̂ over the block); ``scale`` τ defaults to ``glm_scale``.
 
         KFAC over all layers: computed per layer in the factors' eigenbasis from the inputs and output
-        gradients of each Linear layer (:func:`_kfac_glm_moments`, the cost of a few forward passes);
+        gradients of each Linear layer (:func:`kfac_glm_moments`, the cost of a few forward passes);
         otherwise laplace-torch's Jacobians and ``functional_variance``.
         """
         x = x.reshape(x.shape[0], -1).to(device=self.device, dtype=self.base.dtype)
@@ -139,7 +141,7 @@ class LaplacePosterior(Posterior):
         if self.kind == "kron" and self.block == slice(0, self.spec.numel):
             precision = self.la.posterior_precision
             for i in range(0, x.shape[0], _GLM_CHUNK_INPUTS):
-                f_mu, f_var = _kfac_glm_moments(self.spec, self.base, precision, x[i:i + _GLM_CHUNK_INPUTS])
+                f_mu, f_var = kfac_glm_moments(self.spec, self.base, precision, x[i:i + _GLM_CHUNK_INPUTS])
                 means.append(f_mu)
                 variances.append(f_var)
         else:
@@ -159,9 +161,9 @@ class LaplacePosterior(Posterior):
         """
         f_mu, f_var = self.glm_moments(x, scale)
         if link_approx == "probit":
-            return _probit(f_mu, f_var)
+            return probit_predictive(f_mu, f_var)
         if link_approx == "mc":
-            return _glm_draws(f_mu, f_var, n_samples, self.on_device(generator)).mean(0)
+            return glm_draws(f_mu, f_var, n_samples, self.on_device(generator)).mean(0)
         raise ValueError(f"link_approx must be 'probit' or 'mc', got {link_approx!r}")
 
     def glm_samples(self, x: Tensor, k: int, generator: torch.Generator | None = None,
@@ -170,7 +172,7 @@ class LaplacePosterior(Posterior):
         independent across inputs (marginals per input), so per-input scores (entropy, BALD) are
         well defined but a row is not one function."""
         f_mu, f_var = self.glm_moments(x, scale)
-        return _glm_draws(f_mu, f_var, k, self.on_device(generator))
+        return glm_draws(f_mu, f_var, k, self.on_device(generator))
 
     def _n_classes(self) -> int:
         return self.spec.shapes[-1][0]
@@ -208,55 +210,12 @@ class LaplaceGLM(Posterior):
         return self.laplace.stored_parameters()
 
 
-def _probit(f_mu: Tensor, f_var: Tensor) -> Tensor:
-    kappa = torch.rsqrt(1.0 + math.pi / 8.0 * f_var.diagonal(dim1=1, dim2=2))
-    return torch.softmax(kappa * f_mu, dim=-1)
-
-
-def _glm_draws(f_mu: Tensor, f_var: Tensor, k: int, generator: torch.Generator | None) -> Tensor:
-    """softmax(f̄ + L ε), L Lᵀ = Σ_f, ε ~ N(0, I) from ``generator``: [k, N, C]."""
-    chol = torch.linalg.cholesky(f_var)
-    eps = torch.randn(k, *f_mu.shape, generator=generator, device=f_mu.device, dtype=f_mu.dtype)
-    return torch.softmax(f_mu + torch.einsum("ncd,knd->knc", chol, eps), dim=-1)
-
-
-def _kfac_glm_moments(spec: ParamSpec, theta: Tensor, precision, x: Tensor) -> tuple[Tensor, Tensor]:
-    """Logits and J P⁻¹ Jᵀ of an :func:`apd.nets.mlp` under a KFAC posterior precision P, without J.
-
-    A Linear layer's weight block of P is (Q_B ⊗ Q_A)(λ_B λ_Aᵀ + δ)(Q_B ⊗ Q_A)ᵀ (laplace-torch's
-    ``KronDecomposed``), and the Jacobian of logit c with respect to that weight is g_c ⊗ a (g_c the
-    gradient of f_c at the layer's output, a its input), so with g̃ = Q_Bᵀ g and ã = Q_Aᵀ a the block
-    contributes Σ_ij g̃_ci g̃_di ã_j² / (λ_Bi λ_Aj + δ) to Cov(f_c, f_d); a bias block contributes
-    Σ_i g̃_ci g̃_di / (λ_i + δ).
-    """
-    if precision.damping:
-        raise ValueError("damped KFAC is not supported")
-    weights = spec.unflatten(theta)
-    layers = [(weights[w], weights[b]) for w, b in zip(spec.names[::2], spec.names[1::2], strict=True)]
-    inputs, pre = [], []
-    h = x
-    for i, (w, b) in enumerate(layers):
-        inputs.append(h)
-        z = torch.addmm(b, h, w.t())
-        pre.append(z)
-        h = z.relu() if i < len(layers) - 1 else z
-    f_mu = h
-    n, c = f_mu.shape
-    grad = torch.eye(c, dtype=x.dtype, device=x.device).expand(n, c, c)  # ∂f/∂z of the last layer
-    f_var = torch.zeros(n, c, c, dtype=x.dtype, device=x.device)
-    deltas = precision.deltas.expand(len(precision.eigenvalues))
-    for i in reversed(range(len(layers))):
-        (q_out, q_in), (l_out, l_in) = precision.eigenvectors[2 * i], precision.eigenvalues[2 * i]
-        g = grad @ q_out
-        a2 = (inputs[i] @ q_in).square()
-        weight_var = a2 @ (torch.outer(l_out, l_in) + deltas[2 * i]).reciprocal().t()  # [N, out]
-        f_var += torch.einsum("nci,ndi,ni->ncd", g, g, weight_var)
-        (q_bias,), (l_bias,) = precision.eigenvectors[2 * i + 1], precision.eigenvalues[2 * i + 1]
-        g = grad @ q_bias
-        f_var += torch.einsum("nci,ndi,i->ncd", g, g, (l_bias + deltas[2 * i + 1]).reciprocal())
-        if i:
-            grad = (grad @ layers[i][0]) * (pre[i - 1] > 0).unsqueeze(1).to(x.dtype)
-    return f_mu.detach(), f_var.detach()
+@contextlib.contextmanager
+def _quiet_jit_deprecation():
+    """Silence torch's `torch.jit.script` deprecation, raised inside laplace-torch's imports and fits."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "`torch.jit.script` is deprecated", DeprecationWarning)
+        yield
 
 
 def _last_linear_name(module: nn.Module) -> str:
@@ -327,8 +286,7 @@ def fit_laplace(net: nn.Module, x_train: Tensor, y_train: Tensor, x_val: Tensor,
     if not scales or any(s <= 0 for s in scales) or nll_tolerance < 0:
         raise ValueError("scales must be positive and nll_tolerance non-negative")
     try:
-        with warnings.catch_warnings():  # asdl, imported by laplace-torch, still calls torch.jit.script
-            warnings.filterwarnings("ignore", "`torch.jit.script` is deprecated", DeprecationWarning)
+        with _quiet_jit_deprecation():
             from laplace import Laplace  # heavy import (torchmetrics), only when a Laplace is fitted
     except ImportError as exc:
         raise ImportError(f"laplace-torch is not usable ({exc}): `make install` installs it, or "
@@ -349,7 +307,8 @@ def fit_laplace(net: nn.Module, x_train: Tensor, y_train: Tensor, x_val: Tensor,
     start = time.perf_counter()
     kwargs = {"last_layer_name": _last_linear_name(model)} if subset == "last_layer" else {}
     la = Laplace(model, "classification", subset_of_weights=subset, hessian_structure=hessian, **kwargs)
-    la.fit(loader)
+    with _quiet_jit_deprecation():  # the fit's forward-mode AD loads torch's scripted decompositions
+        la.fit(loader)
     if subset == "all":
         names = list(spec.names)
         block = slice(0, spec.numel)
@@ -379,7 +338,7 @@ def fit_laplace(net: nn.Module, x_train: Tensor, y_train: Tensor, x_val: Tensor,
     for tau in scales:
         probs = predict_probs(spec, post._assemble(deviations, tau), x_val).mean(0)
         info.val_nll.append(_nll(probs, y_val))
-        info.glm_val_nll.append(_nll(_probit(f_mu, f_var * tau**2), y_val))
+        info.glm_val_nll.append(_nll(probit_predictive(f_mu, f_var * tau**2), y_val))
     post.scale = _choose(scales, info.val_nll, nll_tolerance)
     post.glm_scale = _choose(scales, info.glm_val_nll, nll_tolerance)
     info.tune_seconds = time.perf_counter() - start
