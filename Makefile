@@ -15,7 +15,7 @@ PY := $(VENV)/bin/python
 APD := $(VENV)/bin/apd
 STAMP := $(VENV)/.installed
 
-.PHONY: install sample distill evaluate report info experiment active docs reproduce test test-slow lint bench clean toy2d
+.PHONY: install sample distill evaluate report info experiment active docs publish reproduce test test-slow lint bench clean toy2d
 
 $(STAMP): pyproject.toml constraints.txt requirements-nodeps.txt
 	python3 -m venv $(VENV)
@@ -43,6 +43,9 @@ info: $(STAMP)
 
 docs: $(STAMP)
 	$(APD) report --docs
+
+publish: $(STAMP)
+	$(APD) report --publish --config $(PIPELINE) $(ARGS)
 
 reproduce: $(STAMP)
 	$(APD) reproduce --config $(PIPELINE) $(ARGS)

@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
             stage.add_argument("--docs", action="store_true",
                                help="render the results regions of README.md and docs/*.md from docs/results/")
             stage.add_argument("--check", action="store_true", help="with --docs: fail if a document would change")
+            stage.add_argument("--publish", action="store_true", help="copy the pipeline's results JSON and figures "
+                               "into docs/results/NAME/ and docs/figures/NAME/ (then `make docs`)")
     reproduce = sub.add_parser("reproduce", parents=[common], help="run the pipeline afresh in ARTIFACTS/reproduce "
                                "and compare its tables with docs/results/NAME/results.json")
     reproduce.add_argument("--committed", help="results.json to compare with (default docs/results/NAME/results.json)")
@@ -199,6 +201,11 @@ def run(args: argparse.Namespace) -> int:
             info(ctx)
         elif args.command == "reproduce":
             return reproduce(ctx, args.committed)
+        elif args.command == "report" and args.publish:
+            from apd.docs import publish
+
+            for path in publish(ctx.layout, ctx.cfg.name, Path.cwd()):
+                print(f"published {path.relative_to(Path.cwd())}")
         elif args.command == "experiment":
             module, function, _ = EXPERIMENTS[args.name]
             getattr(importlib.import_module(module), function)(ctx, args.option)

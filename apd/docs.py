@@ -11,16 +11,22 @@ from ``apd evaluate``, the stage manifests, the experiments' JSON) or, for PIPEL
 ``docs/paper-numbers.json``. TABLE names one of :data:`RESULT_TABLES` (a table of ``tables.md``),
 ``ood-SCORE`` (one score's OOD block), ``machine`` (what the numbers were measured on) or an experiment
 (:data:`EXPERIMENT_TABLES`). ``--check`` renders without writing and fails on any difference.
+
+``apd report --publish`` fills ``docs/results/NAME/`` from a finished pipeline's artifacts (:func:`publish`):
+the small JSON files only (results, the stage manifests with diagnostics and timings, the experiments'
+summaries), never samples or weights, and its figures into ``docs/figures/NAME/``.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 from apd.errors import ArtifactError
 from apd.io import read_json
+from apd.pipeline.layout import Layout, manifest_of
 from apd.pipeline.table_format import format_duration, markdown_table, method_label
 from apd.pipeline.tables import TABLE_BUILDERS, ood_table
 
@@ -29,6 +35,7 @@ REGION = re.compile(r"(<!-- results:(?P<pipeline>[\w.-]+):(?P<table>[\w.:-]+) --
 RESULT_TABLES = {build.__name__.removesuffix("_table"): build for build in TABLE_BUILDERS}
 RESULTS_DIR = Path("docs/results")
 PAPER_FILE = Path("docs/paper-numbers.json")
+FIGURES_DIR = Path("docs/figures")
 
 
 def _experiment(module: str, function: str, file: str) -> Callable[[Path], str]:
@@ -158,3 +165,21 @@ def render_docs(root: Path, check: bool = False) -> list[Path]:
             if not check:
                 path.write_text(rendered)
     return changed
+
+
+def publish(layout: Layout, name: str, root: Path) -> list[Path]:
+    """Copy the pipeline's committed-results files into ``docs/results/NAME/`` and its figures into
+    ``docs/figures/NAME/``; returns the files written. Raises when ``apd evaluate`` has not finished."""
+    sources = [layout.results, layout.evaluate_manifest, manifest_of(layout.samples), manifest_of(layout.generator),
+               layout.eval_dir / "toy2d.json", *sorted(layout.experiments.glob("*.json"))]
+    if not layout.results.is_file() and not (layout.eval_dir / "toy2d.json").is_file():
+        raise ArtifactError(f"{layout.results}: missing; run `apd evaluate` first")
+    figures = [*sorted((layout.eval_dir / "figures").glob("*.png")), *sorted(layout.experiments.glob("*.png"))]
+    if layout.diagnostics_figure.is_file():
+        figures.append(layout.diagnostics_figure)
+    written = []
+    for files, target in ((sources, root / RESULTS_DIR / name), (figures, root / FIGURES_DIR / name)):
+        target.mkdir(parents=True, exist_ok=True)
+        for source in (f for f in files if f.is_file()):
+            written.append(Path(shutil.copyfile(source, target / source.name)))
+    return written

@@ -69,3 +69,27 @@ def test_reproduce_lists_the_cells_that_differ_at_printed_precision():
     changed["accuracy"]["sgld"]["acc"]["mean"] = 0.5
     lines = differences(committed, changed)
     assert len(lines) == 1 and "accuracy" in lines[0] and "'0.9760 ± 0.0012'" in lines[0]
+
+
+def test_publish_copies_results_and_manifests_but_no_samples_or_weights(tiny_pipeline, tmp_path, monkeypatch):
+    from apd.cli import main
+
+    root, config = tiny_pipeline
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", "--publish", "--config", str(config), "--artifacts", str(root), "--quiet"]) == 0
+    name = json.loads((root / "tiny" / "eval" / "results.json").read_text())["pipeline"]
+    published = {p.name for p in (tmp_path / "docs" / "results" / name).iterdir()}
+    assert {"results.json", "samples.json", "generator.json", "evaluate.json"} <= published
+    assert not any(p.endswith((".h5", ".pt")) for p in published)
+    assert (tmp_path / "docs" / "results" / name / "results.json").read_bytes() == (
+        root / "tiny" / "eval" / "results.json").read_bytes()
+    assert any((tmp_path / "docs" / "figures" / name).glob("*.png"))
+
+
+def test_publish_before_evaluate_is_one_clear_error(tmp_path, monkeypatch, capsys):
+    from apd.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", "--publish", "--config", str(ROOT / "pipelines" / "digits.toml"),
+                 "--artifacts", str(tmp_path / "none"), "--quiet"]) == 2
+    assert "run `apd evaluate` first" in capsys.readouterr().err

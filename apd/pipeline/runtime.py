@@ -114,6 +114,8 @@ def machine(device: torch.device) -> dict[str, object]:
     return info
 
 
-def setup_logging(quiet: bool) -> None:
-    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s",
-                        stream=sys.stderr, force=True)
+def setup_logging(quiet: bool, prefix: str = "") -> None:
+    """Our messages (the ``apd`` loggers) on stderr at INFO, or WARNING when ``quiet``; other libraries'
+    loggers (laplace-torch notes at INFO on import) only from WARNING up."""
+    logging.basicConfig(level=logging.WARNING, format=f"{prefix}%(message)s", stream=sys.stderr, force=True)
+    logging.getLogger("apd").setLevel(logging.WARNING if quiet else logging.INFO)

@@ -18,7 +18,7 @@ from apd.errors import ArtifactError
 from apd.nets import ParamSpec, mlp
 from apd.pipeline.distributed import Group, process_group, worker_device
 from apd.pipeline.layout import checkpoint_of, partial_of
-from apd.pipeline.runtime import RunContext
+from apd.pipeline.runtime import RunContext, setup_logging
 from apd.pipeline.sample_chains import MONITOR_SIZE, Finished, run_chains
 from apd.pipeline.sample_publish import publish_samples
 from apd.samplers.store import SampleStore
@@ -38,8 +38,7 @@ def spawned_worker(rank: int, size: int, init_method: str, portable: dict) -> No
     # tqdm's default lock is a multiprocessing semaphore, which a killed worker would leave to the
     # resource tracker's "leaked semaphore" complaint; these workers share no bar, a thread lock does
     tqdm.set_lock(threading.RLock())
-    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, force=True,
-                        format=f"worker {rank}/{size}: %(message)s")
+    setup_logging(quiet, prefix=f"worker {rank}/{size}: ")
     torch.set_num_threads(1)
     ctx = RunContext(**portable)
     ctx = dataclasses.replace(ctx, device_name=str(worker_device(ctx.device, rank)))
