@@ -222,7 +222,7 @@ def render_table(results: dict) -> str:
 def draw_figure(results: dict, path: Path) -> None:
     """Accuracy, NLL and mean BALD AUROC as % of SGLD's against storage, on ``apd evaluate``'s storage axes
     (:func:`apd.pipeline.figures.storage_axes`): the kept-samples curve, MoG growth (tagged with k), APD
-    points (a marker per width, tagged with the rank) and the peers."""
+    points (a marker per width, tagged with the rank) and the peers; NLL on a log scale."""
     figure, axes = new_figure(1, len(METRICS), panel=(4.6, 3.8))
     rows = results["rows"]
     sgld = rows[0]["quality"]
@@ -252,6 +252,8 @@ def draw_figure(results: dict, path: Path) -> None:
             ax.plot([r["in_sgld_samples"]], [100 * r["shares"][metric]], "ovPXph<>"[i % 8], color=f"C{i + len(widths)}",
                     markersize=7, markeredgecolor="black", label=r["name"])
         storage_axes(ax, f"{METRIC_LABELS[metric]} (% of SGLD)", 100)
+        if not METRICS[metric]:  # NLL: a few times SGLD's is common, so shares span decades
+            ax.set_yscale("log")
         ax.set_title(METRIC_LABELS[metric] + (" (lower is better)" if not METRICS[metric] else ""), fontsize=9)
     legend = {label: handle for ax in axes[0] for handle, label in zip(*ax.get_legend_handles_labels(), strict=True)}
     figure.legend(legend.values(), legend.keys(), fontsize=7, loc="outside right upper")
