@@ -47,6 +47,9 @@ EXPERIMENTS = {
                    "dense vs subspace APD vs Gaussians and MoG: storage, time, accuracy, OOD, against SGLD"),
     "gan-variants": ("apd.experiments.gan_variants", "run_gan_variants",
                      "WGAN-GP vs WGAN with clipping vs the original GAN on the same store and budget"),
+    "storage": ("apd.experiments.storage", "run_storage",
+                "MoG with k components, APD of several ranks and widths and the peers: storage against quality, "
+                "and the kept SGLD samples each replaces"),
     "active-learning": ("apd.experiments.active_learning", "run_active_learning",
                         "active learning with SGLD, APD, MC dropout and a deterministic net: accuracy per label"),
 }

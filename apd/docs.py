@@ -49,6 +49,8 @@ def _experiment(module: str, function: str, file: str) -> Callable[[Path], str]:
 EXPERIMENT_TABLES: dict[str, Callable[[Path], str]] = {
     "distillers": _experiment("apd.experiments.distillers", "render_table", "distillers.json"),
     "gan-variants": _experiment("apd.experiments.gan_variants", "render_table", "gan_variants.json"),
+    # `apd experiment storage`; "storage" names the storage table of `apd evaluate`
+    "storage-study": _experiment("apd.experiments.storage", "render_table", "storage.json"),
     "active-learning": _experiment("apd.experiments.active_report", "render_table", "active_learning.json"),
 }
 

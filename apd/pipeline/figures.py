@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,32 @@ def new_figure(rows: int = 1, cols: int = 1, panel: tuple[float, float] = (3.2, 
 
     figure = Figure(figsize=(panel[0] * cols, panel[1] * rows), layout="constrained")
     return figure, figure.subplots(rows, cols, squeeze=False)
+
+
+def storage_axes(ax: Any, ylabel: str, level: float) -> None:
+    """The storage-against-quality axes every storage figure shares: storage in SGLD samples' worth on a
+    log x axis, ``ylabel`` on y, and a grey line at SGLD's own ``level`` (0 for gaps, 100 for shares)."""
+    ax.axhline(level, color="grey", linewidth=0.8)
+    ax.set(xscale="log", xlabel="storage (SGLD samples' worth)", ylabel=ylabel)
+
+
+def plot_kept_curve(ax: Any, curve: list[dict], key: str, scale: float = 1.0) -> None:
+    """The kept-samples yardstick (rows of :func:`apd.evaluation.yardstick.kept_curve`) on ``ax``: ``scale``
+    times the ``key`` value of k evenly spaced samples as a black line, and of random subsets of k as their
+    mean ± std in grey, against k; sets whose value is undefined (BALD of one network) are left out."""
+    even = [(r["k"], scale * r["evenly_spaced"][key]) for r in curve if r["evenly_spaced"][key] is not None]
+    if even:
+        ax.plot(*zip(*even, strict=True), "-", color="black", label="kept SGLD, evenly spaced")
+    rand = [(r["k"], r["random"][key]) for r in curve if r["random"][key] is not None]
+    if rand:
+        ax.errorbar([k for k, _ in rand], [scale * v["mean"] for _, v in rand],
+                    yerr=[scale * v["std"] for _, v in rand], fmt="--", color="grey", capsize=2,
+                    label="kept SGLD, random subsets")
+
+
+def plot_growth(ax: Any, worth: Sequence[float], values: Sequence[float], label: str = "MoG growth") -> None:
+    """A mixture's growth over its number of components: ``values`` against storage ``worth``, dotted."""
+    ax.plot(worth, values, ":", color="C7", marker=".", label=label)
 
 
 def _histogram_figure(scores: h5py.File, score: str, results: dict) -> Figure | None:
@@ -119,9 +146,8 @@ def _storage_figure(results: dict) -> Figure | None:
     for r in mog:
         ax.annotate(f"k={r['components']}", (r["in_sgld_samples"], 100 * r["accuracy_share"]),
                     textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
-    ax.axhline(100, color="grey", linewidth=0.8)
-    ax.set(xscale="log", xlabel="storage (SGLD samples' worth)", ylabel="% of SGLD",
-           title="Share of SGLD's performance against storage")
+    storage_axes(ax, "% of SGLD", 100)
+    ax.set_title("Share of SGLD's performance against storage")
     ax.legend(fontsize=8)
     return figure
 
@@ -138,24 +164,17 @@ def _yardstick_figure(results: dict) -> Figure | None:
     panels = (("bald_gap", "worst per-set BALD AUROC gap to SGLD (points)"), ("nll_gap", "NLL gap to SGLD (nats)"))
     markers = "osD^v<>phX*P"
     for ax, (key, ylabel) in zip(axes[0], panels, strict=True):
-        even = [(r["k"], r["evenly_spaced"][key]) for r in curve if r["evenly_spaced"][key] is not None]
-        if even:
-            ax.plot(*zip(*even, strict=True), "-", color="black", label="kept SGLD, evenly spaced")
-        rand = [(r["k"], r["random"][key]) for r in curve if r["random"][key] is not None]
-        if rand:
-            ax.errorbar([k for k, _ in rand], [v["mean"] for _, v in rand], yerr=[v["std"] for _, v in rand],
-                        fmt="--", color="grey", capsize=2, label="kept SGLD, random subsets")
+        plot_kept_curve(ax, curve, key)
         growth = [(r["in_sgld_samples"], r["quality"][key]["mean"]) for r in mog if key in r.get("quality", {})]
         if growth:
-            ax.plot(*zip(*growth, strict=True), ":", color="C7", marker=".", label="MoG growth")
+            plot_growth(ax, *zip(*growth, strict=True))
         for i, m in enumerate(methods_in_order(results, quality)):
             value, worth = quality[m].get(key), quality[m].get("in_sgld_samples")
             if m == "sgld" or value is None or worth is None:
                 continue
             ax.plot([worth], [value], markers[i % len(markers)], color=f"C{i % 10}", markersize=8,
                     markeredgecolor="black", label=method_label(m))
-        ax.axhline(0, color="grey", linewidth=0.8)
-        ax.set(xscale="log", xlabel="storage (SGLD samples' worth)", ylabel=ylabel)
+        storage_axes(ax, ylabel, 0)
         ax.set_yscale("symlog", linthresh=1.0 if key == "bald_gap" else 0.01)
     axes[0, 0].set_title("Storage against quality (lower is closer to SGLD)", fontsize=9)
     handles, labels = axes[0, 1].get_legend_handles_labels()
