@@ -129,7 +129,8 @@ def _check_consistency(cfg: PipelineConfig, where: str) -> None:
         raise ConfigError(f"{where}: 'distill.fit_samples' ({d.fit_samples}) must be at least "
                           f"'distill.subspace_rank' ({d.subspace_rank}): the subspace is fit to that many samples")
     if d.align != "none" and d.mode == "online":
-        raise ConfigError(f"{where}: 'distill.align' = {d.align!r} needs 'distill.mode' = 'offline'")
+        raise ConfigError(f"{where}: 'distill.align' = {d.align!r} needs 'distill.mode' = 'offline' "
+                          "(online, set distill.align = \"none\")")
     if cfg.evaluate.mog_fit_samples < max(cfg.evaluate.mog_components):
         raise ConfigError(f"{where}: 'evaluate.mog_fit_samples' must be at least the largest "
                           f"'evaluate.mog_components'")
