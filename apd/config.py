@@ -150,10 +150,13 @@ class DistillConfig:
     (:mod:`apd.distillation.selection`) and the best step is kept (``last``: the last one).
     Online: SGLD chains feed a FIFO buffer of ``buffer_size`` samples; every ``t_sgld`` new samples
     the GAN takes ``t_gan`` generator steps; every ``restart_every`` rounds (0: never) the chains
-    restart from generated weights."""
+    restart from generated weights. ``align = "permutation"`` (offline only) reorders every sample's hidden
+    units to a common reference before the codec and the GAN see it (:mod:`apd.distillation.alignment`):
+    no sample's function changes."""
 
     mode: Literal["offline", "online"] = "offline"
     generator: Literal["dense", "subspace"] = "dense"
+    align: Literal["none", "permutation"] = "none"
     loss: Literal["wgan-gp", "wgan", "gan"] = "wgan-gp"
     z_dim: int = bounded(32, ge=1)
     gen_hidden: list[int] = bounded([100, 100, 100])

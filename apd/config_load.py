@@ -128,6 +128,9 @@ def _check_consistency(cfg: PipelineConfig, where: str) -> None:
     if d.generator == "subspace" and d.fit_samples < d.subspace_rank:
         raise ConfigError(f"{where}: 'distill.fit_samples' ({d.fit_samples}) must be at least "
                           f"'distill.subspace_rank' ({d.subspace_rank}): the subspace is fit to that many samples")
+    if d.align != "none" and d.mode == "online":
+        raise ConfigError(f"{where}: 'distill.align' = {d.align!r} needs 'distill.mode' = 'offline' "
+                          "(online, set distill.align = \"none\")")
     if cfg.evaluate.mog_fit_samples < max(cfg.evaluate.mog_components):
         raise ConfigError(f"{where}: 'evaluate.mog_fit_samples' must be at least the largest "
                           f"'evaluate.mog_components'")

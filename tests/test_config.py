@@ -49,6 +49,8 @@ def test_defaults_fill_missing_sections():
         ({"sgld": {"burn_in": 10, "iterations": 10}}, "'sgld.burn_in' (10) must be less than"),
         ({"device": "tpu"}, "'device' must be"),
         ({"distill": {"standardize": 1}}, "'distill.standardize' must be true or false"),
+        ({"distill": {"align": "sort"}}, "'distill.align' must be one of"),
+        ({"distill": {"align": "permutation", "mode": "online"}}, "'distill.align' = 'permutation' needs"),
     ],
 )
 def test_invalid_values_name_key_and_file(raw, message):
@@ -78,6 +80,9 @@ def test_hash_is_stable_and_sensitive():
     d = from_dict({"name": "x", "sgld": {"lr": 0.1}, "evaluate": {"runs": 3}})
     assert config_hash(a, "sample") == config_hash(d, "sample")
     assert config_hash(a, "evaluate") != config_hash(d, "evaluate")
+    aligned = from_dict({"name": "x", "sgld": {"lr": 0.1}, "distill": {"align": "permutation"}})
+    assert config_hash(a, "distill") != config_hash(aligned, "distill")
+    assert config_hash(a, "sample") == config_hash(aligned, "sample")
 
 
 def test_int_accepted_for_float():

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from apd.config import DistillConfig
+from apd.distillation.alignment import Alignment, identity, match, permute
 from apd.distillation.codec import WeightCodec, fit_codec
 from apd.distillation.gan import Critic, GANTrainer, Generator, make_loss
 from apd.distillation.generator import DistilledGenerator, codec_kind
@@ -53,24 +54,44 @@ def make_trainer(cfg: DistillConfig, code_dim: int, seed: int, device: torch.dev
     return GANTrainer(generator, critic, loss, lr=cfg.lr or None, betas=(cfg.beta1, cfg.beta2), seed=seed)
 
 
+def store_permutations(store: SampleStore, spec: ParamSpec, rows: list[int], fit: Alignment) -> Tensor:
+    """Permutations [len(store), H] aligning every row of ``store`` to ``fit.reference``: ``fit``'s own for
+    its ``rows``, the others matched to the reference 1,000 rows at a time."""
+    perms = identity(spec, len(store))
+    perms[rows] = fit.perms
+    rest = sorted(set(range(len(store))) - set(rows))
+    for i in range(0, len(rest), 1000):
+        chunk = rest[i:i + 1000]
+        perms[chunk] = match(store.read(chunk), fit.reference, spec)
+    return perms
+
+
 class StoreBatches:
-    """Random real batches, as codes, from a sample store: held in memory when small enough."""
+    """Random real batches, as codes, from a sample store: held in memory when small enough. With
+    ``perms`` [len(store), H] (and ``spec``) each row is permuted (:func:`~apd.distillation.alignment.permute`)
+    as it is read."""
 
     def __init__(self, store: SampleStore, codec: WeightCodec, batch_size: int, in_memory_gb: float,
-                 seed: int, device: torch.device) -> None:
+                 seed: int, device: torch.device, perms: Tensor | None = None, spec: ParamSpec | None = None) -> None:
         self.store, self.codec, self.batch_size, self.device = store, codec, batch_size, device
+        self.perms, self.spec = perms, spec
         self.rng = torch.Generator().manual_seed(seed)
         n, code_dim = len(store), codec.code_dim
         self.codes = None
         if n * code_dim * 4 <= in_memory_gb * 2**30:
-            chunks = [codec.encode(store.read_all(i, min(n, i + 1000)).to(device)) for i in range(0, n, 1000)]
+            chunks = [self._encode(store.read_all(i, min(n, i + 1000)), slice(i, i + 1000)) for i in range(0, n, 1000)]
             self.codes = torch.cat(chunks).to(device)
+
+    def _encode(self, theta: Tensor, rows: slice | Tensor) -> Tensor:
+        if self.perms is not None:
+            theta = permute(theta, self.spec, self.perms[rows])
+        return self.codec.encode(theta.to(self.device))
 
     def __call__(self) -> Tensor:
         index = torch.randint(len(self.store), (self.batch_size,), generator=self.rng)
         if self.codes is not None:
             return self.codes[index.to(self.device)]
-        return self.codec.encode(self.store.read(index.numpy()).to(self.device))
+        return self._encode(self.store.read(index.numpy()), index)
 
 
 class ValidationMonitor:

@@ -23,10 +23,18 @@ import torch
 from torch import Tensor
 
 from apd.config import DistillConfig, config_hash
+from apd.distillation.alignment import align_set, permute
 from apd.distillation.codec import WeightCodec, storage_in_samples
 from apd.distillation.gan import GANTrainer
 from apd.distillation.generator import DistilledGenerator, architecture
-from apd.distillation.training import StoreBatches, ValidationMonitor, evenly_spaced, make_codec, make_trainer
+from apd.distillation.training import (
+    StoreBatches,
+    ValidationMonitor,
+    evenly_spaced,
+    make_codec,
+    make_trainer,
+    store_permutations,
+)
 from apd.errors import ArtifactError, ConfigError, DivergenceError
 from apd.io import load_torch, nonfinite_tensor, save_torch_atomic
 from apd.nets import ParamSpec, mlp
@@ -103,15 +111,35 @@ def distill_offline(ctx: RunContext) -> Path:
     with SampleStore.open(source, expect_spec=spec) as store:
         if len(store) < 2:
             raise ConfigError(f"{source}: {len(store)} sample; distillation needs at least 2")
-        codec = codec_for(ctx, store.read(evenly_spaced(len(store), d.fit_samples)))
-        real = StoreBatches(store, codec, d.batch_size, d.in_memory_gb, ctx.seed("distill", "batches"), ctx.device)
+        rows = evenly_spaced(len(store), d.fit_samples)
+        fit = store.read(rows)
+        perms, alignment = _align(store, spec, rows, fit) if d.align == "permutation" else (None, {"method": "none"})
+        codec = codec_for(ctx, fit if perms is None else permute(fit, spec, perms[rows]))
+        real = StoreBatches(store, codec, d.batch_size, d.in_memory_gb, ctx.seed("distill", "batches"), ctx.device,
+                            perms, spec)
+        # SGLD's predictive is the same aligned or not: the reference stays as stored
         monitor = validation_monitor(ctx, spec, store.read(evenly_spaced(len(store), REFERENCE_SAMPLES)))
         trainer = make_trainer(d, codec.code_dim, ctx.seed("distill", "gan"), ctx.device)
         summary = _train(ctx, trainer, codec, real, monitor, inputs, generators=(real.rng,))
+        summary["alignment"] = alignment
         n_samples = len(store)
     summary["seconds"] = round(time.perf_counter() - started, 2)
     _finish(ctx, spec, summary, inputs, n_samples, source.stat().st_size)
     return path
+
+
+def _align(store: SampleStore, spec: ParamSpec, rows: list[int], fit: Tensor) -> tuple[Tensor, dict]:
+    """Permutations [len(store), H] aligning every sample's hidden units to the mean of the aligned ``fit``
+    samples (:func:`~apd.distillation.alignment.align_set`), and what goes into the manifest."""
+    started = time.perf_counter()
+    result = align_set(fit, spec)
+    perms = store_permutations(store, spec, rows, result)
+    seconds = time.perf_counter() - started
+    log.info("hidden units of %d samples aligned in %d rounds: mean distance to the samples' mean %.3f → %.3f "
+             "(%.0f s)", len(store), result.rounds, result.distance_before, result.distance_after, seconds)
+    return perms, {"method": "permutation", "fit_samples": len(rows), "rounds": result.rounds,
+                   "mean_distance_before": round(result.distance_before, 4),
+                   "mean_distance_after": round(result.distance_after, 4), "seconds": round(seconds, 2)}
 
 
 def _train(ctx: RunContext, trainer: GANTrainer, codec: WeightCodec, real: Callable[[], Tensor],

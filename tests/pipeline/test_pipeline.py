@@ -13,7 +13,7 @@ from apd.config_load import load_config
 from apd.distillation.generator import load_generator
 from apd.distillation.training import evenly_spaced
 from apd.errors import ArtifactError
-from apd.nets import ParamSpec, mlp
+from apd.nets import ParamSpec, mlp, predict_probs
 from apd.pipeline.methods import fit_mixture
 from apd.pipeline.runtime import RunContext
 from apd.posteriors import APDGenerator, GaussianMixture, SGLDSamples
@@ -132,6 +132,37 @@ def test_matched_residual_is_saved_scaled(pipeline, tmp_path):
         torch.testing.assert_close(saved, alpha * fitted, msg=name)
 
 
+def test_aligned_distillation_permutes_what_the_codec_and_the_gan_see(pipeline, tmp_path):
+    """align = "permutation": the codec is fit to the aligned fit samples, every store row (fit or not) is
+    aligned to their mean, batches read from disk equal those held in memory, and the manifest says so."""
+    from apd.distillation.alignment import align_set, permute
+    from apd.distillation.training import StoreBatches, store_permutations
+    from apd.pipeline import distill
+
+    copy_samples(pipeline[0], tmp_path)
+    ctx = tiny_context(tmp_path, distill={"align": "permutation", "fit_samples": 50, "steps": 40})
+    path = distill.run_distill(ctx)
+    record = json.loads(path.with_name("generator.json").read_text())["alignment"]
+    assert record["method"] == "permutation" and record["fit_samples"] == 50
+    assert record["mean_distance_after"] <= record["mean_distance_before"]
+    spec = ParamSpec.from_module(mlp([64, 32, 10]))
+    with SampleStore.open(path.with_name("samples.h5")) as store:
+        rows = evenly_spaced(len(store), 50)
+        fit = align_set(store.read(rows), spec)
+        saved_mean = torch.load(path, weights_only=True)["codec.mean"]
+        torch.testing.assert_close(saved_mean, fit.reference, atol=1e-5, rtol=0)
+        perms = store_permutations(store, spec, rows, fit)
+        assert len(perms) == len(store) > 50 and torch.equal(perms[rows], fit.perms)
+        codec = _load_apd(path).model.codec
+        batches = [StoreBatches(store, codec, 16, gb, 0, torch.device("cpu"), perms, spec) for gb in (4.0, 0.0)]
+        assert batches[0].codes is not None and batches[1].codes is None
+        torch.testing.assert_close(batches[0](), batches[1](), atol=1e-5, rtol=0)
+        x = torch.randn(10, 64)
+        theta = store.read_all()
+        torch.testing.assert_close(predict_probs(spec, permute(theta, spec, perms), x), predict_probs(spec, theta, x),
+                                   atol=1e-6, rtol=0)
+
+
 def test_kronecker_residual_round_trips_with_its_scale(pipeline, tmp_path):
     from apd.pipeline import distill
 
@@ -211,8 +242,8 @@ def test_online_distillation_on_digits(tmp_path):
     from apd.pipeline.distill import run_distill
     from apd.pipeline.sample import sample_sgld
 
-    overrides = ["distill.mode=online", "distill.buffer_size=500", "distill.t_sgld=10", "distill.t_gan=20",
-                 "distill.steps=3000"]
+    overrides = ["distill.mode=online", "distill.align=none", "distill.buffer_size=500", "distill.t_sgld=10",
+                 "distill.t_gan=20", "distill.steps=3000"]
     ctx = RunContext(cfg=load_config("pipelines/digits.toml", overrides), artifacts_root=tmp_path, quiet=True)
     run_distill(ctx)
     assert not (tmp_path / "digits" / "samples.h5").exists()  # online needs no store
