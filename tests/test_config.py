@@ -21,7 +21,7 @@ def test_shipped_pipelines_load(path):
 def test_paper_settings_in_fashion_fc1():
     cfg = load_config("pipelines/fashion-fc1.toml")
     assert (cfg.sgld.lr, cfg.sgld.prior_var, cfg.sgld.batch_size) == (0.05, 0.02, 100)
-    assert (cfg.sgld.iterations, cfg.sgld.burn_in, cfg.sgld.thin) == (200_000, 500, 20)
+    assert (cfg.sgld.iterations, cfg.sgld.burn_in, cfg.sgld.chains, cfg.sgld.init) == (200_000, 500, 4, "prior")
     assert cfg.net.hidden == [100]
     assert load_config("pipelines/fashion-fc2.toml").net.hidden == [400, 400]
 
