@@ -105,6 +105,8 @@ VARIANTS = {
 # Files that are never complete artifacts: the lock and work in progress.
 WORK_FILE = re.compile(r"(^\.lock$|\.partial(\.|$)|\.ckpt\.pt$|\.tmp(\.|$)|\.rebuild$)")
 WORK_DIR = re.compile(r"^(eval\.partial|eval\.old|eval\.report.*)$")
+# Times, digests and input records, which differ between two runs that store the same content (and every
+# key ending in "_seconds", e.g. a peer's fit time).
 VOLATILE_KEYS = {"finished", "seconds", "iterations_per_second", "files", "inputs", "timing", "created"}
 
 
@@ -261,7 +263,7 @@ def edit_json(path: Path, **changes) -> None:
 
 def _strip(value):
     if isinstance(value, dict):
-        return {k: _strip(v) for k, v in value.items() if k not in VOLATILE_KEYS}
+        return {k: _strip(v) for k, v in value.items() if k not in VOLATILE_KEYS and not k.endswith("_seconds")}
     if isinstance(value, list):
         return [_strip(v) for v in value]
     return value
