@@ -43,7 +43,7 @@ from apd.experiments.options import plan_from_options
 from apd.io import read_json, write_json_atomic, write_text_atomic
 from apd.metrics import mean_std
 from apd.nets import ParamSpec, mlp
-from apd.pipeline.distill import REFERENCE_SAMPLES, codec_for, validation_monitor
+from apd.pipeline.distill import REFERENCE_SAMPLES, TrainingSamples, codec_for, validation_monitor
 from apd.pipeline.evaluate import evaluation_inputs
 from apd.pipeline.figures import new_figure
 from apd.pipeline.layout import manifest_of
@@ -189,13 +189,14 @@ def gan_config(variant: Variant, pipeline: DistillConfig, plan: DistillerPlan) -
 
 
 def train_generator(d: DistillConfig, codec: WeightCodec, store: SampleStore, ctx: RunContext,
-                    deadline: float) -> tuple[DistilledGenerator, int]:
-    """WGAN-GP (Gulrajani et al., 2017) on the codes of the stored samples with the seeds of ``apd distill``,
-    for ``d.steps`` generator steps or until ``time.perf_counter()`` passes ``deadline``; returns the last
-    generator (no selection) and the steps it took."""
+                    deadline: float, data: TrainingSamples | None = None) -> tuple[DistilledGenerator, int]:
+    """WGAN-GP (Gulrajani et al., 2017) on the codes of the stored samples with the seeds of ``apd distill``
+    (each row permuted as ``data`` says, when given), for ``d.steps`` generator steps or until
+    ``time.perf_counter()`` passes ``deadline``; returns the last generator (no selection) and its steps."""
     device = ctx.device
     trainer = make_trainer(d, codec.code_dim, ctx.seed("distill", "gan"), device)
-    real = StoreBatches(store, codec, d.batch_size, d.in_memory_gb, ctx.seed("distill", "batches"), device)
+    real = (data.batches(ctx, store, codec, d) if data is not None else
+            StoreBatches(store, codec, d.batch_size, d.in_memory_gb, ctx.seed("distill", "batches"), device))
     while trainer.generator_steps < d.steps and time.perf_counter() < deadline:
         trainer.step(real, d.n_critic)
     return DistilledGenerator(trainer.generator, codec).eval(), trainer.generator_steps

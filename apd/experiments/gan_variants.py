@@ -22,13 +22,13 @@ import torch
 
 from apd.config import bounded
 from apd.distillation.generator import DistilledGenerator
-from apd.distillation.training import StoreBatches, evenly_spaced, make_trainer
+from apd.distillation.training import evenly_spaced, make_trainer
 from apd.errors import DivergenceError
 from apd.evaluation.protocol import Judgement, judge
 from apd.experiments.options import plan_from_options
 from apd.io import write_json_atomic
 from apd.nets import ParamSpec, mlp
-from apd.pipeline.distill import REFERENCE_SAMPLES, codec_for, validation_monitor
+from apd.pipeline.distill import REFERENCE_SAMPLES, codec_for, training_samples, validation_monitor
 from apd.pipeline.evaluate import evaluation_inputs, mean_auroc
 from apd.pipeline.figures import new_figure
 from apd.pipeline.runtime import RunContext
@@ -62,7 +62,8 @@ def bald_auroc(judgement: Judgement) -> float:
 
 
 def spread_ratio(generated: torch.Tensor, reference: torch.Tensor) -> float:
-    """Median over weights of std(generated) / std(reference)."""
+    """Median over weights of std(generated) / std(reference); the reference is the samples as the generator
+    learns them (aligned when the pipeline aligns)."""
     return float((generated.std(0) / reference.std(0).clamp_min(1e-12)).median())
 
 
@@ -70,11 +71,11 @@ def run_variant(ctx: RunContext, loss: str, plan: VariantsPlan, store: SampleSto
     """Train one formulation on the pipeline's codec and judge it along the way."""
     d = dataclasses.replace(ctx.cfg.distill, loss=loss, steps=plan.steps,
                             lr=ctx.cfg.distill.lr if plan.lr < 0 else plan.lr)
-    codec = codec_for(ctx, store.read(evenly_spaced(len(store), d.fit_samples)), d)
-    reference = store.read(evenly_spaced(len(store), REFERENCE_SAMPLES))
-    monitor = validation_monitor(ctx, spec, reference)
+    data = training_samples(ctx, store, d)  # aligned as `apd distill` aligns them
+    codec = codec_for(ctx, data.fit, d)
+    monitor = validation_monitor(ctx, spec, store.read(evenly_spaced(len(store), REFERENCE_SAMPLES)))
     tuning = evaluation_inputs(ctx, role="tuning")
-    real = StoreBatches(store, codec, d.batch_size, d.in_memory_gb, ctx.seed("distill", "batches"), ctx.device)
+    real = data.batches(ctx, store, codec, d)
     trainer = make_trainer(d, codec.code_dim, ctx.seed("distill", "gan"), ctx.device)
     model = DistilledGenerator(trainer.generator, codec)
     draws = torch.Generator().manual_seed(ctx.seed("experiment", "gan-variants", "draws"))
@@ -98,7 +99,7 @@ def run_variant(ctx: RunContext, loss: str, plan: VariantsPlan, store: SampleSto
             history.append({"step": step, "val_accuracy": judged["accuracy"], "criterion": judged["criterion"],
                             "tuning_bald_auroc": bald_auroc(tuned),
                             "spread_ratio": spread_ratio(generated.sample_weights(plan.networks, draws).cpu(),
-                                                         reference)})
+                                                         data.fit)})
     final = history[-1] if history else {}
     return {"loss": loss, "label": LABELS[loss], "lr": d.lr, "history": history, "diverged": diverged,
             "seconds": round(time.perf_counter() - started, 1),

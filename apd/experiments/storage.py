@@ -31,14 +31,13 @@ import numpy as np
 import torch
 
 from apd.config import bounded
-from apd.distillation.training import evenly_spaced
 from apd.evaluation.protocol import EvaluationInputs, judge
 from apd.evaluation.yardstick import SCORES, Reference, kept_curve, reference_predictive, spread, summarise
 from apd.experiments.distillers import train_generator
 from apd.experiments.options import plan_from_options
 from apd.io import write_bytes_atomic, write_json_atomic, write_text_atomic
 from apd.nets import ParamSpec, mlp
-from apd.pipeline.distill import codec_for
+from apd.pipeline.distill import codec_for, training_samples
 from apd.pipeline.evaluate import evaluation_inputs
 from apd.pipeline.figures import new_figure, plot_growth, plot_kept_curve, storage_axes
 from apd.pipeline.methods import METHODS, Sources, fit_mixture
@@ -113,8 +112,9 @@ def sgld_reference(ctx: RunContext, store: SampleStore, inputs: EvaluationInputs
 
 def apd_generators(ctx: RunContext, store: SampleStore, plan: StoragePlan):
     """(name, row fields, posterior, build seconds) of a subspace APD generator for each rank and width of
-    ``plan``: the pipeline's distill section at that rank and generator width, without a residual."""
-    fit = store.read(evenly_spaced(len(store), ctx.cfg.distill.fit_samples))
+    ``plan``: the pipeline's distill section (its alignment included) at that rank and generator width,
+    without a residual."""
+    data = training_samples(ctx, store, ctx.cfg.distill)
     for rank in plan.ranks:
         codec = None
         for width in plan.widths:
@@ -122,8 +122,8 @@ def apd_generators(ctx: RunContext, store: SampleStore, plan: StoragePlan):
             d = dataclasses.replace(ctx.cfg.distill, generator="subspace", subspace_rank=rank, gen_hidden=width,
                                     residual=dataclasses.replace(ctx.cfg.distill.residual, model="none"),
                                     steps=plan.steps)
-            codec = codec or codec_for(ctx, fit, d)
-            model, steps = train_generator(d, codec, store, ctx, started + plan.max_seconds)
+            codec = codec or codec_for(ctx, data.fit, d)
+            model, steps = train_generator(d, codec, store, ctx, started + plan.max_seconds, data)
             name = f"APD r={rank} width {'-'.join(map(str, width))}"
             yield (name, {"family": "apd", "rank": rank, "width": width, "steps": steps},
                    APDGenerator(model, store.spec, name), time.perf_counter() - started)

@@ -17,6 +17,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -111,21 +112,45 @@ def distill_offline(ctx: RunContext) -> Path:
     with SampleStore.open(source, expect_spec=spec) as store:
         if len(store) < 2:
             raise ConfigError(f"{source}: {len(store)} sample; distillation needs at least 2")
-        rows = evenly_spaced(len(store), d.fit_samples)
-        fit = store.read(rows)
-        perms, alignment = _align(store, spec, rows, fit) if d.align == "permutation" else (None, {"method": "none"})
-        codec = codec_for(ctx, fit if perms is None else permute(fit, spec, perms[rows]))
-        real = StoreBatches(store, codec, d.batch_size, d.in_memory_gb, ctx.seed("distill", "batches"), ctx.device,
-                            perms, spec)
+        data = training_samples(ctx, store, d)
+        codec = codec_for(ctx, data.fit)
+        real = data.batches(ctx, store, codec, d)
         # SGLD's predictive is the same aligned or not: the reference stays as stored
         monitor = validation_monitor(ctx, spec, store.read(evenly_spaced(len(store), REFERENCE_SAMPLES)))
         trainer = make_trainer(d, codec.code_dim, ctx.seed("distill", "gan"), ctx.device)
         summary = _train(ctx, trainer, codec, real, monitor, inputs, generators=(real.rng,))
-        summary["alignment"] = alignment
+        summary["alignment"] = data.alignment
         n_samples = len(store)
     summary["seconds"] = round(time.perf_counter() - started, 2)
     _finish(ctx, spec, summary, inputs, n_samples, source.stat().st_size)
     return path
+
+
+@dataclass
+class TrainingSamples:
+    """What a generator learns from: the codec's fit samples as the codec sees them (aligned when
+    ``[distill] align = "permutation"``), the permutations of every store row (None: unaligned) and the
+    alignment's record for the manifest."""
+
+    fit: Tensor
+    perms: Tensor | None
+    alignment: dict
+
+    def batches(self, ctx: RunContext, store: SampleStore, codec: WeightCodec, d: DistillConfig) -> StoreBatches:
+        """Random real batches of codes, each row permuted as the fit samples were."""
+        return StoreBatches(store, codec, d.batch_size, d.in_memory_gb, ctx.seed("distill", "batches"), ctx.device,
+                            self.perms, store.spec)
+
+
+def training_samples(ctx: RunContext, store: SampleStore, d: DistillConfig) -> TrainingSamples:
+    """``d.fit_samples`` rows evenly spaced over ``store``, aligned (with every other row) when ``d`` says so;
+    the one way the pipeline and the studies prepare a generator's training data."""
+    rows = evenly_spaced(len(store), d.fit_samples)
+    fit = store.read(rows)
+    if d.align != "permutation":
+        return TrainingSamples(fit, None, {"method": "none"})
+    perms, alignment = _align(store, store.spec, rows, fit)
+    return TrainingSamples(permute(fit, store.spec, perms[rows]), perms, alignment)
 
 
 def _align(store: SampleStore, spec: ParamSpec, rows: list[int], fit: Tensor) -> tuple[Tensor, dict]:
