@@ -6,8 +6,9 @@ Every ``every`` generator steps each run's generator is judged, on what settings
 generated ensemble's validation accuracy and the selection criterion of ``apd distill``
 (:mod:`apd.distillation.selection`: mean KL to SGLD's predictive plus the mean per-input BALD gap on
 validation images), the mean BALD AUROC on the OOD *tuning* pool (validation images against it), and the
-weight-spread ratio: the median over weights of std_generated / std_SGLD. A formulation *collapses*
-when that ratio stays below :data:`COLLAPSE_RATIO` at the end (its networks barely differ). Outputs:
+spread ratio: the median over the codec's coordinates of std_generated / std_SGLD, the GAN's output against
+the codes of the samples it learns (so the subspace codec's truncation to r directions does not count as
+a collapse). A formulation *collapses* when that ratio stays below :data:`COLLAPSE_RATIO` at the end. Outputs:
 ``artifacts/NAME/experiments/gan_variants.{json,md,png}``.
 """
 
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 
 LOSSES = ("wgan-gp", "wgan", "gan")
 LABELS = {"wgan-gp": "WGAN-GP", "wgan": "WGAN (clipping)", "gan": "GAN (non-saturating)"}
-COLLAPSE_RATIO = 0.5  # final median weight-spread ratio below which a formulation counts as collapsed
+COLLAPSE_RATIO = 0.5  # final median spread ratio (codes) below which a formulation counts as collapsed
 
 
 @dataclass
@@ -62,8 +63,9 @@ def bald_auroc(judgement: Judgement) -> float:
 
 
 def spread_ratio(generated: torch.Tensor, reference: torch.Tensor) -> float:
-    """Median over weights of std(generated) / std(reference); the reference is the samples as the generator
-    learns them (aligned when the pipeline aligns)."""
+    """Median over coordinates of std(generated) / std(reference). The studies compare the GAN's output codes
+    with the codes of the samples it learns (for the subspace codec, their whitened principal coordinates;
+    for the dense one, the weights): a collapse of the GAN, not the codec's truncation to r directions."""
     return float((generated.std(0) / reference.std(0).clamp_min(1e-12)).median())
 
 
@@ -76,6 +78,7 @@ def run_variant(ctx: RunContext, loss: str, plan: VariantsPlan, store: SampleSto
     monitor = validation_monitor(ctx, spec, store.read(evenly_spaced(len(store), REFERENCE_SAMPLES)))
     tuning = evaluation_inputs(ctx, role="tuning")
     real = data.batches(ctx, store, codec, d)
+    real_codes = codec.encode(data.fit.to(ctx.device)).cpu()  # what the GAN learns: its spread is the reference
     trainer = make_trainer(d, codec.code_dim, ctx.seed("distill", "gan"), ctx.device)
     model = DistilledGenerator(trainer.generator, codec)
     draws = torch.Generator().manual_seed(ctx.seed("experiment", "gan-variants", "draws"))
@@ -98,8 +101,8 @@ def run_variant(ctx: RunContext, loss: str, plan: VariantsPlan, store: SampleSto
             tuned = judge(generated, tuning, plan.networks, draws, ["bald"])
             history.append({"step": step, "val_accuracy": judged["accuracy"], "criterion": judged["criterion"],
                             "tuning_bald_auroc": bald_auroc(tuned),
-                            "spread_ratio": spread_ratio(generated.sample_weights(plan.networks, draws).cpu(),
-                                                         data.fit)})
+                            "spread_ratio": spread_ratio(model.generator.sample(plan.networks, generator=draws).cpu(),
+                                                         real_codes)})
     final = history[-1] if history else {}
     return {"loss": loss, "label": LABELS[loss], "lr": d.lr, "history": history, "diverged": diverged,
             "seconds": round(time.perf_counter() - started, 1),
@@ -147,7 +150,8 @@ def render_table(results: dict) -> str:
                      format_number(last["tuning_bald_auroc"], 1), format_number(last["spread_ratio"], 2),
                      "diverged" if run["diverged"] else ("yes" if run["collapsed"] else "no")])
     note = (f"Same store, codec, seeds and budget for each formulation; judged on validation images and the OOD "
-            f"tuning pool; spread ratio = median over weights of the generated weights' std over SGLD's; a "
+            f"tuning pool; spread ratio = median over the codec's coordinates of the generated codes' std over "
+            f"those of SGLD's samples (the GAN's own spread, not the codec's truncation); a "
             f"final ratio below {results['collapse_ratio']:g} counts as collapsed.\n\n")
     return note + markdown_table(header, body) + "\n"
 
