@@ -115,7 +115,13 @@ def machine(device: torch.device) -> dict[str, object]:
 
 
 def setup_logging(quiet: bool, prefix: str = "") -> None:
-    """Our messages (the ``apd`` loggers) on stderr at INFO, or WARNING when ``quiet``; other libraries'
-    loggers (laplace-torch notes at INFO on import) only from WARNING up."""
-    logging.basicConfig(level=logging.WARNING, format=f"{prefix}%(message)s", stream=sys.stderr, force=True)
-    logging.getLogger("apd").setLevel(logging.WARNING if quiet else logging.INFO)
+    """Our messages (the ``apd`` loggers) on stderr from INFO, or from WARNING when ``quiet``; other
+    libraries' records only from WARNING up (laplace-torch logs a note at INFO when it is imported)."""
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format=f"{prefix}%(message)s",
+                        stream=sys.stderr, force=True)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_ours_or_warnings)
+
+
+def _ours_or_warnings(record: logging.LogRecord) -> bool:
+    return record.name == "apd" or record.name.startswith("apd.") or record.levelno >= logging.WARNING

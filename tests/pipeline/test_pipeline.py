@@ -273,3 +273,26 @@ def test_tiny_pipeline_runs_on_cuda(tmp_path):
         assert main([stage, "--config", str(config), "--artifacts", str(tmp_path), "--device", "cuda", "--quiet"]) == 0
     results = json.loads((tmp_path / "tiny" / "eval" / "results.json").read_text())
     assert results["device"].startswith("cuda") and results["accuracy"]["apd"]["acc"]["mean"] > 0.8
+
+
+def test_other_libraries_info_stays_quiet_and_ours_is_shown(capsys):
+    """A library's INFO note (laplace-torch logs one on the root logger when imported) never reaches the user;
+    our INFO does, and --quiet keeps our warnings only."""
+    import logging
+
+    from apd.pipeline.runtime import setup_logging
+
+    try:
+        setup_logging(quiet=False)
+        logging.info("a library's note")
+        logging.getLogger("apd.pipeline.sample").info("our progress")
+        logging.getLogger("some.library").warning("a library's warning")
+        err = capsys.readouterr().err
+        assert "our progress" in err and "a library's warning" in err and "a library's note" not in err
+        setup_logging(quiet=True)
+        logging.getLogger("apd.pipeline.sample").info("hidden")
+        logging.getLogger("apd.pipeline.sample").warning("shown")
+        err = capsys.readouterr().err
+        assert "hidden" not in err and "shown" in err
+    finally:
+        logging.basicConfig(level=logging.WARNING, force=True)
