@@ -99,10 +99,10 @@ def run_variant(ctx: RunContext, loss: str, plan: VariantsPlan, store: SampleSto
             judged = monitor.judge(model)
             generated = APDGenerator(model, spec, loss)
             tuned = judge(generated, tuning, plan.networks, draws, ["bald"])
+            with torch.no_grad():
+                codes = model.generator.sample(plan.networks, generator=draws).cpu()
             history.append({"step": step, "val_accuracy": judged["accuracy"], "criterion": judged["criterion"],
-                            "tuning_bald_auroc": bald_auroc(tuned),
-                            "spread_ratio": spread_ratio(model.generator.sample(plan.networks, generator=draws).cpu(),
-                                                         real_codes)})
+                            "tuning_bald_auroc": bald_auroc(tuned), "spread_ratio": spread_ratio(codes, real_codes)})
     final = history[-1] if history else {}
     return {"loss": loss, "label": LABELS[loss], "lr": d.lr, "history": history, "diverged": diverged,
             "seconds": round(time.perf_counter() - started, 1),
