@@ -64,11 +64,11 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
         return EXPERIMENT_TABLES[table](results_dir)
     if table == "toy2d":
         return render_toy2d(read_json(results_dir / "toy2d.json"))
+    if table == "diagnostics":  # the sample stage's own record, published before any evaluation
+        return render_diagnostics(read_json(results_dir / "samples.json")["diagnostics"])
     results = read_json(results_dir / "results.json")
     if table == "machine":
         return render_machine(results)
-    if table == "diagnostics":
-        return render_diagnostics(results["sgld_diagnostics"])
     if table.startswith("ood-"):
         built = ood_table({**results, "ood": {s: {table[4:]: by[table[4:]]} for s, by in results["ood"].items()
                                              if table[4:] in by}})
@@ -93,8 +93,8 @@ def render_machine(results: dict) -> str:
 
 def render_diagnostics(diagnostics: dict) -> str:
     """SGLD's convergence: rank-normalised split R-hat and bulk/tail ESS per family of quantities."""
-    labels = {"function": "p(y | x) on validation inputs", "log_lik": "log-likelihood",
-              "weight_pcs": "top weight principal components"}
+    labels = {"function": r"p(y \| x) on validation inputs",  # the pipe escaped inside a Markdown table
+              "log_lik": "log-likelihood", "weight_pcs": "top weight principal components"}
     body = []
     for family, s in diagnostics["families"].items():
         body.append([labels.get(family, family), f"{s['quantities']:,}", f"{s['rhat_median']:.3f}",
@@ -171,11 +171,12 @@ def render_docs(root: Path, check: bool = False) -> list[Path]:
 
 def publish(layout: Layout, name: str, root: Path) -> list[Path]:
     """Copy the pipeline's committed-results files into ``docs/results/NAME/`` and its figures into
-    ``docs/figures/NAME/``; returns the files written. Raises when ``apd evaluate`` has not finished."""
+    ``docs/figures/NAME/``, as far as its stages have finished; returns the files written. Raises when
+    ``apd sample`` has not finished."""
     sources = [layout.results, layout.evaluate_manifest, manifest_of(layout.samples), manifest_of(layout.generator),
                layout.eval_dir / "toy2d.json", *sorted(layout.experiments.glob("*.json"))]
-    if not layout.results.is_file() and not (layout.eval_dir / "toy2d.json").is_file():
-        raise ArtifactError(f"{layout.results}: missing; run `apd evaluate` first")
+    if not manifest_of(layout.samples).is_file():
+        raise ArtifactError(f"{manifest_of(layout.samples)}: missing; run `apd sample` first")
     figures = [*sorted((layout.eval_dir / "figures").glob("*.png")), *sorted(layout.experiments.glob("*.png"))]
     if layout.diagnostics_figure.is_file():
         figures.append(layout.diagnostics_figure)

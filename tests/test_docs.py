@@ -86,10 +86,23 @@ def test_publish_copies_results_and_manifests_but_no_samples_or_weights(tiny_pip
     assert any((tmp_path / "docs" / "figures" / name).glob("*.png"))
 
 
-def test_publish_before_evaluate_is_one_clear_error(tmp_path, monkeypatch, capsys):
+def test_publish_before_sampling_is_one_clear_error(tmp_path, monkeypatch, capsys):
     from apd.cli import main
 
     monkeypatch.chdir(tmp_path)
     assert main(["report", "--publish", "--config", str(ROOT / "pipelines" / "digits.toml"),
                  "--artifacts", str(tmp_path / "none"), "--quiet"]) == 2
-    assert "run `apd evaluate` first" in capsys.readouterr().err
+    assert "run `apd sample` first" in capsys.readouterr().err
+
+
+def test_diagnostics_come_from_the_sample_manifest_alone(project):
+    """A pipeline whose evaluation has not run yet can still show its chains' convergence."""
+    (project / "docs" / "results" / "demo" / "results.json").unlink()
+    manifest = {"diagnostics": {"chains_used": 4, "draws_per_chain": 500, "warning": None, "families": {
+        "function": {"quantities": 300, "rhat_median": 1.002, "rhat_max": 1.014, "frac_rhat_above_1.01": 0.017,
+                     "frac_rhat_above_1.05": 0.0, "ess_bulk_median": 896.3, "ess_bulk_min": 539.3,
+                     "ess_tail_median": 1451.1}}}}
+    (project / "docs" / "results" / "demo" / "samples.json").write_text(json.dumps(manifest))
+    table = render_table("demo", "diagnostics", project)
+    assert table.startswith("4 chains × 500 draws each; no convergence warning")
+    assert r"| p(y \| x) on validation inputs | 300 | 1.002 | 1.014 | 1.7 | 0.0 | 896 | 539 | 1,451 |" in table
