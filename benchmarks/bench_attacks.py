@@ -89,8 +89,8 @@ def digits_evaluate() -> None:
         print(f"\n(skipped the digits timing: {DIGITS} is incomplete; run `make sample distill` first)")
         return
     from apd.pipeline.adversarial import evaluate_adversarial
+    from apd.pipeline.comparison_tables import adversarial_table
     from apd.pipeline.evaluate import load_methods
-    from apd.pipeline.report import adversarial_table
     from apd.pipeline.runtime import RunContext
 
     cfg = load_config("pipelines/digits.toml")

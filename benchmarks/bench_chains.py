@@ -34,7 +34,8 @@ from apd.config import SGLDConfig
 from apd.nets import ParamSpec, mlp
 from apd.samplers.chain import ChainSeeds, SGLDChain
 from apd.samplers.sgld import prefetch_pays
-from apd.samplers.store import SampleStore, join_stores
+from apd.samplers.store import SampleStore
+from apd.samplers.store_join import join_stores
 
 NETS = {"fcNN1": [784, 100, 10], "fcNN2": [784, 400, 400, 10]}
 CONFIG = SGLDConfig(lr=0.05, prior_var=0.02, batch_size=100, iterations=10**9, burn_in=0)
