@@ -36,14 +36,14 @@ from apd.distillation.training import (
     make_trainer,
     store_permutations,
 )
-from apd.errors import ArtifactError, ConfigError, DivergenceError
-from apd.io import load_torch, nonfinite_tensor, save_torch_atomic
+from apd.errors import ConfigError, DivergenceError
+from apd.io import nonfinite_tensor, save_torch_atomic
 from apd.nets import ParamSpec, mlp
 from apd.pipeline.layout import checkpoint_of, manifest_of, partial_of
 from apd.pipeline.manifests import load_checkpoint, manifest_record
 from apd.pipeline.runtime import RunContext, machine
 from apd.pipeline.sample_chains import make_chain
-from apd.pipeline.stage import publish, require_input, reusable
+from apd.pipeline.stage import publish, require_input, reusable, weights_load
 from apd.samplers.chain import is_thinned_sample
 from apd.samplers.store import SampleStore
 
@@ -57,18 +57,6 @@ FISHER_INPUTS = 5000  # training images the Kronecker residual's factors are est
 def run_distill(ctx: RunContext) -> Path:
     """The whole stage: offline or online as configured; a complete generator is reused."""
     return distill_online(ctx) if ctx.cfg.distill.mode == "online" else distill_offline(ctx)
-
-
-def _generator_loads(ctx: RunContext) -> bool:
-    """Whether both saved generators load (weights only, finite): what reuse checks besides the manifest's
-    digests."""
-    for path in (ctx.layout.generator, ctx.layout.generator_last):
-        try:
-            load_torch(path)
-        except ArtifactError as exc:
-            log.warning("not reusing it: %s", exc)
-            return False
-    return True
 
 
 def _check_finite(trainer: GANTrainer, step: int) -> None:
@@ -105,7 +93,7 @@ def distill_offline(ctx: RunContext) -> Path:
     d = ctx.cfg.distill
     path, source = ctx.layout.generator, ctx.layout.samples
     inputs = {"samples": require_input(ctx, source, "sample")}
-    if reusable(ctx, path, "distill", inputs) and _generator_loads(ctx):
+    if reusable(ctx, path, "distill", inputs) and weights_load(ctx.layout.generator, ctx.layout.generator_last):
         return path
     spec = ParamSpec.from_module(mlp(ctx.net_sizes))
     started = time.perf_counter()
@@ -269,7 +257,7 @@ def distill_online(ctx: RunContext) -> Path:
     every ``t_sgld`` new samples the GAN takes ``t_gan`` generator steps on batches from the buffer."""
     d, s = ctx.cfg.distill, ctx.cfg.sgld
     path = ctx.layout.generator
-    if reusable(ctx, path, "distill", {}) and _generator_loads(ctx):
+    if reusable(ctx, path, "distill", {}) and weights_load(ctx.layout.generator, ctx.layout.generator_last):
         return path
     started = time.perf_counter()
     spec = ParamSpec.from_module(mlp(ctx.net_sizes))

@@ -38,7 +38,7 @@ import torch
 
 from apd.config import config_hash
 from apd.errors import ArtifactError, ConfigError, DivergenceError
-from apd.io import load_torch, nonfinite_tensor, save_torch_atomic
+from apd.io import nonfinite_tensor, save_torch_atomic
 from apd.nets import ParamSpec, mlp
 from apd.pipeline.distributed import process_group, spawn, torchrun_env, worker_device
 from apd.pipeline.layout import checkpoint_of, manifest_of, partial_of
@@ -48,7 +48,7 @@ from apd.pipeline.runtime import RunContext
 from apd.pipeline.sample_chains import run_chains
 from apd.pipeline.sample_publish import publish_samples
 from apd.pipeline.sample_workers import death_notice, sample_shard, spawned_worker
-from apd.pipeline.stage import publish, reusable
+from apd.pipeline.stage import publish, reusable, weights_load
 from apd.samplers.baselines import train_baseline
 from apd.samplers.chain import thinned_count
 from apd.samplers.store import SampleStore
@@ -136,21 +136,11 @@ def _store_is_sound(path: Path) -> bool:
     return True
 
 
-def _loads(path: Path) -> bool:
-    """Whether a saved baseline loads (weights only, finite): what reuse checks besides its digest."""
-    try:
-        load_torch(path)
-    except ArtifactError as exc:
-        log.warning("not reusing it: %s", exc)
-        return False
-    return True
-
-
 def train_and_save_baseline(ctx: RunContext, name: str) -> Path:
     """Train the ``sgd`` or ``mcdropout`` baseline (or reuse it) into ``baselines/NAME.pt``."""
     cfg, b = ctx.cfg, ctx.cfg.baselines
     path = ctx.layout.baseline(name)
-    if reusable(ctx, path, "baselines", {}) and _loads(path):
+    if reusable(ctx, path, "baselines", {}) and weights_load(path):
         return path
     dropout = b.dropout if name == "mcdropout" else 0.0
     if b.batch_size > len(ctx.data.y_train):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from apd.config import STAGE_SECTIONS, config_hash
 from apd.errors import ArtifactError
-from apd.io import read_json
+from apd.io import load_torch, read_json
 from apd.pipeline.layout import manifest_of
 from apd.pipeline.manifests import file_digest, is_complete, manifest_digest, recorded_files, write_manifest
 from apd.pipeline.runtime import RunContext
@@ -71,3 +71,15 @@ def publish(files: dict[Path, Path], manifest: Path, record: dict) -> None:
         final.parent.mkdir(parents=True, exist_ok=True)
         os.replace(built, final)
     write_manifest(manifest, {**record, "files": digests})
+
+
+def weights_load(*paths: Path) -> bool:
+    """Whether every saved weights file loads (weights only, finite): what reuse checks besides the
+    manifest's digests; a warning names the first that does not."""
+    for path in paths:
+        try:
+            load_torch(path)
+        except ArtifactError as exc:
+            log.warning("not reusing it: %s", exc)
+            return False
+    return True
