@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from apd.acquisition import ACQUISITIONS
-from apd.pipeline.figures import new_figure
+from apd.pipeline.figures import new_figure, save_figure
 from apd.pipeline.tables import format_duration, markdown_table
 
 MODEL_LABELS = {"sgld": "SGLD", "apd": "APD", "mcdropout": "MC dropout", "deterministic": "deterministic"}
@@ -101,6 +101,6 @@ def draw_figure(results: dict, path: Path) -> None:
         ax.legend(fontsize=7, loc="lower right")
     figure.suptitle(f"Active learning on {results['pipeline']} (mean ± 1 sd over {results['plan']['seeds']} seeds)",
                     fontsize=9)
-    figure.savefig(path, dpi=110)
+    save_figure(figure, path)
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +44,7 @@ from apd.metrics import mean_std
 from apd.nets import ParamSpec, mlp
 from apd.pipeline.distill import REFERENCE_SAMPLES, TrainingSamples, codec_for, validation_monitor
 from apd.pipeline.evaluate import evaluation_inputs
-from apd.pipeline.figures import new_figure
+from apd.pipeline.figures import new_figure, save_figure
 from apd.pipeline.layout import manifest_of
 from apd.pipeline.methods import fit_mixture
 from apd.pipeline.runtime import RunContext
@@ -373,12 +372,7 @@ def draw_figure(results: dict, path: Path) -> None:
         ax.set(xscale="log", xlabel="storage (SGLD samples' worth)", ylabel=f"{label} (% of SGLD)",
                title=f"{label}: {results['pipeline']}")
         ax.legend(fontsize=7)
-    tmp = path.with_name(f"{path.stem}.tmp.png")
-    try:
-        figure.savefig(tmp, dpi=110)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    save_figure(figure, path)
 
 
 def run_distillers(ctx: RunContext, options: list[str]) -> dict:

@@ -31,7 +31,7 @@ from apd.io import write_json_atomic
 from apd.nets import ParamSpec, mlp
 from apd.pipeline.distill import REFERENCE_SAMPLES, codec_for, training_samples, validation_monitor
 from apd.pipeline.evaluate import evaluation_inputs, mean_auroc
-from apd.pipeline.figures import new_figure
+from apd.pipeline.figures import new_figure, save_figure
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.stage import require_input
 from apd.pipeline.table_format import format_number, markdown_table
@@ -176,7 +176,7 @@ def draw_figure(results: dict, path) -> None:
             ax.axhline(results["collapse_ratio"], color="grey", linestyle=":")
         ax.set(xlabel="generator steps", title=label)
     axes[0, 0].legend(fontsize=7)
-    figure.savefig(path, dpi=110)
+    save_figure(figure, path)
 
 
 def run_gan_variants(ctx: RunContext, options: list[str]) -> dict:

@@ -19,7 +19,6 @@ OOD sets ``apd evaluate`` reports. Outputs: ``artifacts/NAME/experiments/storage
 from __future__ import annotations
 
 import dataclasses
-import io
 import logging
 import time
 from contextlib import ExitStack
@@ -35,11 +34,11 @@ from apd.evaluation.protocol import EvaluationInputs, judge
 from apd.evaluation.yardstick import SCORES, Reference, kept_curve, reference_predictive, spread, summarise
 from apd.experiments.distillers import train_generator
 from apd.experiments.options import plan_from_options
-from apd.io import write_bytes_atomic, write_json_atomic, write_text_atomic
+from apd.io import write_json_atomic, write_text_atomic
 from apd.nets import ParamSpec, mlp
 from apd.pipeline.distill import codec_for, training_samples
 from apd.pipeline.evaluate import evaluation_inputs
-from apd.pipeline.figures import new_figure, plot_growth, plot_kept_curve, storage_axes
+from apd.pipeline.figures import new_figure, plot_growth, plot_kept_curve, save_figure, storage_axes
 from apd.pipeline.methods import METHODS, Sources, fit_mixture
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.stage import require_input
@@ -258,9 +257,7 @@ def draw_figure(results: dict, path: Path) -> None:
     legend = {label: handle for ax in axes[0] for handle, label in zip(*ax.get_legend_handles_labels(), strict=True)}
     figure.legend(legend.values(), legend.keys(), fontsize=7, loc="outside right upper")
     figure.suptitle(f"Storage against quality: {results['pipeline']} (validation and OOD tuning inputs)", fontsize=10)
-    png = io.BytesIO()
-    figure.savefig(png, format="png", dpi=110)
-    write_bytes_atomic(path, png.getvalue())
+    save_figure(figure, path)
 
 
 def run_storage(ctx: RunContext, options: list[str]) -> dict:

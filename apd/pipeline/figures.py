@@ -7,8 +7,8 @@ figure stays registered after it is saved.
 
 from __future__ import annotations
 
+import io
 import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,11 +17,19 @@ import h5py
 import numpy as np
 
 from apd.errors import ArtifactError
-from apd.io import read_json
+from apd.io import read_json, write_bytes_atomic
 from apd.pipeline.table_format import HISTOGRAM_SCORES, method_label, methods_in_order, ordered, score_label
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+
+
+def save_figure(figure: Figure, path: Path) -> Path:
+    """Write ``figure`` as a PNG at ``path`` atomically (a reader never sees half a file); returns ``path``."""
+    png = io.BytesIO()
+    figure.savefig(png, format="png", dpi=110)
+    write_bytes_atomic(path, png.getvalue())
+    return path
 
 
 def new_figure(rows: int = 1, cols: int = 1, panel: tuple[float, float] = (3.2, 2.4)) -> tuple[Figure, Any]:
@@ -238,11 +246,5 @@ def write_figures(eval_dir: Path, results: dict, generator_json: Path | None = N
             continue
         figure_dir.mkdir(parents=True, exist_ok=True)
         path = figure_dir / f"{name}.png"
-        tmp = path.with_name(f"{path.stem}.tmp.png")
-        try:
-            figure.savefig(tmp, dpi=110)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        written.append(path)
+        written.append(save_figure(figure, path))
     return written

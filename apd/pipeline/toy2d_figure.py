@@ -31,6 +31,7 @@ from apd.config import config_hash
 from apd.errors import ArtifactError, DataError
 from apd.io import read_json
 from apd.pipeline.evaluate import ensemble_sizes
+from apd.pipeline.figures import save_figure
 from apd.pipeline.layout import manifest_of, partial_of
 from apd.pipeline.manifests import is_complete, manifest_record
 from apd.pipeline.methods import load_methods
@@ -204,6 +205,4 @@ def draw(path: Path, out: Path, summary: dict, title: str = "") -> Path:
     figure.suptitle((title + "\n" if title else "") + "top: predictive probability of class 1 (black: 0.5); "
                     "bottom: BALD, one colour scale; near = mean at the training points, far = mean beyond "
                     f"the dashed line ({summary.get('far_sd', FAR_SD):g} sd from both blob means)", fontsize=9)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=110)
-    return out
+    return save_figure(figure, out)
