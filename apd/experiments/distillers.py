@@ -39,7 +39,8 @@ from apd.evaluation.fidelity import fidelity
 from apd.evaluation.protocol import EvaluationInputs
 from apd.evaluation.protocol import judge as judge_draw
 from apd.experiments.options import plan_from_options
-from apd.io import read_json, write_json_atomic, write_text_atomic
+from apd.experiments.outputs import write_study
+from apd.io import read_json
 from apd.metrics import mean_std
 from apd.nets import ParamSpec, mlp
 from apd.pipeline.distill import REFERENCE_SAMPLES, TrainingSamples, codec_for, validation_monitor
@@ -378,10 +379,5 @@ def draw_figure(results: dict, path: Path) -> None:
 def run_distillers(ctx: RunContext, options: list[str]) -> dict:
     """``apd experiment distillers``: compare, write ``experiments/distillers.{json,md,png}``, print the table."""
     results = compare_distillers(ctx, plan_from_options(options, DistillerPlan))
-    out = ctx.layout.experiments
-    write_json_atomic(out / "distillers.json", results)
-    markdown = render_table(results)
-    write_text_atomic(out / "distillers.md", markdown)
-    draw_figure(results, out / "distillers.png")
-    print(markdown)
+    write_study(ctx.layout.experiments, "distillers", results, render_table, draw_figure)
     return results

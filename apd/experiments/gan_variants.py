@@ -27,7 +27,7 @@ from apd.distillation.training import evenly_spaced, make_trainer
 from apd.errors import DivergenceError
 from apd.evaluation.protocol import Judgement, judge
 from apd.experiments.options import plan_from_options
-from apd.io import write_json_atomic
+from apd.experiments.outputs import write_study
 from apd.nets import ParamSpec, mlp
 from apd.pipeline.distill import REFERENCE_SAMPLES, codec_for, training_samples, validation_monitor
 from apd.pipeline.evaluate import evaluation_inputs, mean_auroc
@@ -183,12 +183,7 @@ def run_gan_variants(ctx: RunContext, options: list[str]) -> dict:
     """``apd experiment gan-variants``: compare, write ``experiments/gan_variants.{json,md,png}``, print."""
     plan = plan_from_options(options, VariantsPlan)
     results = compare(ctx, plan)
-    out = ctx.layout.experiments
-    write_json_atomic(out / "gan_variants.json", results)
-    markdown = render_table(results)
-    (out / "gan_variants.md").write_text(markdown)
-    draw_figure(results, out / "gan_variants.png")
+    write_study(ctx.layout.experiments, "gan_variants", results, render_table, draw_figure)
     collapsed = [run["label"] for run in results["runs"] if run["collapsed"]]
     log.info("collapsed: %s", ", ".join(collapsed) or "none")
-    print(markdown)
     return results

@@ -34,7 +34,7 @@ from apd.evaluation.protocol import EvaluationInputs, judge
 from apd.evaluation.yardstick import SCORES, Reference, kept_curve, reference_predictive, spread, summarise
 from apd.experiments.distillers import train_generator
 from apd.experiments.options import plan_from_options
-from apd.io import write_json_atomic, write_text_atomic
+from apd.experiments.outputs import write_study
 from apd.nets import ParamSpec, mlp
 from apd.pipeline.distill import codec_for, training_samples
 from apd.pipeline.evaluate import evaluation_inputs
@@ -263,10 +263,5 @@ def draw_figure(results: dict, path: Path) -> None:
 def run_storage(ctx: RunContext, options: list[str]) -> dict:
     """``apd experiment storage``: run the study, write ``experiments/storage.{json,md,png}``, print the table."""
     results = study(ctx, plan_from_options(options, StoragePlan))
-    out = ctx.layout.experiments
-    write_json_atomic(out / "storage.json", results)
-    markdown = render_table(results)
-    write_text_atomic(out / "storage.md", markdown)
-    draw_figure(results, out / "storage.png")
-    print(markdown)
+    write_study(ctx.layout.experiments, "storage", results, render_table, draw_figure)
     return results
