@@ -8,7 +8,9 @@ WGAN-GP on raw weight vectors (Wang et al., 2018); subspace APD (the same GAN on
 without a residual, with the per-weight or the Kronecker-factored Laplace residual, matched to SGLD's
 in-distribution disagreement or at its fitted spread: :mod:`apd.distillation.residual`,
 :mod:`apd.distillation.kronecker`); its Gaussian null model θ = μ + U·diag(σ)·z; a diagonal Gaussian; and
-diagonal mixtures of k Gaussians.
+diagonal mixtures of k Gaussians. Every weight-space model (the codecs, the GANs, the projected samples)
+sees the samples with their hidden units aligned as ``apd distill`` aligns them (``[distill] align``,
+:mod:`apd.distillation.alignment`); the mixtures fit the stored samples, as ``apd evaluate``'s MoG does.
 
 Reported per distiller: storage in SGLD samples' worth, build time, accuracy and mean AUROC of BALD and
 max_prob (the paper's "variation ratio" column, 1 − max p̄) as shares of SGLD's, the AUROC on every OOD
@@ -33,7 +35,7 @@ from torch import Tensor
 from apd.config import DistillConfig, ResidualConfig, bounded
 from apd.distillation.codec import WeightCodec, fit_codec, storage_in_samples
 from apd.distillation.generator import DistilledGenerator
-from apd.distillation.training import StoreBatches, evenly_spaced, make_trainer
+from apd.distillation.training import evenly_spaced, make_trainer
 from apd.errors import ConfigError
 from apd.evaluation.fidelity import fidelity
 from apd.evaluation.protocol import EvaluationInputs
@@ -43,7 +45,7 @@ from apd.experiments.outputs import write_study
 from apd.io import read_json
 from apd.metrics import mean_std
 from apd.nets import ParamSpec, mlp
-from apd.pipeline.distill import REFERENCE_SAMPLES, TrainingSamples, codec_for, validation_monitor
+from apd.pipeline.distill import REFERENCE_SAMPLES, TrainingSamples, codec_for, training_samples, validation_monitor
 from apd.pipeline.evaluate import evaluation_inputs
 from apd.pipeline.figures import new_figure, save_figure
 from apd.pipeline.layout import manifest_of
@@ -189,14 +191,12 @@ def gan_config(variant: Variant, pipeline: DistillConfig, plan: DistillerPlan) -
 
 
 def train_generator(d: DistillConfig, codec: WeightCodec, store: SampleStore, ctx: RunContext,
-                    deadline: float, data: TrainingSamples | None = None) -> tuple[DistilledGenerator, int]:
+                    deadline: float, data: TrainingSamples) -> tuple[DistilledGenerator, int]:
     """WGAN-GP (Gulrajani et al., 2017) on the codes of the stored samples with the seeds of ``apd distill``
-    (each row permuted as ``data`` says, when given), for ``d.steps`` generator steps or until
-    ``time.perf_counter()`` passes ``deadline``; returns the last generator (no selection) and its steps."""
-    device = ctx.device
-    trainer = make_trainer(d, codec.code_dim, ctx.seed("distill", "gan"), device)
-    real = (data.batches(ctx, store, codec, d) if data is not None else
-            StoreBatches(store, codec, d.batch_size, d.in_memory_gb, ctx.seed("distill", "batches"), device))
+    (each row permuted as ``data`` says), for ``d.steps`` generator steps or until ``time.perf_counter()``
+    passes ``deadline``; returns the last generator (no selection) and its steps."""
+    trainer = make_trainer(d, codec.code_dim, ctx.seed("distill", "gan"), ctx.device)
+    real = data.batches(ctx, store, codec, d)
     while trainer.generator_steps < d.steps and time.perf_counter() < deadline:
         trainer.step(real, d.n_critic)
     return DistilledGenerator(trainer.generator, codec).eval(), trainer.generator_steps
@@ -212,8 +212,10 @@ class Built:
     residual_scale: float | None = None
 
 
-def build(variant: Variant, ctx: RunContext, store: SampleStore, plan: DistillerPlan, deadline: float) -> Built:
-    """The posterior of ``variant`` fit to ``store``."""
+def build(variant: Variant, ctx: RunContext, store: SampleStore, plan: DistillerPlan, deadline: float,
+          data: TrainingSamples) -> Built:
+    """The posterior of ``variant`` fit to ``store``; every weight-space model (codecs, GANs, the projected
+    samples) sees the samples as ``data`` prepares them (aligned as ``apd distill`` aligns them)."""
     cfg, device, spec = ctx.cfg, ctx.device, store.spec
     if variant.family == "sgld":
         return Built(SGLDSamples(store, device))
@@ -223,17 +225,16 @@ def build(variant: Variant, ctx: RunContext, store: SampleStore, plan: Distiller
     if variant.family == "dense":
         codec = WeightCodec("identity", spec.numel)
     else:
-        fit = store.read(evenly_spaced(len(store), cfg.distill.fit_samples))
-        codec = (fit_codec("standardize", fit).to(device) if variant.family == "diagonal"
-                 else codec_for(ctx, fit, gan_config(variant, cfg.distill, plan)))
+        codec = (fit_codec("standardize", data.fit).to(device) if variant.family == "diagonal"
+                 else codec_for(ctx, data.fit, gan_config(variant, cfg.distill, plan)))
     if variant.family in ("gaussian", "diagonal"):
         method, steps = CodecGaussian(codec, spec, variant.name), None
         sample_codes = method.sample_codes
     elif variant.family in ("projected", "decoupled"):
         kind = ProjectedSamples if variant.family == "projected" else DecoupledResidual
-        return Built(kind(SGLDSamples(store, device), codec, variant.name))
+        return Built(kind(SGLDSamples(store, device, perms=data.perms), codec, variant.name))
     else:
-        model, steps = train_generator(gan_config(variant, cfg.distill, plan), codec, store, ctx, deadline)
+        model, steps = train_generator(gan_config(variant, cfg.distill, plan), codec, store, ctx, deadline, data)
         method = APDGenerator(model, spec, variant.name)
         sample_codes = lambda k, rng: model.generator.sample(k, generator=rng)  # noqa: E731
     if variant.residual != "matched":
@@ -291,9 +292,10 @@ def compare_distillers(ctx: RunContext, plan: DistillerPlan) -> dict:
         if any(r > limit for r in (*plan.ranks, *plan.residual_ranks, *plan.fitted_residual_ranks,
                                    *plan.kronecker_ranks)):
             raise ConfigError(f"--option ranks: a subspace rank can be at most {limit} here (fit samples, weights)")
+        data = training_samples(ctx, store, cfg.distill)
         for variant in variants(plan):
             t0 = time.perf_counter()
-            built = build(variant, ctx, store, plan, deadline=t0 + plan.max_seconds)
+            built = build(variant, ctx, store, plan, t0 + plan.max_seconds, data)
             method, steps = built.method, built.steps
             seconds = time.perf_counter() - t0
             if variant.family == "sgld":

@@ -25,7 +25,7 @@ from apd.errors import ArtifactError, ConfigError
 from apd.io import load_torch, read_json
 from apd.nets import ParamSpec, mlp
 from apd.pipeline.layout import Layout, manifest_of
-from apd.pipeline.runtime import RunContext
+from apd.pipeline.runtime import RunContext, stopwatch
 from apd.pipeline.stage import require_input
 from apd.posteriors import (
     APDGenerator,
@@ -288,17 +288,22 @@ def method_inputs(ctx: RunContext) -> dict[str, str]:
     return inputs
 
 
-def load_methods(ctx: RunContext, stack: ExitStack,
-                 details: dict[str, dict] | None = None) -> tuple[dict[str, Posterior], dict[str, str]]:
+def load_methods(ctx: RunContext, stack: ExitStack, details: dict[str, dict] | None = None,
+                 loading: dict[str, float] | None = None) -> tuple[dict[str, Posterior], dict[str, str]]:
     """Every configured method as a Posterior, and the manifest digests of the artifacts they come from
     (:func:`method_inputs`). What fitting a method chose (SWAG's learning rate, Laplace's prior and
-    scale, Stein's candidates) goes into ``details`` when given."""
+    scale, Stein's candidates) goes into ``details`` when given, the seconds each took to load or fit
+    into ``loading``."""
+    loading = {} if loading is None else loading
     inputs = method_inputs(ctx)
     sources = Sources(ctx, stack, ParamSpec.from_module(mlp(ctx.net_sizes)))
     if len(sources.store) < ctx.cfg.evaluate.sgld_samples:
         raise ArtifactError(f"{ctx.layout.samples}: {len(sources.store)} samples, evaluation draws "
                             f"{ctx.cfg.evaluate.sgld_samples}; lower evaluate.sgld_samples or sample more")
-    methods = {name: METHODS[name].load(sources) for name in ctx.cfg.evaluate.methods}
+    methods = {}
+    for name in ctx.cfg.evaluate.methods:
+        with stopwatch(loading, name):
+            methods[name] = METHODS[name].load(sources)
     if details is not None:
         details.update(sources.details)
     return methods, inputs

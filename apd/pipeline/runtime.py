@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import platform
 import sys
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +23,16 @@ from apd.pipeline import seeds
 from apd.pipeline.layout import Layout
 
 log = logging.getLogger("apd")
+
+
+@contextlib.contextmanager
+def stopwatch(timing: dict[str, float], name: str) -> Iterator[None]:
+    """``with stopwatch(timing, name):`` adds the block's wall-clock seconds (2 decimals) to ``timing[name]``."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        timing[name] = round(timing.get(name, 0.0) + time.perf_counter() - started, 2)
 
 
 def resolve_device(name: str) -> torch.device:

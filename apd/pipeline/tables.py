@@ -216,15 +216,22 @@ def fidelity_table(results: dict) -> Table | None:
 
 
 def timing_table(results: dict) -> Table | None:
-    """Wall-clock seconds of each evaluation step, the total last."""
+    """Wall-clock seconds of each evaluation step: per method, loading (or fitting) it and judging its
+    draws; then the steps over all methods; the total last."""
     timing = results.get("timing")
     if not timing:
         return None
-    steps = methods_in_order(results, (k for k in timing if k != "total"))
+    loading = timing.get("loading", {})
+    methods = set(results.get("methods", []))
+    steps = methods_in_order(results, (k for k in timing if k not in ("total", "loading")))
     steps += ["total"] if "total" in timing else []
-    body = [[method_label(step), f"{timing[step]:,.1f}", format_duration(timing[step])] for step in steps]
-    return Table("timing", "Timing", markdown_table(["step", "seconds", "duration"], body), ["step", "seconds"],
-                 [[step, timing[step]] for step in steps])
+    rows = [[step, loading.get(step), timing[step], timing[step] + loading.get(step, 0.0)] for step in steps]
+    body = [[method_label(step), "" if load is None else f"{load:,.1f}",
+             f"{judged:,.1f}" if step in methods else "", f"{total:,.1f}", format_duration(total)]
+            for step, load, judged, total in rows]
+    return Table("timing", "Timing", markdown_table(["step", "loading s", "judging s", "seconds", "duration"], body),
+                 ["step", "loading_seconds", "judging_seconds", "seconds"],
+                 [[step, load, judged if step in methods else None, total] for step, load, judged, total in rows])
 
 
 TABLE_BUILDERS = (accuracy_table, ood_table, mean_auroc_table, storage_table, members_table, yardstick_table,

@@ -1,25 +1,34 @@
 """SGLD samples (Welling & Teh, 2011) read from a sample store: k rows drawn without replacement per
-call, read from disk, never all loaded."""
+call, read from disk, never all loaded; optionally with each row's hidden units reordered by its alignment
+permutation (:mod:`apd.distillation.alignment`), which moves the weights but not the function."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
+from apd.distillation.alignment import permute
 from apd.posteriors.base import Posterior
 from apd.samplers.store import SampleStore
 
 
 class SGLDSamples(Posterior):
-    """The rows of ``store``, each a member; draws spread over every chain the store holds."""
+    """The rows of ``store``, each a member; draws spread over every chain the store holds. With ``perms``
+    [len(store), H], row i comes with its hidden units permuted by ``perms[i]``."""
 
-    def __init__(self, store: SampleStore, device: torch.device | str = "cpu", name: str = "sgld") -> None:
+    def __init__(self, store: SampleStore, device: torch.device | str = "cpu", name: str = "sgld",
+                 perms: Tensor | None = None) -> None:
         self.name, self.store, self.spec, self.device = name, store, store.spec, torch.device(device)
+        self.perms = perms
 
     def sample_weights(self, k: int, generator: torch.Generator | None = None) -> Tensor:
         k = self.ensemble_size(k)
-        rows = torch.randperm(len(self.store), generator=generator, device=generator.device if generator else "cpu")
-        return self.store.read(rows[:k].cpu().numpy()).to(self.device)
+        rows = torch.randperm(len(self.store), generator=generator,
+                              device=generator.device if generator else "cpu")[:k].cpu()
+        weights = self.store.read(rows.numpy())
+        if self.perms is not None:
+            weights = permute(weights, self.spec, self.perms[rows])
+        return weights.to(self.device)
 
     def max_members(self) -> int:
         return len(self.store)

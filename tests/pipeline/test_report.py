@@ -74,7 +74,8 @@ def full_results() -> dict:
                              "heldout_nn_distance": 14.0, "nn_ratio": 0.893},
                      "mog": {"weight_std_ratio": 1.01, "bald_ratio": 1.1, "nn_distance": 13.0,
                              "heldout_nn_distance": 14.0, "nn_ratio": 0.929}},
-        "timing": {"sgld": 12.0, "apd": 3.5, "total": 125.0},
+        "timing": {"sgld": 12.0, "apd": 3.5, "loading": {"sgld": 0.5, "apd": 2.0}, "mog_growth": 40.0,
+                   "total": 125.0},
         "adversarial": {source: {attack: {t: _adversarial_cell(values[ti], ti)
                                           for ti, t in enumerate(targets)}
                                  for attack, values in attacks.items()} for source, attacks in paper.items()},
@@ -192,7 +193,8 @@ def test_storage_mog_fidelity_timing_tables():
                                               "| 98.3 |")
     assert "| APD | — | 1,670,000 | 21 | — | 99.8 | — | 99.5 |" in markdown
     assert "| MoG | 1.010 | 1.100 | 13.000 | 14.000 | 0.929 |" in markdown
-    assert table_line(markdown, "total") == "| total | 125.0 | 2 min 5 s |"
+    assert table_line(markdown, "total") == "| total |  |  | 125.0 | 2 min 5 s |"
+    assert table_line(section(markdown, "## Timing"), "APD") == "| APD | 2.0 | 3.5 | 5.5 | 5.5 s |"
 
 
 def test_adversarial_tables_mirror_paper_layout():
@@ -242,7 +244,11 @@ def test_csvs_round_trip(full_report):
     assert len(adversarial) == 3 * 2 * 3 * 4 + 3 * 4
     means = {(r["score"], r["method"]): float(r["mean_auroc"]) for r in read_csv(eval_dir / "mean_auroc.csv")}
     assert means["bald", "apd"] == pytest.approx(93.92)
-    assert {r["step"]: float(r["seconds"]) for r in read_csv(eval_dir / "timing.csv")}["total"] == 125.0
+    timing = {r["step"]: r for r in read_csv(eval_dir / "timing.csv")}
+    assert float(timing["total"]["seconds"]) == 125.0
+    assert float(timing["apd"]["seconds"]) == 5.5  # loading 2.0 + judging 3.5
+    assert float(timing["apd"]["loading_seconds"]) == 2.0 and float(timing["apd"]["judging_seconds"]) == 3.5
+    assert float(timing["mog_growth"]["seconds"]) == 40.0 and timing["mog_growth"]["judging_seconds"] == ""
 
 
 def test_full_report_writes_every_figure(full_report):

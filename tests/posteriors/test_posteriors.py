@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from apd.distillation.alignment import permute
 from apd.nets import ParamSpec, mlp, predict_probs
 from apd.posteriors import MCDropout, PointEstimate, SGLDSamples
 from apd.samplers.store import SampleStore
@@ -69,3 +70,22 @@ def test_fixed_members_are_shared_by_every_call():
     x = torch.randn(3, 4)
     torch.testing.assert_close(members(x), members(x), rtol=0, atol=0)
     assert not torch.equal(members(x)[0], members(x)[1])
+
+
+def test_aligned_sgld_samples_permute_each_drawn_row_and_keep_its_function(tmp_path):
+    """Row i drawn with ``perms`` is row i with its hidden units reordered by perms[i]: other weights,
+    the same network."""
+    spec = ParamSpec.from_module(mlp([4, 6, 3]))
+    rows = torch.randn(5, spec.numel, generator=torch.Generator().manual_seed(0))
+    perms = torch.stack([torch.randperm(6, generator=torch.Generator().manual_seed(i)) for i in range(5)])
+    with SampleStore.create(tmp_path / "s.h5", spec, {}) as store:
+        for i, row in enumerate(rows):
+            store.append(row, step=i)
+    with SampleStore.open(tmp_path / "s.h5") as store:
+        plain = SGLDSamples(store).sample_weights(3, torch.Generator().manual_seed(1))
+        aligned = SGLDSamples(store, perms=perms).sample_weights(3, torch.Generator().manual_seed(1))
+    drawn = [int(torch.nonzero((rows == row).all(1))) for row in plain]
+    torch.testing.assert_close(aligned, permute(plain, spec, perms[drawn]), rtol=0, atol=0)
+    assert not torch.equal(aligned, plain)
+    x = torch.randn(8, 4)
+    torch.testing.assert_close(predict_probs(spec, aligned, x), predict_probs(spec, plain, x))
