@@ -272,8 +272,10 @@ def missed_targets(row: dict, sgld: dict, plan: DistillerPlan) -> list[str]:
 def _with_shares(row: dict, sgld: dict, plan: DistillerPlan) -> dict:
     mean_auroc = {s: float(np.mean([stat["mean"] for stat in by_set.values()])) for s, by_set in row["auroc"].items()}
     sgld_mean = {s: float(np.mean([stat["mean"] for stat in by_set.values()])) for s, by_set in sgld["auroc"].items()}
+    worst_gap = {s: max(sgld["auroc"][s][o]["mean"] - stat["mean"] for o, stat in by_set.items())
+                 for s, by_set in row["auroc"].items()}
     return {**row, "accuracy_share": row["accuracy"]["mean"] / sgld["accuracy"]["mean"], "mean_auroc": mean_auroc,
-            "mean_auroc_share": {s: mean_auroc[s] / sgld_mean[s] for s in mean_auroc},
+            "mean_auroc_share": {s: mean_auroc[s] / sgld_mean[s] for s in mean_auroc}, "worst_auroc_gap": worst_gap,
             "missed_targets": None if row["family"] == "sgld" else missed_targets(row, sgld, plan)}
 
 
@@ -334,8 +336,8 @@ def render_table(results: dict) -> str:
             f"{plan['target_auroc_gap']:g} point below SGLD's, storage ≤ {plan['target_storage']:g} samples, "
             f"time ≤ {plan['target_seconds']:g} s.\n\n")
     header = ["distiller", "storage", "time", "steps", "accuracy", "acc % SGLD",
-              *(f"{SCORE_LABELS[s]} % SGLD" for s in SCORES), *(f"{SCORE_LABELS[s]} AUROC per set" for s in SCORES),
-              "NN ratio", "misses"]
+              *(f"{SCORE_LABELS[s]} % SGLD" for s in SCORES), *(f"{SCORE_LABELS[s]} worst gap" for s in SCORES),
+              *(f"{SCORE_LABELS[s]} AUROC per set" for s in SCORES), "NN ratio", "misses"]
     body = []
     for row in results["rows"]:
         misses = row["missed_targets"]
@@ -345,6 +347,8 @@ def render_table(results: dict) -> str:
                      "—" if row["steps"] is None else f"{row['steps']:,}", format_number(row["accuracy"]["mean"], 4),
                      format_number(100 * row["accuracy_share"], 1),
                      *(format_number(100 * row["mean_auroc_share"][s], 1) for s in SCORES),
+                     *(format_number(row["worst_auroc_gap"][s], 1) if "worst_auroc_gap" in row else "—"
+                       for s in SCORES),
                      *(" / ".join(format_number(row["auroc"][s][o]["mean"], 1) for o in sets) for s in SCORES),
                      "—" if row["fidelity"] is None else format_number(row["fidelity"]["nn_ratio"], 2),
                      "(reference)" if misses is None else ", ".join(misses) or "none"])
@@ -352,28 +356,40 @@ def render_table(results: dict) -> str:
 
 
 def draw_figure(results: dict, path: Path) -> None:
-    """Accuracy and mean BALD AUROC as shares of SGLD's against storage (log scale): a marker per family of
-    distillers, each point tagged with its rank or number of components."""
-    figure, axes = new_figure(1, 2, panel=(5.5, 4.2))
-    panels = (("accuracy_share", "accuracy"), ("mean_auroc_share", "mean BALD AUROC"))
-    for ax, (key, label) in zip(axes[0], panels, strict=True):
+    """Against storage (log scale): accuracy as a share of SGLD's, and the worst per-set AUROC gap to SGLD
+    (points below it on the OOD set where the distiller falls furthest behind) for BALD and for max-prob,
+    the target gap dotted. A marker per family of distillers; each point is tagged with its rank or
+    number of components, and a family's points without a residual are joined in order of storage: the
+    frontier of that family."""
+    figure, axes = new_figure(1, 3, panel=(5.0, 4.2))
+    panels = [("accuracy", None, "accuracy (% of SGLD)")]
+    panels += [("gap", score, f"worst per-set {SCORE_LABELS[score]} AUROC gap to SGLD (points)") for score in SCORES]
+    rows = [row for row in results["rows"] if row["family"] != "sgld"]
+    for ax, (kind, score, label) in zip(axes[0], panels, strict=True):
         for family, marker in zip(FAMILIES, "*PXsos^D", strict=True):
-            rows = [row for row in results["rows"] if row["family"] == family]
-            if not rows:
+            picked = sorted((row for row in rows if row["family"] == family), key=lambda r: r["in_sgld_samples"])
+            if not picked:
                 continue
-            worth = [row["in_sgld_samples"] for row in rows]
-            shares = [100 * (row[key] if key == "accuracy_share" else row[key]["bald"]) for row in rows]
-            ax.plot(worth, shares, marker, color=f"C{FAMILIES.index(family)}", label=FAMILY_LABELS[family],
-                    linestyle="none", markersize=9 if marker == "*" else 6)
-            for row, x, y in zip(rows, worth, shares, strict=True):
+            worth = [row["in_sgld_samples"] for row in picked]
+            values = [100 * row["accuracy_share"] if kind == "accuracy" else row["worst_auroc_gap"][score]
+                      for row in picked]
+            color = f"C{FAMILIES.index(family)}"
+            ax.plot(worth, values, marker, color=color, label=FAMILY_LABELS[family], linestyle="none", markersize=6)
+            plain = [(x, y) for row, x, y in zip(picked, worth, values, strict=True) if not row["residual"]]
+            if len(plain) > 1:
+                ax.plot(*zip(*plain, strict=True), color=color, linewidth=0.8)
+            for row, x, y in zip(picked, worth, values, strict=True):
                 residual = "kronecker" if row.get("residual_model") == "kronecker" else row["residual"]
                 tag = (f"r={row['rank']}" + (f"+{residual}" if residual else "") if row["rank"]
                        else f"k={row['components']}" if row["components"] else "")
                 ax.annotate(tag, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=6)
-        ax.axhline(100, color="grey", linewidth=0.8)
+        if kind == "accuracy":
+            ax.axhline(100, color="grey", linewidth=0.8)
+        else:
+            ax.axhline(0, color="grey", linewidth=0.8)
+            ax.axhline(results["plan"]["target_auroc_gap"], color="grey", linestyle=":", linewidth=0.8)
         ax.axvline(results["plan"]["target_storage"], color="grey", linestyle=":", linewidth=0.8)
-        ax.set(xscale="log", xlabel="storage (SGLD samples' worth)", ylabel=f"{label} (% of SGLD)",
-               title=f"{label}: {results['pipeline']}")
+        ax.set(xscale="log", xlabel="storage (SGLD samples' worth)", ylabel=label, title=results["pipeline"])
         ax.legend(fontsize=7)
     save_figure(figure, path)
 

@@ -86,6 +86,7 @@ def test_matched_residuals_record_their_scale(experiment):
 def test_numbers_in_range_and_shares_relative_to_sgld(experiment):
     sgld, *others = experiment[0]["rows"]
     assert sgld["accuracy_share"] == 1 and sgld["mean_auroc_share"] == {"bald": 1, "max_prob": 1}
+    assert sgld["worst_auroc_gap"] == {"bald": 0, "max_prob": 0}
     assert sgld["accuracy"]["mean"] > 0.85 and sgld["missed_targets"] is None and sgld["fidelity"] is None
     for row in others:
         assert row["accuracy_share"] == pytest.approx(row["accuracy"]["mean"] / sgld["accuracy"]["mean"])
@@ -93,6 +94,9 @@ def test_numbers_in_range_and_shares_relative_to_sgld(experiment):
         for by_set in row["auroc"].values():
             assert all(0 <= stat["mean"] <= 100 and stat["std"] == 0 for stat in by_set.values())  # one run
         assert 0.3 < row["fidelity"]["nn_ratio"] < 3
+        for score, by_set in row["auroc"].items():  # the largest shortfall against SGLD over the OOD sets
+            assert row["worst_auroc_gap"][score] == pytest.approx(
+                max(sgld["auroc"][score][name]["mean"] - stat["mean"] for name, stat in by_set.items()))
         assert "time" not in row["missed_targets"]
         assert ("storage" in row["missed_targets"]) == (row["family"] == "decoupled")  # it keeps the whole store
 
