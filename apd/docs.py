@@ -9,8 +9,9 @@ Prose stays hand-written; numbers never are. A document marks each generated reg
 and the region's body is replaced by TABLE rendered from ``docs/results/PIPELINE/`` (``results.json``
 from ``apd evaluate``, the stage manifests, the experiments' JSON) or, for PIPELINE ``paper``, from
 ``docs/paper-numbers.json``. TABLE names one of :data:`RESULT_TABLES` (a table of ``tables.md``),
-``ood-SCORE`` (one score's OOD block), ``machine`` (what the numbers were measured on) or an experiment
-(:data:`EXPERIMENT_TABLES`). ``--check`` renders without writing and fails on any difference.
+``ood-SCORE`` (one score's OOD block), ``machine`` (what the numbers were measured on), ``diagnostics``
+(SGLD's convergence, from the sample manifest), ``samplers`` (several pipelines' SGLD runs side by side:
+PIPELINE is then a comma-separated list) or an experiment (:data:`EXPERIMENT_TABLES`). ``--check`` renders without writing and fails on any difference.
 
 ``apd report --publish`` fills ``docs/results/NAME/`` from a finished pipeline's artifacts (:func:`publish`):
 the small JSON files only (results, the stage manifests with diagnostics and timings, the experiments'
@@ -30,7 +31,7 @@ from apd.pipeline.layout import Layout, manifest_of
 from apd.pipeline.table_format import format_duration, markdown_table, method_label
 from apd.pipeline.tables import TABLE_BUILDERS, ood_table
 
-REGION = re.compile(r"(<!-- results:(?P<pipeline>[\w.-]+):(?P<table>[\w.:-]+) -->\n)(?P<body>.*?)(<!-- end -->)",
+REGION = re.compile(r"(<!-- results:(?P<pipeline>[\w.,-]+):(?P<table>[\w.:-]+) -->\n)(?P<body>.*?)(<!-- end -->)",
                     re.S)
 RESULT_TABLES = {build.__name__.removesuffix("_table"): build for build in TABLE_BUILDERS}
 RESULTS_DIR = Path("docs/results")
@@ -66,6 +67,9 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
         return render_toy2d(read_json(results_dir / "toy2d.json"))
     if table == "diagnostics":  # the sample stage's own record, published before any evaluation
         return render_diagnostics(read_json(results_dir / "samples.json")["diagnostics"])
+    if table == "samplers":  # PIPELINE is a comma-separated list: one row per pipeline's sample manifest
+        return render_samplers({name: read_json(root / RESULTS_DIR / name / "samples.json")
+                                for name in pipeline.split(",")})
     results = read_json(results_dir / "results.json")
     if table == "machine":
         return render_machine(results)
@@ -76,7 +80,7 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
         built = RESULT_TABLES[table](results)
     else:
         raise ArtifactError(f"unknown results table {table!r} (known: {', '.join(RESULT_TABLES)}, ood-SCORE, "
-                            f"machine, {', '.join(EXPERIMENT_TABLES)})")
+                            f"machine, diagnostics, samplers, {', '.join(EXPERIMENT_TABLES)})")
     if built is None:
         raise ArtifactError(f"{results_dir}: has no data for table {table!r}")
     return built.markdown.strip()
@@ -109,6 +113,26 @@ def render_diagnostics(diagnostics: dict) -> str:
     warning = diagnostics.get("warning")
     return (note + "; " + ("warning: " + warning if warning else "no convergence warning") + "\n\n"
             + markdown_table(header, body))
+
+
+def render_samplers(manifests: dict[str, dict]) -> str:
+    """Several pipelines' SGLD runs side by side: samples, time, the function-space diagnostics, the
+    log-likelihood's and the top weight PCs' R-hat, and the final ensemble's validation accuracy."""
+    body = []
+    for name, manifest in manifests.items():
+        d = manifest["diagnostics"]
+        function, log_lik, pcs = (d["families"][f] for f in ("function", "log_lik", "weight_pcs"))
+        body.append([f"`{name}`", f"{d['chains_used']} × {d['draws_per_chain']:,}", f"{manifest['samples']:,}",
+                     format_duration(manifest["seconds"]), f"{function['rhat_median']:.3f} / {function['rhat_max']:.3f}",
+                     f"{100 * function['frac_rhat_above_1.01']:.1f}", f"{100 * function['frac_rhat_above_1.05']:.1f}",
+                     f"{function['ess_bulk_median']:,.0f}", f"{function['ess_tail_median']:,.0f}",
+                     f"{log_lik['rhat_median']:.3f}, {log_lik['ess_bulk_median']:,.0f}",
+                     f"{pcs['rhat_median']:.2f}, {pcs['ess_bulk_median']:,.0f}",
+                     f"{manifest['monitor_ensemble_val_accuracy']:.4f}"])
+    header = ["pipeline", "chains × draws", "samples", "sampling", r"p(y \| x) R-hat median / max", "% > 1.01",
+              "% > 1.05", "bulk ESS median", "tail ESS median", "log-lik R-hat, ESS", "weight PCs R-hat, ESS",
+              "ensemble val. accuracy"]
+    return markdown_table(header, body)
 
 
 def render_toy2d(summary: dict) -> str:

@@ -106,3 +106,21 @@ def test_diagnostics_come_from_the_sample_manifest_alone(project):
     table = render_table("demo", "diagnostics", project)
     assert table.startswith("4 chains × 500 draws each; no convergence warning")
     assert r"| p(y \| x) on validation inputs | 300 | 1.002 | 1.014 | 1.7 | 0.0 | 896 | 539 | 1,451 |" in table
+
+
+def test_samplers_put_several_pipelines_sample_manifests_side_by_side(project):
+    """One row per pipeline named in the region, each from that pipeline's sample manifest alone."""
+    def manifest(rhat: float, ess: float, accuracy: float) -> dict:
+        family = {"quantities": 300, "rhat_median": rhat, "rhat_max": rhat + 0.5, "frac_rhat_above_1.01": 1.0,
+                  "frac_rhat_above_1.05": 0.25, "ess_bulk_median": ess, "ess_bulk_min": 1.0, "ess_tail_median": 2 * ess}
+        return {"samples": 4000, "seconds": 600.0, "monitor_ensemble_val_accuracy": accuracy,
+                "diagnostics": {"chains_used": 4, "draws_per_chain": 500,
+                                "families": {"function": family, "log_lik": family, "weight_pcs": family}}}
+    for name, values in {"slow": (1.154, 19.0, 0.891), "fast": (1.051, 60.4, 0.9)}.items():
+        (project / "docs" / "results" / name).mkdir(parents=True)
+        (project / "docs" / "results" / name / "samples.json").write_text(json.dumps(manifest(*values)))
+    document = "<!-- results:slow,fast:samplers -->\nold\n<!-- end -->\n"
+    rows = [line for line in render_document(document, project).splitlines() if line.startswith("| `")]
+    assert rows == [
+        r"| `slow` | 4 × 500 | 4,000 | 10 min 0 s | 1.154 / 1.654 | 100.0 | 25.0 | 19 | 38 | 1.154, 19 | 1.15, 19 | 0.8910 |",
+        r"| `fast` | 4 × 500 | 4,000 | 10 min 0 s | 1.051 / 1.551 | 100.0 | 25.0 | 60 | 121 | 1.051, 60 | 1.05, 60 | 0.9000 |"]
