@@ -159,7 +159,7 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
         x_test = data.x_test.to(device)
         results["fidelity"] = {m: fidelity(methods[m], methods["sgld"], x_test, e.networks, rng)
                                for m in methods if m not in ("sgld", "sgd") and methods[m].has_weights}
-    with stopwatch(results["timing"], "at_networks"):
+    with stopwatch(results["timing"], "reference_and_quality"):
         reference = sgld_reference(ctx, results)
         results["quality"] = {m: method_quality(results, m, [j.test_probs for j in runs], reference)
                               for m, runs in judgements.items()}
