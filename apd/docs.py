@@ -11,7 +11,8 @@ from ``apd evaluate``, the stage manifests, the experiments' JSON) or, for PIPEL
 ``docs/paper-numbers.json``. TABLE names one of :data:`RESULT_TABLES` (a table of ``tables.md``),
 ``ood-SCORE`` (one score's OOD block), ``machine`` (what the numbers were measured on), ``diagnostics``
 (SGLD's convergence, from the sample manifest), ``samplers`` (several pipelines' SGLD runs side by side:
-PIPELINE is then a comma-separated list) or an experiment (:data:`EXPERIMENT_TABLES`). ``--check`` renders without writing and fails on any difference.
+PIPELINE is then a comma-separated list) or an experiment (:data:`EXPERIMENT_TABLES`). ``--check``
+renders without writing and fails on any difference.
 
 ``apd report --publish`` fills ``docs/results/NAME/`` from a finished pipeline's artifacts (:func:`publish`):
 the small JSON files only (results, the stage manifests with diagnostics and timings, the experiments'
@@ -123,7 +124,8 @@ def render_samplers(manifests: dict[str, dict]) -> str:
         d = manifest["diagnostics"]
         function, log_lik, pcs = (d["families"][f] for f in ("function", "log_lik", "weight_pcs"))
         body.append([f"`{name}`", f"{d['chains_used']} × {d['draws_per_chain']:,}", f"{manifest['samples']:,}",
-                     format_duration(manifest["seconds"]), f"{function['rhat_median']:.3f} / {function['rhat_max']:.3f}",
+                     format_duration(manifest["seconds"]),
+                     f"{function['rhat_median']:.3f} / {function['rhat_max']:.3f}",
                      f"{100 * function['frac_rhat_above_1.01']:.1f}", f"{100 * function['frac_rhat_above_1.05']:.1f}",
                      f"{function['ess_bulk_median']:,.0f}", f"{function['ess_tail_median']:,.0f}",
                      f"{log_lik['rhat_median']:.3f}, {log_lik['ess_bulk_median']:,.0f}",
