@@ -66,28 +66,29 @@ def plot_growth(ax: Any, worth: Sequence[float], values: Sequence[float], label:
 
 
 def _histogram_figure(scores: h5py.File, score: str, results: dict) -> Figure | None:
-    """In-distribution vs OOD histograms of one score: a row per method, a column per OOD set."""
+    """In-distribution vs OOD histograms of one score: a panel per method, the test inputs filled and each
+    OOD set as a line, on bins common to all of that method's inputs."""
     methods = methods_in_order(results, (m for m in scores if isinstance(scores[m], h5py.Group)
                                  and f"in/{score}" in scores[m]))
     sets = ordered((name for m in methods for name in scores[m].get("out", {})
                      if score in scores[m]["out"][name]), results.get("ood", {}))
     if not methods or not sets:
         return None
-    figure, axes = new_figure(len(methods), len(sets))
-    for row, method in enumerate(methods):
+    cols = min(len(methods), 4)
+    figure, axes = new_figure(math.ceil(len(methods) / cols), cols)
+    for ax in axes.flat[len(methods):]:
+        ax.axis("off")
+    for ax, method in zip(axes.flat, methods, strict=False):
         scores_in = scores[method]["in"][score][()]
-        for col, name in enumerate(sets):
-            ax = axes[row, col]
-            path = f"out/{name}/{score}"
-            if path not in scores[method]:
-                ax.axis("off")
-                continue
-            scores_out = scores[method][path][()]
-            edges = np.histogram_bin_edges(np.concatenate([scores_in, scores_out]), bins=30)
-            ax.hist(scores_in, edges, density=True, histtype="stepfilled", alpha=0.5, color="C0")
-            ax.hist(scores_out, edges, density=True, histtype="stepfilled", alpha=0.5, color="C1")
-            ax.set_title(f"{method_label(method)}: test (blue) vs {name} (orange)", fontsize=8)
-            ax.tick_params(labelsize=7)
+        outside = {name: scores[method][f"out/{name}/{score}"][()] for name in sets
+                   if f"out/{name}/{score}" in scores[method]}
+        edges = np.histogram_bin_edges(np.concatenate([scores_in, *outside.values()]), bins=30)
+        ax.hist(scores_in, edges, density=True, histtype="stepfilled", alpha=0.4, color="grey", label="test")
+        for col, (name, values) in enumerate(outside.items()):
+            ax.hist(values, edges, density=True, histtype="step", color=f"C{col}", label=name)
+        ax.set_title(method_label(method), fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes.flat[0].legend(fontsize=6)
     figure.supxlabel(f"{score_label(score)} (higher = more uncertain)")
     return figure
 

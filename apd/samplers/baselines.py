@@ -32,12 +32,18 @@ class TrainedBaseline:
 
 @torch.no_grad()
 def mc_dropout_probs(net: nn.Module, x: Tensor, passes: int, batch: int = 4096) -> Tensor:
-    """Class probabilities of ``passes`` dropout masks on x: [T, N, C] (the net is left in eval mode)."""
+    """Class probabilities of ``passes`` dropout masks on x: [T, N, C] (the net is left in eval mode). Each
+    forward call takes up to ``batch`` rows: several passes over a small x at once (every row draws its own
+    mask, so stacked copies of x are independent passes), or one pass over a large x in pieces."""
     net.train()
-    out = torch.stack([
-        torch.cat([torch.softmax(net(x[i:i + batch]), -1) for i in range(0, len(x), batch)])
-        for _ in range(passes)
-    ])
+    n = len(x)
+    if n >= batch:
+        out = torch.stack([torch.cat([torch.softmax(net(x[i:i + batch]), -1) for i in range(0, n, batch)])
+                           for _ in range(passes)])
+    else:
+        per_call = batch // n
+        out = torch.cat([torch.softmax(net(x.repeat(k, *[1] * (x.ndim - 1))), -1).view(k, n, -1)
+                         for k in (min(per_call, passes - start) for start in range(0, passes, per_call))])
     net.eval()
     return out
 
