@@ -30,6 +30,7 @@ import hashlib
 import json
 import logging
 import multiprocessing
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -255,6 +256,8 @@ def run_round(ctx: RunContext, plan: ActivePlan, state: dict, round_index: int,
 def run_active_learning(ctx: RunContext, options: list[str]) -> dict:
     """``apd experiment active-learning``: run (or resume) the protocol, then write the outputs."""
     plan = plan_from_options(options)
+    if not plan.workers:
+        plan = dataclasses.replace(plan, workers=min(os.cpu_count() or 1, plan.seeds * len(plan.models)))
     state = load_state(ctx, plan)
     path = state_path(ctx)
     per_round = plan.seeds * len(plan.models)

@@ -86,7 +86,8 @@ class ActivePlan:
     weight_decay: float = bounded(0.001, ge=0)
     dropout: float = bounded(0.5, gt=0, lt=1)
     mc_passes: int = bounded(20, ge=1)
-    workers: int = bounded(1, ge=1)  # processes training (model, seed) batches side by side; same results
+    workers: int = bounded(0, ge=0)  # processes training (model, seed) batches side by side (0: one per
+    # core, at most one per batch of a round); the same results for any number
 
     @property
     def samples_per_chain(self) -> int:

@@ -30,7 +30,7 @@ lr = 1e-3
 """
 OPTIONS = ["seeds=1", "rounds=2", "acquire=3", "pool_size=60", "test_size=60", "sgld_iterations=20",
            "sgld_burn_in=10", "sgld_thin=5", "apd_rank=2", "apd_steps=3", "apd_hidden=[8]", "apd_batch=8",
-           "train_steps=10", "mc_passes=3"]
+           "train_steps=10", "mc_passes=3", "workers=1"]
 
 
 def run(root, stop_after_round: int | None = None, monkeypatch=None) -> int:
