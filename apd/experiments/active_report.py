@@ -71,6 +71,13 @@ def render_markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+def render_summary(results: dict) -> str:
+    """The report below its title, each section's heading in bold: what ``apd docs`` renders for
+    ``active-learning-report`` inside a document's own section."""
+    body = render_markdown(results).split("\n", 2)[2]
+    return "\n".join(f"**{line[3:]}**" if line.startswith("## ") else line for line in body.splitlines())
+
+
 def write_csv(path: Path, results: dict) -> None:
     seeds = results["plan"]["seeds"]
     with path.open("w", newline="") as fh:

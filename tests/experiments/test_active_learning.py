@@ -14,7 +14,7 @@ from apd.acquisition import acquire, acquisition_scores, balanced_subset, labels
 from apd.cli import main
 from apd.errors import ConfigError
 from apd.experiments.active_models import plan_from_options, trajectories
-from apd.experiments.active_report import render_table
+from apd.experiments.active_report import render_summary, render_table
 
 CONFIG = """name = "tiny-active"
 seed = 0
@@ -126,6 +126,9 @@ def test_two_rounds_write_json_csv_and_figure(uninterrupted):
     table = render_table(results)  # what `apd docs` renders for "active-learning"
     assert table.count("\n| ") == 4 and "| deterministic |" in table
     assert table in (out / "active_learning.md").read_text()
+    summary = render_summary(results)  # the whole report below its title, for a document's own section
+    assert summary.startswith("1 seeds; 2 labelled") and "**Labels needed to reach 90 % test accuracy**" in summary
+    assert table.strip() in summary and "**Test accuracy at 26 labels**" in summary and "\n## " not in summary
 
 
 def test_resumed_run_equals_an_uninterrupted_one(uninterrupted, tmp_path, monkeypatch):
