@@ -231,7 +231,11 @@ class EvaluateConfig:
     posterior scale on the validation split, the widest scale within ``laplace_nll_tolerance`` nats of
     the lowest validation NLL (0: the lowest). The kept-samples yardstick (:mod:`apd.evaluation.yardstick`)
     draws ``yardstick_subsets`` random subsets per size, for the sizes ``yardstick_sizes`` and each
-    method's own storage, against SGLD's predictive over at most ``yardstick_reference`` samples."""
+    method's own storage, against SGLD's predictive over at most ``yardstick_reference`` samples.
+
+    ``threads``: torch's CPU threads while evaluating (0: the pipeline's ``threads``). Evaluation multiplies
+    large batches (K networks × thousands of inputs) and gains from every core, where a sampler's or a
+    trainer's small steps do not; a compute setting, it is not part of the stage's hash."""
 
     methods: list[str] = bounded(list(ALL_METHODS))
     runs: int = bounded(10, ge=1)
@@ -248,6 +252,7 @@ class EvaluateConfig:
     yardstick_sizes: list[int] = bounded([1, 2, 3, 5, 10, 20, 50])
     yardstick_subsets: int = bounded(5, ge=1)
     yardstick_reference: int = bounded(2000, ge=1)
+    threads: int = bounded(0, ge=0)
     adversarial: AdversarialConfig = field(default_factory=AdversarialConfig)
 
 
@@ -288,7 +293,7 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
 
 
 # Fields that say how a stage runs, not what it makes: left out of the config hash.
-UNHASHED: tuple[tuple[str, str], ...] = (("sgld", "workers"),)
+UNHASHED: tuple[tuple[str, str], ...] = (("sgld", "workers"), ("evaluate", "threads"))
 
 
 def config_hash(cfg: PipelineConfig, stage: str | None = None) -> str:

@@ -10,7 +10,8 @@ and the region's body is replaced by TABLE rendered from ``docs/results/PIPELINE
 from ``apd evaluate``, the stage manifests, the experiments' JSON) or, for PIPELINE ``paper``, from
 ``docs/paper-numbers.json``. TABLE names one of :data:`RESULT_TABLES` (a table of ``tables.md``),
 ``ood-SCORE`` (one score's OOD block), ``machine`` (what the numbers were measured on), ``diagnostics``
-(SGLD's convergence, from the sample manifest), ``samplers`` (several pipelines' SGLD runs side by side:
+(SGLD's convergence, from the sample manifest), ``end-to-end`` (the stages timed by
+``benchmarks/time_pipeline.py``), ``samplers`` (several pipelines' SGLD runs side by side:
 PIPELINE is then a comma-separated list) or an experiment (:data:`EXPERIMENT_TABLES`). ``--check``
 renders without writing and fails on any difference.
 
@@ -69,6 +70,8 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
         return render_toy2d(read_json(results_dir / "toy2d.json"))
     if table == "diagnostics":  # the sample stage's own record, published before any evaluation
         return render_diagnostics(read_json(results_dir / "samples.json")["diagnostics"])
+    if table == "end-to-end":  # benchmarks/time_pipeline.py's record
+        return render_end_to_end(read_json(results_dir / "end_to_end.json"))
     if table == "samplers":  # PIPELINE is a comma-separated list: one row per pipeline's sample manifest
         return render_samplers({name: read_json(root / RESULTS_DIR / name / "samples.json")
                                 for name in pipeline.split(",")})
@@ -82,7 +85,7 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
         built = RESULT_TABLES[table](results)
     else:
         raise ArtifactError(f"unknown results table {table!r} (known: {', '.join(RESULT_TABLES)}, ood-SCORE, "
-                            f"machine, diagnostics, samplers, {', '.join(EXPERIMENT_TABLES)})")
+                            f"machine, diagnostics, samplers, end-to-end, {', '.join(EXPERIMENT_TABLES)})")
     if built is None:
         raise ArtifactError(f"{results_dir}: has no data for table {table!r}")
     return built.markdown.strip()
@@ -115,6 +118,20 @@ def render_diagnostics(diagnostics: dict) -> str:
     warning = diagnostics.get("warning")
     return (note + "; " + ("warning: " + warning if warning else "no convergence warning") + "\n\n"
             + markdown_table(header, body))
+
+
+def render_end_to_end(record: dict) -> str:
+    """A pipeline's stages timed end to end (``benchmarks/time_pipeline.py``): each stage's wall clock, the
+    parts its manifests record, the total, and where it was measured."""
+    parts = record.get("parts", {})
+    body = [[f"`apd {stage}`", format_duration(seconds)] for stage, seconds in record["stages"].items()]
+    body.append(["total", f"**{format_duration(record['total'])}**"])
+    machine = record["machine"]
+    load = ", ".join(f"{x:.2f}" for x in machine["load_average_before"])
+    detail = "; ".join(f"{name} {format_duration(seconds)}" for name, seconds in parts.items())
+    return (f"`{record['config']}` at commit `{record['commit'][:12]}` on {machine['cpu']} ({machine['cores']} "
+            f"cores; load average before the run {load}), each stage its own process, imports included. "
+            f"Recorded by the stages: {detail}.\n\n" + markdown_table(["stage", "wall clock"], body))
 
 
 def render_samplers(manifests: dict[str, dict]) -> str:

@@ -85,6 +85,15 @@ def test_hash_is_stable_and_sensitive():
     assert config_hash(a, "sample") == config_hash(aligned, "sample")
 
 
+def test_evaluation_threads_say_how_it_runs_not_what_it_makes():
+    one = from_dict({"name": "x", "evaluate": {"threads": 1}})
+    two = from_dict({"name": "x", "evaluate": {"threads": 2}})
+    assert two.evaluate.threads == 2
+    assert config_hash(one, "evaluate") == config_hash(two, "evaluate")
+    with pytest.raises(ConfigError, match="threads"):
+        from_dict({"name": "x", "evaluate": {"threads": -1}})
+
+
 def test_int_accepted_for_float():
     assert from_dict({"sgld": {"lr": 1}}).sgld.lr == 1.0
 

@@ -126,3 +126,18 @@ def test_samplers_put_several_pipelines_sample_manifests_side_by_side(project):
         r"| 0.8910 |",
         r"| `fast` | 4 × 500 | 4,000 | 10 min 0 s | 1.051 / 1.551 | 100.0 | 25.0 | 60 | 121 | 1.051, 60 | 1.05, 60 "
         r"| 0.9000 |"]
+
+
+def test_end_to_end_timing_is_rendered_from_its_record(project):
+    """The README's end-to-end row comes from benchmarks/time_pipeline.py's JSON, never typed by hand."""
+    record = {"config": "pipelines/digits.toml", "commit": "0123456789abcdef+changes",
+              "machine": {"cpu": "Some CPU", "cores": 2, "load_average_before": [0.05, 0.5, 1.0]},
+              "stages": {"sample": 125.0, "distill": 41.5, "evaluate": 112.25}, "total": 278.75,
+              "parts": {"sampling": 86.7, "evaluation": 95.4}}
+    (project / "docs" / "results" / "demo" / "end_to_end.json").write_text(json.dumps(record))
+    table = render_table("demo", "end-to-end", project)
+    assert table.startswith("`pipelines/digits.toml` at commit `0123456789ab` on Some CPU (2 cores; load average "
+                            "before the run 0.05, 0.50, 1.00)")
+    assert "Recorded by the stages: sampling 1 min 27 s; evaluation 1 min 35 s." in table
+    assert "| `apd sample` | 2 min 5 s |" in table
+    assert "| total | **4 min 39 s** |" in table

@@ -35,7 +35,7 @@ from apd.pipeline.layout import manifest_of
 from apd.pipeline.manifests import file_digest, is_complete, manifest_record, write_manifest
 from apd.pipeline.methods import METHODS, fit_mixture, load_methods, method_inputs
 from apd.pipeline.report import run_report, write_report
-from apd.pipeline.runtime import RunContext, machine, stopwatch
+from apd.pipeline.runtime import RunContext, machine, stopwatch, torch_threads
 from apd.posteriors import Posterior
 from apd.samplers.store import SampleStore
 
@@ -78,6 +78,7 @@ def run_evaluate(ctx: RunContext) -> dict:
         return {}
     started = time.perf_counter()
     with ExitStack() as stack:
+        stack.enter_context(torch_threads(cfg.evaluate.threads))
         details: dict[str, dict] = {}
         loading: dict[str, float] = {}
         methods, inputs = load_methods(ctx, stack, details, loading)

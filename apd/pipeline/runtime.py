@@ -35,6 +35,18 @@ def stopwatch(timing: dict[str, float], name: str) -> Iterator[None]:
         timing[name] = round(timing.get(name, 0.0) + time.perf_counter() - started, 2)
 
 
+@contextlib.contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """``with torch_threads(n):`` runs the block on n torch CPU threads (0: as it is) and restores the count."""
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def resolve_device(name: str) -> torch.device:
     """``auto`` → CUDA when available, else CPU; ``cpu``, ``cuda`` or ``cuda:N`` as asked. Any other name,
     or a CUDA device that is not there, is a config error."""

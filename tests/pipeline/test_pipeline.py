@@ -15,7 +15,7 @@ from apd.distillation.training import evenly_spaced
 from apd.errors import ArtifactError
 from apd.nets import ParamSpec, mlp, predict_probs
 from apd.pipeline.methods import fit_mixture
-from apd.pipeline.runtime import RunContext
+from apd.pipeline.runtime import RunContext, torch_threads
 from apd.posteriors import APDGenerator, GaussianMixture, SGLDSamples
 from apd.samplers.store import SampleStore
 from tests.tiny_pipeline import TINY, copy_samples, tiny_context, toml
@@ -53,6 +53,20 @@ def test_results_have_every_method_set_and_score(pipeline):
     assert set(results["fidelity"]) == set(methods) - {"sgld", "sgd", "laplace-glm"}  # weight-space methods
     assert all(row["draws"] == 3 and row["accuracy"]["std"] >= 0 for row in results["mog"])
     assert (root / "tiny" / "eval" / "tables.md").is_file()
+    assert results["machine"]["threads"] == 2  # [evaluate] threads, while evaluating
+
+
+def test_torch_threads_are_set_for_a_block_and_restored_after_it():
+    before = torch.get_num_threads()
+    other = 1 if before != 1 else 2
+    with torch_threads(other):
+        assert torch.get_num_threads() == other
+    assert torch.get_num_threads() == before
+    with torch_threads(0):
+        assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError), torch_threads(other):
+        raise RuntimeError("a stage failed")
+    assert torch.get_num_threads() == before
 
 
 def test_generator_round_trip_and_spec_mismatch(pipeline):

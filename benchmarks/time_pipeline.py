@@ -1,0 +1,101 @@
+"""How long a pipeline takes end to end, as ``make sample distill evaluate`` runs it: each stage as its own
+``apd`` process (imports included) into a fresh artifact directory, timed by the wall clock.
+
+Run: ``.venv/bin/python benchmarks/time_pipeline.py [--config pipelines/digits.toml] [--out FILE]`` with
+the venv built and nothing else on the machine. It prints each stage's wall-clock time and the parts its
+manifests record (SGLD sampling and its diagnostics, each baseline and peer, alignment and GAN training,
+evaluation), and with ``--out`` writes them as JSON together with the machine, its load average before the
+run and the commit, so that the README's end-to-end row is rendered from a committed file
+(``<!-- results:digits:end-to-end -->``, published next to the pipeline's results). The artifacts go to
+``--artifacts`` (a directory that must not exist yet, kept for ``apd report --publish``) or to a temporary
+directory removed afterwards: the project's own are never touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+
+from apd.pipeline.runtime import machine
+
+STAGES = ("sample", "distill", "evaluate")
+
+
+def commit() -> str:
+    """HEAD's hash, with ``+changes`` when the working tree differs from it."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                           text=True).stdout.strip()
+    return head + ("+changes" if dirty else "")
+
+
+def recorded_parts(artifacts: Path) -> dict[str, float]:
+    """The seconds each stage's manifests record for its parts."""
+    def seconds(name: str, *keys: str) -> float | None:
+        path = artifacts / name
+        if not path.is_file():
+            return None
+        value = json.loads(path.read_text())
+        for key in keys:
+            value = value.get(key, {}) if isinstance(value, dict) else {}
+        return value if isinstance(value, (int, float)) else None
+
+    parts = {
+        "sampling": seconds("samples.json", "seconds"),
+        "diagnostics": seconds("samples.json", "diagnostics", "seconds"),
+        **{f"baseline {path.stem}": seconds(f"baselines/{path.name}", "seconds")
+           for path in sorted((artifacts / "baselines").glob("*.json"))},
+        "alignment": seconds("generator.json", "alignment", "seconds"),
+        "distillation": seconds("generator.json", "seconds"),
+        "evaluation": seconds("eval/evaluate.json", "seconds"),
+    }
+    return {name: round(value, 2) for name, value in parts.items() if value is not None}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="pipelines/digits.toml")
+    parser.add_argument("--out", type=Path, help="write the timing as JSON here")
+    parser.add_argument("--artifacts", type=Path, help="a new directory for the artifacts, kept afterwards")
+    args = parser.parse_args()
+    if args.artifacts is not None and args.artifacts.exists():
+        parser.error(f"--artifacts {args.artifacts}: exists already; the timing starts from nothing")
+    load_before = os.getloadavg()
+    where = {key: value for key, value in machine(torch.device("cpu")).items() if key != "threads"}  # stages set theirs
+    record = {"config": args.config, "commit": commit(), "started": datetime.now(UTC).isoformat(
+        timespec="seconds"), "machine": {**where,
+                                         "load_average_before": [round(x, 2) for x in load_before]}, "stages": {}}
+    with contextlib.ExitStack() as stack:
+        root = str(args.artifacts) if args.artifacts else stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="apd-timing-"))
+        started = time.perf_counter()
+        for stage in STAGES:
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "apd", stage, "--config", args.config, "--artifacts", root,
+                            "--quiet"], check=True)
+            record["stages"][stage] = round(time.perf_counter() - t0, 2)
+            print(f"{stage}: {record['stages'][stage]:.1f} s", flush=True)
+        record["total"] = round(time.perf_counter() - started, 2)
+        record["parts"] = recorded_parts(next(Path(root).glob("*/samples.json")).parent)
+    for part, value in record["parts"].items():
+        print(f"  {part}: {value:.1f} s")
+    print(f"total: {record['total']:.1f} s ({record['total'] / 60:.2f} min)")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
