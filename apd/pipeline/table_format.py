@@ -96,11 +96,15 @@ def human_bytes(count: int) -> str:
 
 
 def format_duration(seconds: float) -> str:
-    minutes, rest = divmod(seconds, 60.0)
-    hours, minutes = divmod(int(minutes), 60)
-    if hours:
-        return f"{hours} h {minutes} min"
-    return f"{minutes} min {rest:.0f} s" if minutes else f"{rest:.1f} s"
+    """Seconds as people read them, rounded to what is shown: tenths of a second under a minute, whole
+    seconds under an hour, whole minutes beyond (59.96 s is "1 min 0 s", never "60.0 s" or "0 min 60 s")."""
+    if round(seconds, 1) < 60:
+        return f"{seconds:.1f} s"
+    whole = round(seconds)
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60} min"
 
 
 def markdown_table(header: Sequence[str], body: Iterable[Sequence[str]]) -> str:

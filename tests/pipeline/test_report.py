@@ -16,6 +16,7 @@ from apd.errors import ArtifactError
 from apd.pipeline.figures import write_figures
 from apd.pipeline.report import run_report, write_report
 from apd.pipeline.runtime import RunContext
+from apd.pipeline.table_format import format_duration
 from apd.pipeline.tables import render_tables
 
 METHODS = ["sgd", "mcdropout", "sgld", "apd"]
@@ -301,3 +302,11 @@ def test_run_report_on_malformed_results_is_an_artifact_error(tmp_path):
     (eval_dir / "results.json").write_text(json.dumps({"accuracy": {"sgld": {"acc": 0.9}}}))
     with pytest.raises(ArtifactError, match="malformed results"):
         run_report(_context(tmp_path))
+
+
+@pytest.mark.parametrize(("seconds", "shown"), [
+    (0.04, "0.0 s"), (59.94, "59.9 s"), (59.96, "1 min 0 s"), (90.4, "1 min 30 s"), (479.84, "8 min 0 s"),
+    (3599.4, "59 min 59 s"), (3599.6, "1 h 0 min"), (4180.7, "1 h 10 min"), (7170.0, "2 h 0 min"),
+])
+def test_durations_are_rounded_to_what_they_show(seconds, shown):
+    assert format_duration(seconds) == shown
