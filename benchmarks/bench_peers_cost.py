@@ -25,7 +25,7 @@ from apd.evaluation.protocol import judge
 from apd.pipeline.evaluate import ensemble_sizes, evaluation_inputs
 from apd.pipeline.locks import artifact_lock
 from apd.pipeline.methods import load_methods
-from apd.pipeline.runtime import RunContext
+from apd.pipeline.runtime import RunContext, torch_threads
 
 PAPER_METHODS = ("sgd", "mcdropout", "sgld", "apd", "mog")
 
@@ -36,10 +36,9 @@ def main() -> None:
     parser.add_argument("--artifacts", default="artifacts")
     args = parser.parse_args()
     ctx = RunContext(cfg=load_config(args.config, []), artifacts_root=Path(args.artifacts), quiet=True)
-    if ctx.cfg.threads:
-        torch.set_num_threads(ctx.cfg.threads)
     runs = ctx.cfg.evaluate.runs
-    with artifact_lock(ctx.layout.lock, shared=True), ExitStack() as stack:
+    threads = ctx.cfg.evaluate.threads or ctx.cfg.threads  # as `apd evaluate` runs
+    with artifact_lock(ctx.layout.lock, shared=True), ExitStack() as stack, torch_threads(threads):
         loading: dict[str, float] = {}
         methods, _ = load_methods(ctx, stack, loading=loading)
         inputs = evaluation_inputs(ctx)
