@@ -129,7 +129,8 @@ def render_end_to_end(record: dict) -> str:
     machine = record["machine"]
     load = ", ".join(f"{x:.2f}" for x in machine["load_average_before"])
     detail = "; ".join(f"{name} {format_duration(seconds)}" for name, seconds in parts.items())
-    return (f"`{record['config']}` at commit `{record['commit'][:12]}` on {machine['cpu']} ({machine['cores']} "
+    commit = record["commit"].split("+")[0][:12] + ("+changes" if record["commit"].endswith("+changes") else "")
+    return (f"`{record['config']}` at commit `{commit}` on {machine['cpu']} ({machine['cores']} "
             f"cores; load average before the run {load}), each stage its own process, imports included. "
             f"Recorded by the stages: {detail}.\n\n" + markdown_table(["stage", "wall clock"], body))
 

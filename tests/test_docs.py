@@ -136,8 +136,8 @@ def test_end_to_end_timing_is_rendered_from_its_record(project):
               "parts": {"sampling": 86.7, "evaluation": 95.4}}
     (project / "docs" / "results" / "demo" / "end_to_end.json").write_text(json.dumps(record))
     table = render_table("demo", "end-to-end", project)
-    assert table.startswith("`pipelines/digits.toml` at commit `0123456789ab` on Some CPU (2 cores; load average "
-                            "before the run 0.05, 0.50, 1.00)")
+    assert table.startswith("`pipelines/digits.toml` at commit `0123456789ab+changes` on Some CPU (2 cores; "
+                            "load average before the run 0.05, 0.50, 1.00)")
     assert "Recorded by the stages: sampling 1 min 27 s; evaluation 1 min 35 s." in table
     assert "| `apd sample` | 2 min 5 s |" in table
     assert "| total | **4 min 39 s** |" in table
