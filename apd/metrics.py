@@ -148,15 +148,15 @@ def detection(scores_in: Tensor | np.ndarray | Sequence[float],
     score = np.concatenate([s_in, s_out])
     with sklearn.config_context(assume_finite=True, skip_parameter_validation=True):
         fpr, tpr, _ = roc_curve(is_out, score, drop_intermediate=False)
-        areas = {"auroc": float(auc(fpr, tpr)), "aupr_in": float(average_precision_score(1.0 - is_out, -score)),
-                 "aupr_out": float(average_precision_score(is_out, score))}
-    return {
-        **areas,
-        "fpr95": float(fpr[np.searchsorted(tpr, TPR_LEVEL, side="left")]),
-        "n_in": s_in.size,
-        "n_out": s_out.size,
-        "ratio_in_out": s_in.size / s_out.size,
-    }
+        return {
+            "auroc": float(auc(fpr, tpr)),
+            "aupr_in": float(average_precision_score(1.0 - is_out, -score)),
+            "aupr_out": float(average_precision_score(is_out, score)),
+            "fpr95": float(fpr[np.searchsorted(tpr, TPR_LEVEL, side="left")]),
+            "n_in": s_in.size,
+            "n_out": s_out.size,
+            "ratio_in_out": s_in.size / s_out.size,
+        }
 
 
 def mean_std(values: Sequence[float]) -> dict[str, float]:
