@@ -14,8 +14,10 @@ Quality of an ensemble, against SGLD (the reference), on the evaluation's inputs
 AUROC and NLL references are SGLD's own evaluated numbers (its ensemble size, mean over runs); the KL
 reference is the whole store's predictive. :func:`kept_samples` measures k kept samples (evenly spaced
 over the store, across chains, and ``subsets`` random subsets for the spread); :func:`kept_curve` does so
-for several k. Nothing is chosen here: these are the final report's numbers on the test split and the
-reported OOD sets. No paths, no run context: callers pass the store, inputs and generators.
+for several k. :func:`margins_over_kept` says, per score and OOD set and for the NLL, by how much a method
+beats its ⌈S⌉ kept samples, and whether by more than the random subsets' spread. Nothing is chosen
+here: these are the final report's numbers on the test split and the reported OOD sets. No paths, no
+run context: callers pass the store, inputs and generators.
 """
 
 from __future__ import annotations
@@ -93,17 +95,44 @@ def summarise(judgement: Judgement, reference: Reference) -> dict[str, float | N
     return {"acc": judgement.accuracy["acc"], "nll": judgement.accuracy["nll"],
             "mean_bald_auroc": float(np.mean(bald)) if len(bald) == len(aurocs["bald"]) and bald else None,
             **quality(aurocs["bald"], aurocs["max_prob"], judgement.accuracy["nll"],
-                      kl_to_reference(judgement.test_probs, reference), reference)}
+                      kl_to_reference(judgement.test_probs, reference), reference),
+            "auroc": aurocs}
 
 
-def spread(summaries: list[dict[str, float | None]]) -> dict[str, dict[str, float] | None]:
-    """Mean and population std of each :data:`SUMMARY_KEYS` value over ``summaries`` (None if undefined)."""
-    out = {}
-    for key in SUMMARY_KEYS:
-        values = [s[key] for s in summaries]
-        out[key] = None if any(v is None for v in values) else {"mean": float(np.mean(values)),
-                                                                "std": float(np.std(values))}
+def _mean_std(values: list[float | None]) -> dict[str, float] | None:
+    return None if any(v is None for v in values) else {"mean": float(np.mean(values)), "std": float(np.std(values))}
+
+
+def spread(summaries: list[dict]) -> dict:
+    """Mean and population std over ``summaries`` of each :data:`SUMMARY_KEYS` value and of each per-set
+    AUROC (``auroc``: score → set → mean and std), None where undefined."""
+    out: dict = {key: _mean_std([s[key] for s in summaries]) for key in SUMMARY_KEYS}
+    first = summaries[0]["auroc"]
+    out["auroc"] = {score: {name: _mean_std([s["auroc"][score][name] for s in summaries]) for name in first[score]}
+                    for score in first}
     return out
+
+
+def _margin(own: float | None, kept: float | None, drawn: dict[str, float] | None, sign: float) -> dict | None:
+    if own is None or kept is None or drawn is None:
+        return None
+    over_kept, over_random = sign * (own - kept), sign * (own - drawn["mean"])
+    return {"over_kept": over_kept, "over_random": over_random, "random_std": drawn["std"],
+            "beats": min(over_kept, over_random) > drawn["std"]}
+
+
+def margins_over_kept(own_auroc: dict[str, dict[str, float | None]], own_nll: float, kept: dict) -> dict:
+    """A method against its ⌈S⌉ kept samples (a :func:`kept_samples` row): for each score of ``own_auroc``
+    (score → set → AUROC, percent) and set, and for the NLL, the margin over the evenly spaced samples and
+    over the random subsets' mean (positive: the method is better; AUROC higher, NLL lower), the subsets'
+    std, and ``beats``: both margins larger than that std. ``wins`` counts the comparisons beaten among the
+    ``compared`` ones that are defined (a score one network cannot have is left out)."""
+    even, drawn = kept["evenly_spaced"], kept["random"]
+    auroc = {score: {name: _margin(value, even["auroc"][score].get(name), drawn["auroc"][score].get(name), 1.0)
+                     for name, value in by_set.items()} for score, by_set in own_auroc.items()}
+    nll = _margin(own_nll, even["nll"], drawn["nll"], -1.0)
+    found = [m for by_set in auroc.values() for m in by_set.values() if m is not None] + ([nll] if nll else [])
+    return {"auroc": auroc, "nll": nll, "wins": sum(m["beats"] for m in found), "compared": len(found)}
 
 
 @torch.no_grad()

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from apd.evaluation.yardstick import margins_over_kept
 from apd.pipeline.table_format import (
     MISSING,
     UNDEFINED,
@@ -129,6 +130,54 @@ def yardstick_table(results: dict) -> Table | None:
                  ["method", "in_sgld_samples", "k", "bald_gap", "kept_bald_gap", "random_bald_gap",
                   "random_bald_gap_std", "nll_gap", "kept_nll_gap", "random_nll_gap", "random_nll_gap_std", "kl",
                   "kept_kl", "random_kl", "random_kl_std"], rows)
+
+
+def _margin_cell(margin: dict | None, digits: int = 1) -> str:
+    if margin is None:
+        return UNDEFINED
+    return (f"{margin['over_kept']:+.{digits}f} / {margin['over_random']:+.{digits}f} "
+            f"±{format_number(margin['random_std'], digits)}" + (" ✓" if margin["beats"] else ""))
+
+
+def kept_margins_table(results: dict) -> Table | None:
+    """Each method of storage S against its ⌈S⌉ kept SGLD samples per OOD set, for BALD and max_prob, and on
+    the NLL (:func:`apd.evaluation.yardstick.margins_over_kept`); None for results whose yardstick does not
+    hold the kept samples' per-set AUROCs."""
+    y, ood, acc = results.get("yardstick") or {}, results.get("ood", {}), results.get("accuracy", {})
+    kept, sets = y.get("kept", {}), sorted(ood)
+    if not kept or "auroc" not in next(iter(kept.values()))["evenly_spaced"]:
+        return None
+    body, rows = [], []
+    for m in methods_in_order(results, y.get("equal_storage", {})):
+        entry = y["equal_storage"][m]
+        row = kept.get(str(entry["k"]))
+        if row is None:
+            continue
+        own = {score: {name: None if (d := ood[name].get(score, {}).get(m)) is None else d["auroc"]["mean"]
+                       for name in sets} for score in ("bald", "max_prob")}
+        found = margins_over_kept(own, acc[m]["nll"]["mean"], row)
+        for score in ("bald", "max_prob"):
+            body.append([method_label(m), format_sample_count(entry["in_sgld_samples"]), str(entry["k"]),
+                         score_label(score), *(_margin_cell(found["auroc"][score][name]) for name in sets),
+                         _margin_cell(found["nll"], 3) if score == "bald" else "",
+                         f"{found['wins']}/{found['compared']}" if score == "bald" else ""])
+            rows += [[m, entry["in_sgld_samples"], entry["k"], score, name,
+                      *((None,) * 4 if (g := found["auroc"][score][name]) is None else
+                        (g["over_kept"], g["over_random"], g["random_std"], g["beats"]))] for name in sets]
+        if found["nll"] is not None:
+            g = found["nll"]
+            rows.append([m, entry["in_sgld_samples"], entry["k"], "nll", "test", g["over_kept"], g["over_random"],
+                         g["random_std"], g["beats"]])
+    if not body:
+        return None
+    note = ("Each method of storage S against ⌈S⌉ SGLD samples simply kept: per OOD set, the method's AUROC minus "
+            "that of the evenly spaced samples / minus the mean over the random subsets, ± the subsets' std "
+            "(percent points; NLL: the kept samples' NLL minus the method's, nats), so positive means the method is "
+            "better; ✓ where both margins exceed that std. Wins: the comparisons beaten, of those defined.\n\n")
+    header = ["method", "S", "⌈S⌉", "score", *sets, "NLL", "wins"]
+    return Table("kept_margins", "Against the kept samples, set by set", note + markdown_table(header, body),
+                 ["method", "in_sgld_samples", "k", "score", "set", "over_kept", "over_random", "random_std", "beats"],
+                 rows)
 
 
 def kept_curve_table(results: dict) -> Table | None:

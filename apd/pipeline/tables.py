@@ -16,6 +16,7 @@ import numpy as np
 from apd.pipeline.comparison_tables import (
     adversarial_table,
     kept_curve_table,
+    kept_margins_table,
     members_table,
     peers_table,
     yardstick_table,
@@ -235,7 +236,8 @@ def timing_table(results: dict) -> Table | None:
 
 
 TABLE_BUILDERS = (accuracy_table, ood_table, mean_auroc_table, storage_table, members_table, yardstick_table,
-                  kept_curve_table, mog_table, fidelity_table, peers_table, adversarial_table, timing_table)
+                  kept_margins_table, kept_curve_table, mog_table, fidelity_table, peers_table, adversarial_table,
+                  timing_table)
 
 
 def build_tables(results: dict) -> list[Table]:

@@ -15,6 +15,7 @@ from apd.evaluation.yardstick import (
     kept_curve,
     kept_samples,
     kl_to_reference,
+    margins_over_kept,
     quality,
     reference_predictive,
     summarise,
@@ -56,6 +57,27 @@ def test_quality_and_summary_of_a_hand_made_judgement():
     assert summarise(single, ref)["bald_gap"] is None and summarise(single, ref)["mean_bald_auroc"] is None
 
 
+def test_margins_over_kept_samples_by_hand():
+    # kept: evenly spaced 90 / 80 on BALD, 85 / 75 on max-prob, NLL 0.30; random subsets' mean and std
+    even = {"nll": 0.30, "auroc": {"bald": {"a": 90.0, "b": 80.0}, "max_prob": {"a": 85.0, "b": 75.0}}}
+    drawn = {"nll": {"mean": 0.28, "std": 0.01},
+             "auroc": {"bald": {"a": {"mean": 91.0, "std": 0.5}, "b": {"mean": 79.0, "std": 2.0}},
+                       "max_prob": {"a": {"mean": 86.0, "std": 1.0}, "b": {"mean": 74.0, "std": 0.0}}}}
+    own = {"bald": {"a": 92.0, "b": 81.0}, "max_prob": {"a": 86.5, "b": 75.5}}
+    found = margins_over_kept(own, 0.26, {"evenly_spaced": even, "random": drawn})
+    a = found["auroc"]["bald"]["a"]
+    assert a["over_kept"] == pytest.approx(2.0) and a["over_random"] == pytest.approx(1.0) and a["beats"]
+    assert not found["auroc"]["bald"]["b"]["beats"]  # +1 and +2 over the kept, but the subsets' std is 2
+    assert not found["auroc"]["max_prob"]["a"]["beats"]  # +0.5 over the random mean, std 1
+    assert found["auroc"]["max_prob"]["b"]["beats"]  # std 0: both margins (+0.5, +1.5) strictly positive
+    nll = found["nll"]  # lower is better: 0.30 − 0.26, 0.28 − 0.26
+    assert nll["over_kept"] == pytest.approx(0.04) and nll["over_random"] == pytest.approx(0.02) and nll["beats"]
+    assert (found["wins"], found["compared"]) == (3, 5)
+    one = margins_over_kept({"bald": {"a": None, "b": None}, "max_prob": own["max_prob"]}, 0.26,
+                            {"evenly_spaced": even, "random": drawn})
+    assert one["auroc"]["bald"]["a"] is None and (one["wins"], one["compared"]) == (2, 3)  # no BALD: left out
+
+
 @pytest.fixture
 def store(tmp_path):
     """12 rows of a 3-5-2 net, two chains of 6."""
@@ -83,7 +105,7 @@ def test_every_sample_kept_is_the_reference_itself(store):
     ref = Reference({"far": 100 * judged.detection["far"]["bald"]["auroc"]},
                     {"far": 100 * judged.detection["far"]["max_prob"]["auroc"]}, whole["nll"], mean_probs, n)
     row = kept_samples(store, 12, inputs, ref, subsets=2, generator=torch.Generator().manual_seed(2))
-    for summary in (row["evenly_spaced"], {k: v["mean"] for k, v in row["random"].items()}):
+    for summary in (row["evenly_spaced"], {k: v["mean"] for k, v in row["random"].items() if k != "auroc"}):
         assert summary["bald_gap"] == pytest.approx(0.0, abs=1e-9)
         assert summary["nll_gap"] == pytest.approx(0.0, abs=1e-6) and summary["kl"] == pytest.approx(0.0, abs=1e-7)
     assert row["random"]["kl"]["std"] == pytest.approx(0.0, abs=1e-7)

@@ -3,6 +3,7 @@ registered method, reports the kept-samples yardstick and the new tables and fig
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from contextlib import ExitStack
@@ -105,9 +106,18 @@ def test_results_hold_the_yardstick_and_every_method_in_every_table(tiny_pipelin
     assert peers["stein"]["candidates"] == TINY["evaluate"]["stein_candidates"]
     tables = (root / "tiny" / "eval" / "tables.md").read_text()
     for title in ("## Every method against SGLD", "## The kept-samples yardstick at equal storage",
-                  "## Kept SGLD samples: storage against quality", "## How the peers' settings were chosen"):
+                  "## Kept SGLD samples: storage against quality", "## How the peers' settings were chosen",
+                  "## Against the kept samples, set by set"):
         assert title in tables
     for label in ("SWAG", "deep ensemble", "Laplace KFAC, GLM", "Stein-thinned SGLD", "kept SGLD"):
         assert f"| {label} |" in tables
     assert (root / "tiny" / "eval" / "figures" / "storage_quality.png").is_file()
     assert (root / "tiny" / "eval" / "yardstick.csv").is_file()
+    # APD against its kept samples, set by set: its reported AUROC minus the evenly spaced samples' one
+    kept = y["kept"][str(y["equal_storage"]["apd"]["k"])]
+    with open(root / "tiny" / "eval" / "kept_margins.csv") as f:
+        margins = [line for line in csv.DictReader(f) if line["method"] == "apd" and line["score"] == "bald"]
+    assert {line["set"] for line in margins} == set(results["ood"])
+    for line in margins:
+        own = results["ood"][line["set"]]["bald"]["apd"]["auroc"]["mean"]
+        assert float(line["over_kept"]) == pytest.approx(own - kept["evenly_spaced"]["auroc"]["bald"][line["set"]])
