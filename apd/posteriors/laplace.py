@@ -59,9 +59,9 @@ from apd.posteriors.laplace_glm import glm_draws, kfac_glm_moments, probit_predi
 
 # Posterior scales τ tried on the validation split (τ = 1: the Laplace posterior itself).
 DEFAULT_SCALES: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
-# Elements of one chunk of laplace-torch's GLM Jacobians [n, C, P] (64 M floats, 256 MB), and inputs per
-# chunk of the KFAC GLM moments (which never form J).
-_GLM_CHUNK_ELEMENTS = 2**26
+# Elements of one chunk of laplace-torch's Jacobians [n, C, P] (64 M floats, 256 MB), for the full-Hessian
+# fit and the GLM predictive, and inputs per chunk of the KFAC GLM moments (which never form J).
+_JACOBIAN_CHUNK_ELEMENTS = 2**26
 _GLM_CHUNK_INPUTS = 4096
 
 
@@ -145,7 +145,7 @@ class LaplacePosterior(Posterior):
                 means.append(f_mu)
                 variances.append(f_var)
         else:
-            chunk = max(1, _GLM_CHUNK_ELEMENTS // (self._n_classes() * self.la.n_params))
+            chunk = _jacobian_chunk(self._n_classes(), self.la.n_params)
             for i in range(0, x.shape[0], chunk):
                 f_mu, f_var = self.la._glm_predictive_distribution(x[i:i + chunk])
                 means.append(f_mu.detach())
@@ -218,6 +218,12 @@ def _quiet_jit_deprecation():
         yield
 
 
+def _jacobian_chunk(outputs: int, parameters: int) -> int:
+    """Inputs per chunk so that the Jacobians [n, outputs, parameters] hold at most
+    :data:`_JACOBIAN_CHUNK_ELEMENTS` floats (at least one input)."""
+    return max(1, _JACOBIAN_CHUNK_ELEMENTS // (outputs * parameters))
+
+
 def _last_linear_name(module: nn.Module) -> str:
     names = [name for name, m in module.named_modules() if isinstance(m, nn.Linear)]
     if not names:
@@ -275,8 +281,11 @@ def fit_laplace(net: nn.Module, x_train: Tensor, y_train: Tensor, x_val: Tensor,
 
     ``nll_tolerance`` > 0 takes instead the largest τ of ``scales`` whose validation NLL is within that
     many nats of the lowest (the widest posterior that costs at most that much on validation), for the
-    sampled networks and the GLM predictive alike. ``batch_size`` None: the curvature in one batch of the
-    whole training split (for KFAC the exact factors; laplace-torch sums per-batch factors otherwise).
+    sampled networks and the GLM predictive alike. ``batch_size`` None: for KFAC the whole training split
+    in one batch (the exact factors; laplace-torch sums per-batch factors otherwise); for a full Hessian
+    as many inputs as keep one batch's Jacobians [n, C, P] to :data:`_JACOBIAN_CHUNK_ELEMENTS` floats (the
+    GGN Σ_n J_nᵀ H_n J_n is a sum over inputs, so the batches add up to the same matrix; fcNN2's last
+    layer in one batch of 50,000 inputs would need tens of GB).
     ``generator`` drives the validation draws (default: seeded 0).
     """
     if subset not in ("all", "last_layer") or hessian not in ("kron", "full"):
@@ -302,10 +311,14 @@ def fit_laplace(net: nn.Module, x_train: Tensor, y_train: Tensor, x_val: Tensor,
     x_train = x_train.reshape(x_train.shape[0], -1).to(device=device, dtype=base.dtype)
     x_val = x_val.reshape(x_val.shape[0], -1).to(device=device, dtype=base.dtype)
     y_train, y_val = y_train.to(device), y_val.to(device)
-    loader = DataLoader(TensorDataset(x_train, y_train), batch_size=batch_size or len(y_train))
+    kwargs = {"last_layer_name": _last_linear_name(model)} if subset == "last_layer" else {}
+    if batch_size is None:
+        fitted = model.get_submodule(kwargs["last_layer_name"]) if subset == "last_layer" else model
+        parameters = sum(p.numel() for p in fitted.parameters())
+        batch_size = len(y_train) if hessian == "kron" else _jacobian_chunk(spec.layer_sizes[-1], parameters)
+    loader = DataLoader(TensorDataset(x_train, y_train), batch_size=batch_size)
 
     start = time.perf_counter()
-    kwargs = {"last_layer_name": _last_linear_name(model)} if subset == "last_layer" else {}
     la = Laplace(model, "classification", subset_of_weights=subset, hessian_structure=hessian, **kwargs)
     with _quiet_jit_deprecation():  # the fit's forward-mode AD loads torch's scripted decompositions
         la.fit(loader)

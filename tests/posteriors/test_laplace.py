@@ -106,6 +106,21 @@ def test_last_layer_draws_have_the_approximations_covariance(last_layer):
                             mean_tol_sd=0.05, cov_rel_tol=0.15)
 
 
+def test_a_full_hessian_fit_in_chunks_adds_up_to_the_one_batch_ggn(trained, last_layer, monkeypatch):
+    # The GGN is a sum over inputs: bounding the Jacobians of a batch (as fcNN2's last layer needs) must
+    # give the matrix of one batch of the whole training split, here 200 inputs in batches of 37.
+    import apd.posteriors.laplace as laplace
+
+    net, x, y, x_val, y_val = trained
+    classes, parameters = 3, 16 * 3 + 3
+    monkeypatch.setattr(laplace, "_JACOBIAN_CHUNK_ELEMENTS", 37 * classes * parameters)
+    chunked = fit_last_layer(net, x, y, x_val, y_val, scales=SCALES, marglik_evals=50)
+    one_batch = fit_last_layer(net, x, y, x_val, y_val, scales=SCALES, marglik_evals=50, batch_size=len(y))
+    assert torch.allclose(chunked.la.H, one_batch.la.H, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(chunked.la.H, last_layer.la.H, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(chunked.la.H, 2 * one_batch.la.H)
+
+
 def test_kfac_of_one_example_is_the_exact_ggn_per_tensor():
     # Known answer: for a single example, KFAC's B ⊗ A of a Linear weight is that weight's exact GGN block
     # (and a bias's factor its exact block), so the precision fit_kfac holds must equal, block by block,
