@@ -40,6 +40,7 @@ from apd.posteriors import (
 )
 from apd.posteriors.kept import evenly_spaced_rows
 from apd.posteriors.laplace import LaplaceGLM, LaplacePosterior, fit_kfac, fit_last_layer
+from apd.posteriors.mixture import MAX_EM_ITERATIONS
 from apd.posteriors.stein import stein_rows
 from apd.samplers.store import SampleStore
 
@@ -234,6 +235,9 @@ def fit_mixture(store: SampleStore, components: int, fit_samples: int, seed: int
 def _load_mog(sources: Sources) -> Posterior:
     ctx, e = sources.ctx, sources.ctx.cfg.evaluate
     k = max(e.mog_components)
+    # EM prints nothing while it runs, and on fcNN2 it runs for minutes: say what is being fitted
+    log.info("MoG: fitting %d diagonal components to %d samples of %d weights (EM, at most %d iterations)", k,
+             min(e.mog_fit_samples, len(sources.store)), sources.store.spec.numel, MAX_EM_ITERATIONS)
     return fit_mixture(sources.store, k, e.mog_fit_samples, ctx.seed("evaluate", "mog", k), ctx.device)
 
 
