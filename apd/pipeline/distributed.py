@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -89,6 +90,11 @@ class Group:
         box = [obj]
         dist.broadcast_object_list(box, src=0)
         return box[0]
+
+    def barrier(self) -> None:
+        """Wait until every worker reaches this call."""
+        if self.size > 1:
+            dist.barrier()
 
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """The element-wise sum of every worker's ``tensor`` (same shape everywhere)."""
@@ -165,3 +171,8 @@ def _entry(rank: int, worker: Callable[..., None], size: int, init_method: str, 
         raise SystemExit(2) from None
     except KeyboardInterrupt:
         raise SystemExit(130) from None
+    # The work is done and the group left. Skip the interpreter's teardown: a finished worker was once
+    # aborted there ("terminate called without an active exception", SIGABRT), which failed a complete run.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

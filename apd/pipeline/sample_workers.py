@@ -62,11 +62,12 @@ def sample_shard(ctx: RunContext, spec: ParamSpec, group: Group, local_workers: 
     if group.rank != 0:
         log.info("worker %d: %d samples of chains %s in %s; rank 0 joins the shards", group.rank,
                  finished.samples, chains, partial_of(shard))
-        return
-    reports[0] = dataclasses.replace(reports[0], monitor_sum=total)
-    shards = [layout.shard(rank) for rank in range(group.size)]
-    _check_shards(reports, shards)
-    publish_samples(ctx, spec, reports, {partial_of(shard): shard for shard in shards})
+    else:
+        reports[0] = dataclasses.replace(reports[0], monitor_sum=total)
+        shards = [layout.shard(rank) for rank in range(group.size)]
+        _check_shards(reports, shards)
+        publish_samples(ctx, spec, reports, {partial_of(shard): shard for shard in shards})
+    group.barrier()  # every worker leaves the group together, after the publication (a failed one stops all)
 
 
 def _check_shards(reports: list[Finished], shards: list[Path]) -> None:
