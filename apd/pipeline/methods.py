@@ -229,15 +229,15 @@ def fit_mixture(store: SampleStore, components: int, fit_samples: int, seed: int
     if components > len(rows):
         raise ArtifactError(f"a {components}-component mixture needs at least as many samples, the store has "
                             f"{len(store)}")
+    # EM prints nothing while it runs, and on fcNN2 it runs for minutes: say what is being fitted
+    log.info("MoG: fitting %d diagonal components to %d samples of %d weights (EM, at most %d iterations)",
+             components, len(rows), store.spec.numel, MAX_EM_ITERATIONS)
     return GaussianMixture(store.read(rows), components, store.spec, seed=seed, device=device)
 
 
 def _load_mog(sources: Sources) -> Posterior:
     ctx, e = sources.ctx, sources.ctx.cfg.evaluate
     k = max(e.mog_components)
-    # EM prints nothing while it runs, and on fcNN2 it runs for minutes: say what is being fitted
-    log.info("MoG: fitting %d diagonal components to %d samples of %d weights (EM, at most %d iterations)", k,
-             min(e.mog_fit_samples, len(sources.store)), sources.store.spec.numel, MAX_EM_ITERATIONS)
     return fit_mixture(sources.store, k, e.mog_fit_samples, ctx.seed("evaluate", "mog", k), ctx.device)
 
 
