@@ -163,7 +163,8 @@ def spawn(worker: Callable[..., None], nprocs: int, *args: Any, on_death: Callab
 
 def _entry(rank: int, worker: Callable[..., None], size: int, init_method: str, failures: str,
            args: tuple) -> None:
-    """A spawned worker: its user error goes to the parent as ``FAILURES/RANK.json`` (exit code 2)."""
+    """A spawned worker: its user error goes to the parent as ``FAILURES/RANK.json`` (exit code 2); a worker
+    that finished leaves with ``os._exit(0)``, past the interpreter's teardown."""
     try:
         worker(rank, size, init_method, *args)
     except ApdError as exc:
