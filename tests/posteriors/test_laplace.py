@@ -114,7 +114,11 @@ def test_a_full_hessian_fit_in_chunks_adds_up_to_the_one_batch_ggn(trained, last
     net, x, y, x_val, y_val = trained
     classes, parameters = 3, 16 * 3 + 3
     monkeypatch.setattr(laplace, "_JACOBIAN_CHUNK_ELEMENTS", 37 * classes * parameters)
+    batches = []
+    loader = laplace.DataLoader
+    monkeypatch.setattr(laplace, "DataLoader", lambda *a, **kw: batches.append(kw["batch_size"]) or loader(*a, **kw))
     chunked = fit_last_layer(net, x, y, x_val, y_val, scales=SCALES, marglik_evals=50)
+    assert batches == [37]
     one_batch = fit_last_layer(net, x, y, x_val, y_val, scales=SCALES, marglik_evals=50, batch_size=len(y))
     assert torch.allclose(chunked.la.H, one_batch.la.H, rtol=1e-5, atol=1e-6)
     assert torch.allclose(chunked.la.H, last_layer.la.H, rtol=1e-5, atol=1e-6)
