@@ -193,11 +193,11 @@ class DistillConfig:
 
 
 # Methods an attack can be crafted on: every method with weights (not "laplace-glm", a predictive only).
-ADVERSARIAL_SOURCES = ("sgd", "mcdropout", "sgld", "apd", "mog", "kept", "stein", "swag", "ensemble", "laplace-kfac",
-                       "laplace-ll")
+ADVERSARIAL_SOURCES = ("sgd", "mcdropout", "sgld", "apd", "mog", "modes", "kept", "stein", "swag", "ensemble",
+                       "laplace-kfac", "laplace-ll")
 # Every method of the registry (apd.pipeline.methods), the default list of `[evaluate] methods`.
-ALL_METHODS = ("sgd", "mcdropout", "sgld", "apd", "mog", "kept", "stein", "swag", "ensemble", "laplace-kfac",
-               "laplace-ll", "laplace-glm")
+ALL_METHODS = ("sgd", "mcdropout", "sgld", "apd", "mog", "modes", "kept", "stein", "swag", "ensemble",
+               "laplace-kfac", "laplace-ll", "laplace-glm")
 
 
 @dataclass

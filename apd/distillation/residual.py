@@ -38,14 +38,12 @@ def mean_mutual_information(spec: ParamSpec, weights: Tensor, x: Tensor) -> floa
 
 
 @torch.no_grad()
-def match_residual_scale(codec: WeightCodec, sample_codes: Callable[[int, torch.Generator], Tensor],
-                         spec: ParamSpec, x: Tensor, target: float, networks: int, generator: torch.Generator,
-                         tolerance: float = 1e-3) -> float:
-    """α ∈ [0, :data:`MAX_SCALE`] at which ``networks`` decoded networks have mean mutual information
-    ``target`` on ``x`` (module docstring); 0 when the networks disagree enough without the residual,
-    :data:`MAX_SCALE` when even that is too little. ``sample_codes(k, generator)`` draws k codes."""
-    principal = codec.decode_principal(sample_codes(networks, generator))
-    noise = codec.residual_noise(networks, generator)
+def matched_scale(principal: Tensor, noise: Tensor, spec: ParamSpec, x: Tensor, target: float,
+                  tolerance: float = 1e-3) -> float:
+    """α ∈ [0, :data:`MAX_SCALE`] at which the networks ``principal + α·noise`` [K, D] have mean mutual
+    information ``target`` on ``x`` (module docstring); 0 when they disagree enough without the noise,
+    :data:`MAX_SCALE` when even that is too little. ``principal`` and ``noise`` stay fixed (common random
+    numbers), so the root is that of a smooth function of α."""
 
     def excess(alpha: float) -> float:
         return mean_mutual_information(spec, principal + alpha * noise, x) - target
@@ -55,3 +53,13 @@ def match_residual_scale(codec: WeightCodec, sample_codes: Callable[[int, torch.
     if excess(MAX_SCALE) <= 0:
         return MAX_SCALE
     return float(brentq(excess, 0.0, MAX_SCALE, xtol=tolerance))
+
+
+@torch.no_grad()
+def match_residual_scale(codec: WeightCodec, sample_codes: Callable[[int, torch.Generator], Tensor],
+                         spec: ParamSpec, x: Tensor, target: float, networks: int, generator: torch.Generator,
+                         tolerance: float = 1e-3) -> float:
+    """:func:`matched_scale` for ``networks`` networks of ``codec``: principal parts decoded from codes that
+    ``sample_codes(k, generator)`` draws, noise from the codec's residual."""
+    principal = codec.decode_principal(sample_codes(networks, generator))
+    return matched_scale(principal, codec.residual_noise(networks, generator), spec, x, target, tolerance)

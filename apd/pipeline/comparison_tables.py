@@ -208,7 +208,7 @@ def kept_curve_table(results: dict) -> Table | None:
 
 def peers_table(results: dict) -> Table | None:
     """What fitting each peer chose, and on which data: SWAG's learning rate, the Laplace approximations'
-    prior precisions and scales, the kept and Stein-thinned samples."""
+    prior precisions and scales, the kept and Stein-thinned samples, the mode mixture's scale."""
     peers = results.get("peers")
     if not peers:
         return None
@@ -224,6 +224,12 @@ def peers_table(results: dict) -> Table | None:
         st = peers["stein"]
         add("stein", "samples kept", f"{st['k']} of {st['candidates']:,} candidates",
             f"greedy kernel Stein discrepancy, full-training-set gradients ({st['seconds']:.1f} s)")
+    if "modes" in peers:
+        mo = peers["modes"]
+        add("modes", "modes, shares", f"{mo['modes']}: " + ", ".join(f"{w:g}" for w in mo["shares"]),
+            "one per SGLD chain, weighted by its share of the stored samples")
+        add("modes", "spread scale α", f"{mo['scale']:g}",
+            f"{mo['scale_rule']} (Kronecker factors with {mo['kronecker_rank']} input directions per layer)")
     if "swag" in peers:
         sw = peers["swag"]
         grid = ", ".join(f"{lr}: {'diverged' if v is None else format_number(v, 3)}"

@@ -69,15 +69,30 @@ def _check_finite(trainer: GANTrainer, step: int) -> None:
                                   "finite); try a smaller distill.lr; complete artifacts are unchanged")
 
 
+@dataclass(frozen=True)
+class LaplaceTerms:
+    """What a Kronecker-factored Laplace spread is fit with: training images for its Fisher factors, and
+    the tempered posterior's N/T data points and prior precision 1/(prior_var·T)."""
+
+    x_fisher: Tensor
+    data_size: float
+    prior_precision: float
+
+
+def laplace_terms(ctx: RunContext, *stream: str) -> LaplaceTerms:
+    """:data:`FISHER_INPUTS` training images drawn by the seed stream ``stream``, and SGLD's N/T and 1/(σ²T)."""
+    s, x = ctx.cfg.sgld, ctx.data.x_train
+    rows = torch.randperm(len(x), generator=torch.Generator().manual_seed(ctx.seed(*stream)))
+    return LaplaceTerms(x[rows[:FISHER_INPUTS]], len(x) / s.temperature, 1.0 / (s.prior_var * s.temperature))
+
+
 def codec_for(ctx: RunContext, samples: Tensor, d: DistillConfig | None = None) -> WeightCodec:
     """The codec of ``d`` (the pipeline's distill section by default) fit to ``samples``; a Kronecker
-    residual for the SGLD posterior's N/T data points and prior precision 1/(prior_var·T), on
-    :data:`FISHER_INPUTS` random training images."""
-    d, s, x = d or ctx.cfg.distill, ctx.cfg.sgld, ctx.data.x_train
-    rows = torch.randperm(len(x), generator=torch.Generator().manual_seed(ctx.seed("distill", "fisher")))
+    residual with the terms of :func:`laplace_terms`."""
+    d, terms = d or ctx.cfg.distill, laplace_terms(ctx, "distill", "fisher")
     try:
-        return make_codec(d, samples, ctx.net_sizes, x[rows[:FISHER_INPUTS]], len(x) / s.temperature,
-                          1.0 / (s.prior_var * s.temperature), ctx.seed("distill", "codec"), ctx.device)
+        return make_codec(d, samples, ctx.net_sizes, terms.x_fisher, terms.data_size, terms.prior_precision,
+                          ctx.seed("distill", "codec"), ctx.device)
     except ValueError as exc:  # e.g. a rank the samples cannot support
         raise ConfigError(f"{ctx.cfg.source}: distill: {exc}") from None
 

@@ -24,6 +24,7 @@ from apd.distillation.training import evenly_spaced
 from apd.errors import ArtifactError, ConfigError
 from apd.io import load_torch, read_json
 from apd.nets import ParamSpec, mlp
+from apd.pipeline.distill import REFERENCE_SAMPLES, laplace_terms, validation_monitor
 from apd.pipeline.layout import Layout, manifest_of
 from apd.pipeline.runtime import RunContext, stopwatch
 from apd.pipeline.stage import require_input
@@ -41,6 +42,7 @@ from apd.posteriors import (
 from apd.posteriors.kept import evenly_spaced_rows
 from apd.posteriors.laplace import LaplaceGLM, LaplacePosterior, fit_kfac, fit_last_layer
 from apd.posteriors.mixture import MAX_EM_ITERATIONS
+from apd.posteriors.modes import ModeMixture
 from apd.posteriors.stein import stein_rows
 from apd.samplers.store import SampleStore
 
@@ -235,6 +237,22 @@ def fit_mixture(store: SampleStore, components: int, fit_samples: int, seed: int
     return GaussianMixture(store.read(rows), components, store.spec, seed=seed, device=device)
 
 
+def _load_modes(sources: Sources) -> Posterior:
+    """The chains' modes with Kronecker spreads (:mod:`apd.posteriors.modes`), α matched on validation inputs
+    to the disagreement of SGLD's evenly spaced reference samples, as APD's residual is."""
+    ctx, store = sources.ctx, sources.store
+    terms, rank = laplace_terms(ctx, "evaluate", "modes", "fisher"), ctx.cfg.distill.residual.kronecker_rank
+    log.info("mode mixture: one mean per chain and a Kronecker spread at each (%d input directions per layer)", rank)
+    mixture = ModeMixture.fit(store, ctx.net_sizes, rank, terms.x_fisher, terms.data_size, terms.prior_precision,
+                              torch.Generator().manual_seed(ctx.seed("evaluate", "modes", "labels")), ctx.device)
+    monitor = validation_monitor(ctx, sources.spec, store.read(evenly_spaced(len(store), REFERENCE_SAMPLES)))
+    alpha = mixture.match_disagreement(monitor.x, monitor.reference.mean_information, monitor.networks, monitor.rng)
+    sources.details["modes"] = {"modes": len(mixture.means), "shares": [round(float(w), 4) for w in mixture.weights],
+                                "kronecker_rank": rank, "scale": round(alpha, 4),
+                                "scale_rule": "mean mutual information on validation inputs equal to SGLD's"}
+    return mixture
+
+
 def _load_mog(sources: Sources) -> Posterior:
     ctx, e = sources.ctx, sources.ctx.cfg.evaluate
     k = max(e.mog_components)
@@ -248,6 +266,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("sgld", "SGLD", lambda e: e.sgld_samples, lambda layout: layout.samples, "sample", _load_sgld),
     Method("apd", "APD", lambda e: e.networks, lambda layout: layout.generator, "distill", _load_apd),
     Method("mog", "MoG", lambda e: e.networks, lambda layout: layout.samples, "sample", _load_mog),
+    Method("modes", "mode mixture", lambda e: e.networks, lambda layout: layout.samples, "sample", _load_modes),
     # ⌈S⌉ SGLD samples, S = APD's storage: the generator fixes how many (the store is SGLD's input)
     Method("kept", "kept SGLD", lambda e: e.networks, lambda layout: layout.generator, "distill", _load_kept),
     Method("stein", "Stein-thinned SGLD", lambda e: e.networks, lambda layout: layout.generator, "distill",
