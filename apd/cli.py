@@ -50,6 +50,8 @@ EXPERIMENTS = {
     "storage": ("apd.experiments.storage", "run_storage",
                 "MoG with k components, APD of several ranks and widths and the peers: storage against quality, "
                 "and the kept SGLD samples each replaces"),
+    "modes": ("apd.experiments.modes", "run_modes",
+              "single networks at the chains' means, between them and from APD: do the chains sit in separate modes?"),
     "active-learning": ("apd.experiments.active_learning", "run_active_learning",
                         "active learning with SGLD, APD, MC dropout and a deterministic net: accuracy per label"),
 }

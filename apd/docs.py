@@ -54,6 +54,7 @@ EXPERIMENT_TABLES: dict[str, Callable[[Path], str]] = {
     "gan-variants": _experiment("apd.experiments.gan_variants", "render_table", "gan_variants.json"),
     # `apd experiment storage`; "storage" names the storage table of `apd evaluate`
     "storage-study": _experiment("apd.experiments.storage", "render_table", "storage.json"),
+    "modes": _experiment("apd.experiments.modes", "render_table", "modes.json"),
     "active-learning": _experiment("apd.experiments.active_report", "render_table", "active_learning.json"),
     "active-learning-report": _experiment("apd.experiments.active_report", "render_summary", "active_learning.json"),
 }

@@ -1,0 +1,57 @@
+"""``apd experiment modes``: outputs on the tiny pipeline, and the path between two means on known cases."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from apd.cli import main
+from apd.distillation.alignment import permute
+from apd.experiments.modes import PATH_POINTS, mode_path, single_networks
+from apd.nets import ParamSpec, mlp, predict_probs
+from tests.tiny_pipeline import copy_samples
+
+SIZES = [5, 6, 4, 3]
+SPEC = ParamSpec.from_module(mlp(SIZES))
+
+
+def test_single_networks_score_each_network_on_its_own():
+    g = torch.Generator().manual_seed(0)
+    weights, x = torch.randn(3, SPEC.numel, generator=g), torch.randn(50, 5, generator=g)
+    y = torch.randint(0, 3, (50,), generator=g)
+    scores = single_networks(SPEC, weights, x, y)
+    probs = predict_probs(SPEC, weights, x)
+    for k in range(3):
+        assert scores["accuracy"][k] == (probs[k].argmax(-1) == y).double().mean().item()
+        expected = -probs[k, torch.arange(50), y].double().log().mean().item()
+        assert abs(scores["nll"][k] - expected) < 1e-6
+
+
+def test_a_permuted_copy_is_the_same_mode_once_matched():
+    g = torch.Generator().manual_seed(1)
+    start, x = torch.randn(SPEC.numel, generator=g), torch.randn(80, 5, generator=g)
+    y = torch.randint(0, 3, (80,), generator=g)
+    perms = torch.cat([torch.randperm(6, generator=g), torch.randperm(4, generator=g)])
+    path = mode_path(SPEC, start, permute(start, SPEC, perms), x, y)
+    assert path["t"] == list(PATH_POINTS)
+    assert path["distance"]["as_stored"] > 1 and path["distance"]["aligned"] < 1e-5
+    endpoint = single_networks(SPEC, start[None], x, y)["accuracy"][0]
+    assert all(abs(a - endpoint) < 1e-9 for a in path["aligned"]["accuracy"])  # every point is the same network
+    assert path["as_stored"]["accuracy"][0] == path["as_stored"]["accuracy"][-1] == endpoint
+
+
+def test_the_experiment_writes_its_table_and_figure(tiny_pipeline, tmp_path):
+    root, config = tiny_pipeline
+    copy_samples(root, tmp_path)
+    args = ["experiment", "modes", "--config", str(config), "--artifacts", str(tmp_path), "--quiet",
+            "--option", "networks=10"]
+    assert main(args) == 0
+    out = tmp_path / "tiny" / "experiments"
+    results = json.loads((out / "modes.json").read_text())
+    assert results["chains"] == [0] and results["path"] is None  # one chain: no path between modes
+    assert results["store_mean"] == results["chain_means"]  # the only chain's mean is the store's
+    assert len(results["sgld"]["values"]) == 10 and results["apd"] is None  # not distilled under tmp_path
+    assert results["sgld"]["min"] <= results["sgld"]["p05"] <= results["sgld"]["mean"] <= results["sgld"]["max"]
+    assert "| mean of chain 0 |" in (out / "modes.md").read_text()
+    assert (out / "modes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
