@@ -122,7 +122,7 @@ def render_table(results: dict) -> str:
     for name, label in (("sgld", "SGLD samples"), ("apd", "APD's networks")):
         s = results[name]
         if s:
-            rows.append([f"{len(s['values'])} {label}: mean (min, 5th percentile)",
+            rows.append([f"{label} ({len(s['values'])}): mean (min, 5th percentile)",
                          f"{format_number(s['mean'], 4)} ({format_number(s['min'], 4)}, {format_number(s['p05'], 4)})",
                          ""])
     note = (f"# Modes on {results['pipeline']}\n\nOne network at a time on {results['validation_images']:,} "

@@ -116,7 +116,8 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
     cfg, e, data, device = ctx.cfg, ctx.cfg.evaluate, ctx.data, ctx.device
     inputs = evaluation_inputs(ctx)
     sizes = ensemble_sizes(ctx, methods)
-    generator = torch.Generator().manual_seed(ctx.seed("evaluate", "draws"))
+    # one stream per method: a method's draws do not depend on which other methods are compared
+    generators = {name: torch.Generator().manual_seed(ctx.seed("evaluate", "draws", name)) for name in methods}
     judgements: dict[str, list[Judgement]] = {m: [] for m in methods}
     timing: dict[str, float] = {m: 0.0 for m in methods}
     scores_file = stack.enter_context(hdf5_atomic(out / "scores.h5"))
@@ -125,7 +126,7 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
     for _ in range(e.runs):
         for name, method in methods.items():
             t0 = time.perf_counter()
-            judgements[name].append(judge(method, inputs, sizes[name], generator, e.scores))
+            judgements[name].append(judge(method, inputs, sizes[name], generators[name], e.scores))
             timing[name] += time.perf_counter() - t0
             bar.update()
     for name, runs in judgements.items():
@@ -156,9 +157,9 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
         "sgld_diagnostics": _sgld_diagnostics(ctx),
     }
     with stopwatch(results["timing"], "fidelity"):
-        rng = torch.Generator().manual_seed(ctx.seed("evaluate", "fidelity"))
         x_test = data.x_test.to(device)
-        results["fidelity"] = {m: fidelity(methods[m], methods["sgld"], x_test, e.networks, rng)
+        results["fidelity"] = {m: fidelity(methods[m], methods["sgld"], x_test, e.networks,
+                                           torch.Generator().manual_seed(ctx.seed("evaluate", "fidelity", m)))
                                for m in methods if m not in ("sgld", "sgd") and methods[m].has_weights}
     with stopwatch(results["timing"], "reference_and_quality"):
         reference = sgld_reference(ctx, results)
@@ -341,8 +342,9 @@ def yardstick(ctx: RunContext, methods: dict[str, Posterior], inputs: Evaluation
             k = math.ceil(worth - 1e-9)
             if name in ("sgld", "kept") or k >= len(store):  # kept: the yardstick itself
                 continue
-            if k not in by_k:
-                by_k[k] = kept_samples(store, k, inputs, reference, e.yardstick_subsets, generator, ctx.device)
+            if k not in by_k:  # a stream per size: the subsets of k do not depend on the other methods
+                by_k[k] = kept_samples(store, k, inputs, reference, e.yardstick_subsets,
+                                       torch.Generator().manual_seed(ctx.seed("evaluate", "yardstick", k)), ctx.device)
             equal[name] = {"in_sgld_samples": round(worth, 3), "k": k}
     return {"reference": {"bald_auroc": reference.bald_auroc, "max_prob_auroc": reference.max_prob_auroc,
                           "nll": reference.nll, "kl_samples": reference.samples},

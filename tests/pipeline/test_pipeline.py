@@ -310,3 +310,23 @@ def test_other_libraries_info_stays_quiet_and_ours_is_shown(capsys):
         assert "hidden" not in err and "shown" in err
     finally:
         logging.basicConfig(level=logging.WARNING, force=True)
+
+
+def test_a_methods_numbers_do_not_depend_on_the_other_methods_compared(pipeline, tmp_path):
+    root, config = pipeline
+    results = {}
+    for methods in (["sgld", "mog"], ["sgld", "modes", "mog"]):
+        out = tmp_path / "-".join(methods)
+        copy_samples(root, out)
+        assert main(["evaluate", "--config", str(config), "--artifacts", str(out), "--quiet",
+                     "--set", f"evaluate.methods={json.dumps(methods)}"]) == 0
+        results[len(methods)] = json.loads((out / "tiny" / "eval" / "results.json").read_text())
+    alone, beside = results[2], results[3]
+    assert "modes" in beside["accuracy"] and "modes" not in alone["accuracy"]
+    for name in ("sgld", "mog"):
+        assert alone["accuracy"][name] == beside["accuracy"][name]
+        assert all(alone["ood"][s][score][name] == beside["ood"][s][score][name]
+                   for s in alone["ood"] for score in alone["ood"][s])
+    assert alone["fidelity"]["mog"] == beside["fidelity"]["mog"]
+    k = str(alone["yardstick"]["equal_storage"]["mog"]["k"])
+    assert alone["yardstick"]["kept"][k] == beside["yardstick"]["kept"][k]
