@@ -109,6 +109,34 @@ def match(samples: Tensor, reference: Tensor, spec: ParamSpec, init: Tensor | No
     return perms
 
 
+def hidden_activations(theta: Tensor, spec: ParamSpec, x: Tensor) -> list[Tensor]:
+    """ReLU activations [N, width] of every hidden layer of the network θ [D] on inputs ``x`` [N, ...]."""
+    h, out = x.reshape(len(x), -1).float(), []
+    for weight, bias in _layers(spec, theta.reshape(1, -1).float())[:-1]:
+        h = torch.relu(torch.addmm(bias[0], h, weight[0].t()))
+        out.append(h)
+    return out
+
+
+def match_activations(theta: Tensor, reference: Tensor, spec: ParamSpec, x: Tensor) -> Tensor:
+    """Activation matching (Ainsworth, Hayase & Srinivasa, 2023, "Git Re-Basin", §3.1) of the network θ [D]
+    to ``reference`` [D] on inputs ``x``: for each hidden layer l, with h the standardised activations,
+
+        P_l = argmax_P Σ_j corr(h_l^ref[:, j], h_l^θ[:, p_l(j)]),
+
+    one linear assignment per layer (a unit's activation does not depend on how the layers below are
+    ordered, so the layers are matched independently). Returns the permutations [H] for :func:`permute`.
+    Unlike weight matching it compares what the units compute on data, not their weights, so weights that
+    no input moves (e.g. those of pixels that are always 0) do not enter the cost."""
+    perms = []
+    for h_ref, h in zip(hidden_activations(reference, spec, x), hidden_activations(theta, spec, x), strict=True):
+        z_ref = (h_ref - h_ref.mean(0)) / h_ref.std(0).clamp_min(1e-6)
+        z = (h - h.mean(0)) / h.std(0).clamp_min(1e-6)
+        _, col = linear_sum_assignment((z_ref.t() @ z).double().numpy(), maximize=True)
+        perms.append(torch.from_numpy(col))
+    return torch.cat(perms) if perms else torch.empty(0, dtype=torch.long)
+
+
 def aligned_mean(samples: Tensor, spec: ParamSpec, perms: Tensor) -> Tensor:
     """Mean of the permuted samples [D], a chunk at a time."""
     chunk = max(1, _CHUNK_ELEMENTS // spec.numel)

@@ -6,8 +6,9 @@ one mode. Measured here on validation images only, one network at a time (accura
 - θ = the mean of all stored samples, and each chain's own mean μ_m;
 - the straight path θ(t) = (1 − t)·μ_a + t·μ_b between the first two chains' means, t ∈ {0, ¼, ½, ¾, 1},
   as stored and with μ_b's hidden units permuted to μ_a's order by weight matching
-  (:func:`apd.distillation.alignment.match`): a drop in the middle that the permutation does not remove
-  is a barrier between modes, not a relabelling of one mode;
+  (:func:`apd.distillation.alignment.match`) or by activation matching on training images
+  (:func:`apd.distillation.alignment.match_activations`): a drop in the middle that no permutation
+  removes is a barrier between modes, not a relabelling of one mode;
 - the accuracy of single networks: ``networks`` SGLD samples evenly spaced over the store, and as many
   of APD's generated networks (when the pipeline is distilled).
 
@@ -24,7 +25,7 @@ import torch
 from torch import Tensor
 
 from apd.config import bounded
-from apd.distillation.alignment import match, permute
+from apd.distillation.alignment import match, match_activations, permute
 from apd.distillation.generator import load_generator
 from apd.distillation.training import evenly_spaced
 from apd.experiments.options import plan_from_options
@@ -40,6 +41,9 @@ from apd.posteriors.modes import chain_means
 from apd.samplers.store import SampleStore
 
 PATH_POINTS = (0.0, 0.25, 0.5, 0.75, 1.0)
+MATCH_INPUTS = 5000  # training images the activation matching compares units on
+PATH_KINDS = (("as_stored", "as stored"), ("aligned", "after weight matching"),
+              ("activations", "after activation matching"))
 
 
 @dataclass
@@ -64,16 +68,20 @@ def _summary(values: list[float]) -> dict[str, float]:
             "max": float(array.max())}
 
 
-def mode_path(spec: ParamSpec, start: Tensor, end: Tensor, x: Tensor, y: Tensor) -> dict:
-    """Single networks on θ(t) = (1 − t)·start + t·end for t in :data:`PATH_POINTS`, with ``end`` as given
-    and with its hidden units matched to ``start``'s; the distance ‖end − start‖ both ways."""
-    aligned = permute(end[None].cpu(), spec, match(end[None].cpu(), start.cpu(), spec))[0].to(start.device)
+def mode_path(spec: ParamSpec, start: Tensor, end: Tensor, x: Tensor, y: Tensor, x_match: Tensor) -> dict:
+    """Single networks on θ(t) = (1 − t)·start + t·end for t in :data:`PATH_POINTS` on (x, y): ``end`` as
+    given (``as_stored``), with its hidden units matched to ``start``'s by weight matching (``aligned``) and by
+    activation matching on the inputs ``x_match`` (``activations``); the distance ‖end − start‖ each way."""
+    ends = {"as_stored": end,
+            "aligned": permute(end.cpu(), spec, match(end[None].cpu(), start.cpu(), spec)[0]),
+            "activations": permute(end.cpu(), spec, match_activations(end.cpu(), start.cpu(), spec, x_match.cpu()))}
+    ends = {kind: theta.to(start.device) for kind, theta in ends.items()}
 
     def path(to: Tensor) -> dict[str, list[float]]:
         return single_networks(spec, torch.stack([(1 - t) * start + t * to for t in PATH_POINTS]), x, y)
 
-    return {"t": list(PATH_POINTS), "as_stored": path(end), "aligned": path(aligned),
-            "distance": {"as_stored": float((end - start).norm()), "aligned": float((aligned - start).norm())}}
+    return {"t": list(PATH_POINTS), **{kind: path(theta) for kind, theta in ends.items()},
+            "distance": {kind: float((theta - start).norm()) for kind, theta in ends.items()}}
 
 
 def measure(ctx: RunContext, plan: ModesPlan) -> dict:
@@ -93,7 +101,9 @@ def measure(ctx: RunContext, plan: ModesPlan) -> dict:
                "chain_means": single_networks(spec, means, x, y), "path": None,
                "sgld": {**_summary(sgld["accuracy"]), "values": sgld["accuracy"]}, "apd": None}
     if len(chains) >= 2:
-        results["path"] = mode_path(spec, means[0], means[1], x, y)
+        x_match = ctx.data.x_train[torch.randperm(len(ctx.data.x_train), generator=torch.Generator().manual_seed(
+            ctx.seed("experiment", "modes", "match")))[:MATCH_INPUTS]]
+        results["path"] = mode_path(spec, means[0], means[1], x, y, x_match)
     if manifest_of(ctx.layout.generator).is_file():
         require_input(ctx, ctx.layout.generator, "distill")
         model, _ = load_generator(ctx.layout.generator, read_json(manifest_of(ctx.layout.generator)),
@@ -114,10 +124,10 @@ def render_table(results: dict) -> str:
     path = results["path"]
     if path:
         a, b = results["chains"][:2]
-        for kind, label in (("as_stored", "as stored"), ("aligned", "chain {b} permuted to chain {a}")):
+        for kind, label in PATH_KINDS:
             for t, acc, nll in zip(path["t"], path[kind]["accuracy"], path[kind]["nll"], strict=True):
                 if 0 < t < 1:
-                    rows.append([f"(1 − t)·μ_{a} + t·μ_{b}, t = {t:g}, {label.format(a=a, b=b)}",
+                    rows.append([f"(1 − t)·μ_{a} + t·μ_{b}, t = {t:g}, {label}",
                                  format_number(acc, 4), format_number(nll, 3)])
     for name, label in (("sgld", "SGLD samples"), ("apd", "APD's networks")):
         s = results[name]
@@ -128,8 +138,8 @@ def render_table(results: dict) -> str:
     note = (f"# Modes on {results['pipeline']}\n\nOne network at a time on {results['validation_images']:,} "
             f"validation images (accuracy; NLL in nats).")
     if path:
-        note += (f" Distance between the first two chains' means: {path['distance']['as_stored']:.1f} as stored, "
-                 f"{path['distance']['aligned']:.1f} after weight matching.")
+        note += (" Distance between the first two chains' means: " + ", ".join(
+            f"{path['distance'][kind]:.1f} {label}" for kind, label in PATH_KINDS) + ".")
     return note + "\n\n" + markdown_table(["network", "accuracy", "NLL"], rows) + "\n"
 
 
@@ -139,7 +149,7 @@ def draw_figure(results: dict, path) -> None:
     left, right = axes[0]
     if results["path"]:
         a, b = results["chains"][:2]
-        for kind, label in (("as_stored", "as stored"), ("aligned", "after weight matching")):
+        for kind, label in PATH_KINDS:
             left.plot(results["path"]["t"], results["path"][kind]["accuracy"], "o-", label=label)
         left.axhline(results["sgld"]["mean"], color="grey", linestyle="--", label="SGLD sample, mean")
         left.set(xlabel=f"t: (1 − t)·μ_{a} + t·μ_{b}", ylabel="validation accuracy", title="between two chains' means")

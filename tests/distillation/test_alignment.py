@@ -3,7 +3,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from apd.distillation.alignment import align_set, hidden_widths, identity, match, permute
+from apd.distillation.alignment import (
+    align_set,
+    hidden_activations,
+    hidden_widths,
+    identity,
+    match,
+    match_activations,
+    permute,
+)
 from apd.nets import ParamSpec, mlp, predict_probs
 
 
