@@ -150,13 +150,15 @@ class DistillConfig:
     (:mod:`apd.distillation.selection`) and the best step is kept (``last``: the last one).
     Online: SGLD chains feed a FIFO buffer of ``buffer_size`` samples; every ``t_sgld`` new samples
     the GAN takes ``t_gan`` generator steps; every ``restart_every`` rounds (0: never) the chains
-    restart from generated weights. ``align = "permutation"`` (offline only) reorders every sample's hidden
-    units to a common reference before the codec and the GAN see it (:mod:`apd.distillation.alignment`):
-    no sample's function changes."""
+    restart from generated weights. ``align`` (offline only) reorders every sample's hidden units to a
+    common order before the codec and the GAN see it (:mod:`apd.distillation.alignment`), which changes no
+    sample's function: ``permutation`` matches each sample's weights to the samples' re-estimated mean;
+    ``chains`` gives every sample of a chain one permutation, that matching the activations of the chain's
+    mean on training images to those of the first chain's mean (for chains in different unit orders)."""
 
     mode: Literal["offline", "online"] = "offline"
     generator: Literal["dense", "subspace"] = "dense"
-    align: Literal["none", "permutation"] = "none"
+    align: Literal["none", "permutation", "chains"] = "none"
     loss: Literal["wgan-gp", "wgan", "gan"] = "wgan-gp"
     z_dim: int = bounded(32, ge=1)
     gen_hidden: list[int] = bounded([100, 100, 100])

@@ -20,11 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from apd.config import DistillConfig, config_hash
-from apd.distillation.alignment import align_set, permute
+from apd.distillation.alignment import align_set, match_activations, permute
 from apd.distillation.codec import WeightCodec, storage_in_samples
 from apd.distillation.gan import GANTrainer
 from apd.distillation.generator import DistilledGenerator, architecture
@@ -44,6 +45,7 @@ from apd.pipeline.manifests import load_checkpoint, manifest_record
 from apd.pipeline.runtime import RunContext, machine
 from apd.pipeline.sample_chains import make_chain
 from apd.pipeline.stage import publish, require_input, reusable, weights_load
+from apd.posteriors.modes import chain_means
 from apd.samplers.chain import is_thinned_sample
 from apd.samplers.store import SampleStore
 
@@ -131,8 +133,8 @@ def distill_offline(ctx: RunContext) -> Path:
 
 @dataclass
 class TrainingSamples:
-    """What a generator learns from: the codec's fit samples as the codec sees them (aligned when
-    ``[distill] align = "permutation"``), the permutations of every store row (None: unaligned) and the
+    """What a generator learns from: the codec's fit samples as the codec sees them (aligned unless
+    ``[distill] align = "none"``), the permutations of every store row (None: unaligned) and the
     alignment's record for the manifest."""
 
     fit: Tensor
@@ -150,10 +152,32 @@ def training_samples(ctx: RunContext, store: SampleStore, d: DistillConfig) -> T
     the one way the pipeline and the studies prepare a generator's training data."""
     rows = evenly_spaced(len(store), d.fit_samples)
     fit = store.read(rows)
-    if d.align != "permutation":
+    if d.align == "none":
         return TrainingSamples(fit, None, {"method": "none"})
-    perms, alignment = _align(store, store.spec, rows, fit)
+    perms, alignment = (_align(store, store.spec, rows, fit) if d.align == "permutation"
+                        else _align_chains(ctx, store, store.spec))
     return TrainingSamples(permute(fit, store.spec, perms[rows]), perms, alignment)
+
+
+def _align_chains(ctx: RunContext, store: SampleStore, spec: ParamSpec) -> tuple[Tensor, dict]:
+    """Permutations [len(store), H]: every row of a chain takes its chain's, which matches the activations
+    of the chain's mean to those of the first chain's mean on :data:`FISHER_INPUTS` training images
+    (:func:`~apd.distillation.alignment.match_activations`); and what goes into the manifest."""
+    started = time.perf_counter()
+    means, _ = chain_means(store)
+    x = laplace_terms(ctx, "distill", "align").x_fisher
+    by_chain = torch.stack([match_activations(mean, means[0], spec, x) for mean in means])
+    labels = np.unique(store.chains)
+    perms = by_chain[torch.from_numpy(np.searchsorted(labels, store.chains))]
+    aligned = permute(means, spec, by_chain)
+    distance = [round(float((m - means[0]).norm()), 4) for m in means[1:]]
+    distance_after = [round(float((m - aligned[0]).norm()), 4) for m in aligned[1:]]
+    seconds = time.perf_counter() - started
+    log.info("hidden units of %d chains matched to the first chain's by activations: distance of the chain means "
+             "to the first's %s → %s (%.0f s)", len(means), distance, distance_after, seconds)
+    return perms, {"method": "chains", "chains": [int(c) for c in labels], "inputs": len(x),
+                   "mean_distance_before": distance, "mean_distance_after": distance_after,
+                   "seconds": round(seconds, 2)}
 
 
 def _align(store: SampleStore, spec: ParamSpec, rows: list[int], fit: Tensor) -> tuple[Tensor, dict]:

@@ -52,6 +52,18 @@ def test_matching_a_permuted_copy_recovers_it_exactly(sizes):
 
 
 @pytest.mark.parametrize("sizes", [[6, 20, 4], [6, 16, 12, 4]])
+def test_activation_matching_recovers_a_permuted_copy_exactly(sizes):
+    spec, theta = spec_and_net(sizes, 2)
+    x = torch.randn(300, sizes[0], generator=torch.Generator().manual_seed(3))
+    copy = permute(theta, spec, random_perms(spec, 1, 4)[0])
+    found = match_activations(copy, theta, spec, x)
+    torch.testing.assert_close(permute(copy, spec, found), theta, atol=0, rtol=0)
+    for h_ref, h in zip(hidden_activations(theta, spec, x), hidden_activations(permute(copy, spec, found), spec, x),
+                        strict=True):
+        torch.testing.assert_close(h, h_ref)  # every unit computes what the reference's unit computes
+
+
+@pytest.mark.parametrize("sizes", [[6, 20, 4], [6, 16, 12, 4]])
 def test_aligning_a_set_brings_it_closer_to_its_mean_and_keeps_every_function(sizes):
     spec, theta = spec_and_net(sizes, 4)
     n = 30

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -175,6 +176,36 @@ def test_aligned_distillation_permutes_what_the_codec_and_the_gan_see(pipeline, 
         theta = store.read_all()
         torch.testing.assert_close(predict_probs(spec, permute(theta, spec, perms), x), predict_probs(spec, theta, x),
                                    atol=1e-6, rtol=0)
+
+
+def test_chains_in_other_unit_orders_are_aligned_chain_by_chain(tmp_path):
+    """align = "chains": a second chain that is the first with its hidden units permuted (plus noise) gets
+    one permutation for all its rows, which puts its mean back on the first chain's; functions unchanged."""
+    from apd.config import DistillConfig
+    from apd.distillation.alignment import hidden_widths, permute
+    from apd.pipeline.distill import training_samples
+
+    ctx = tiny_context(tmp_path)
+    spec = ParamSpec.from_module(mlp(ctx.net_sizes))
+    g = torch.Generator().manual_seed(0)
+    theta = spec.flatten(mlp(ctx.net_sizes))
+    shuffle = torch.cat([torch.randperm(w, generator=g) for w in hidden_widths(spec)])
+    centres = torch.stack([theta, permute(theta, spec, shuffle)])
+    chains = np.repeat([0, 1], 12)
+    rows = centres[torch.from_numpy(chains)] + 0.01 * torch.randn(24, spec.numel, generator=g)
+    with SampleStore.create(tmp_path / "samples.h5", spec, {"test": True}) as s:
+        s.append_many(rows, steps=np.arange(24), chains=chains)
+    with SampleStore.open(tmp_path / "samples.h5") as store:
+        data = training_samples(ctx, store, DistillConfig(align="chains", fit_samples=24))
+    assert data.alignment["method"] == "chains" and data.alignment["chains"] == [0, 1]
+    assert len(data.perms) == 24 and all(torch.equal(data.perms[i], data.perms[12]) for i in range(12, 24))
+    aligned = permute(rows, spec, data.perms)
+    gap = (aligned[12:].mean(0) - aligned[:12].mean(0)).norm() / (rows[12:].mean(0) - rows[:12].mean(0)).norm()
+    assert gap < 0.05  # the second chain's mean lands on the first's
+    assert data.alignment["mean_distance_after"][0] < 0.05 * data.alignment["mean_distance_before"][0]
+    torch.testing.assert_close(data.fit, aligned)
+    x = torch.randn(10, ctx.net_sizes[0], generator=g)
+    torch.testing.assert_close(predict_probs(spec, aligned, x), predict_probs(spec, rows, x), atol=1e-6, rtol=0)
 
 
 def test_kronecker_residual_round_trips_with_its_scale(pipeline, tmp_path):
