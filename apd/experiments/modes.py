@@ -58,7 +58,7 @@ def single_networks(spec: ParamSpec, weights: Tensor, x: Tensor, y: Tensor) -> d
     """Per network of ``weights`` [K, D]: accuracy and mean NLL (nats) of its own p(y|x, θ) on (x, y)."""
     probs = predict_probs(spec, weights, x).double()
     correct = (probs.argmax(-1) == y).double().mean(1)
-    nll = -probs[:, torch.arange(len(y)), y].clamp_min(1e-300).log().mean(1)
+    nll = -probs[:, torch.arange(len(y), device=y.device), y].clamp_min(1e-300).log().mean(1)
     return {"accuracy": correct.tolist(), "nll": nll.tolist()}
 
 
