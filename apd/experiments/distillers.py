@@ -40,8 +40,7 @@ from apd.errors import ConfigError
 from apd.evaluation.fidelity import fidelity
 from apd.evaluation.protocol import EvaluationInputs
 from apd.evaluation.protocol import judge as judge_draw
-from apd.experiments.options import plan_from_options
-from apd.experiments.outputs import write_study
+from apd.experiments.outputs import run_study
 from apd.io import read_json
 from apd.metrics import mean_std
 from apd.nets import ParamSpec, mlp
@@ -396,6 +395,4 @@ def draw_figure(results: dict, path: Path) -> None:
 
 def run_distillers(ctx: RunContext, options: list[str]) -> dict:
     """``apd experiment distillers``: compare, write ``experiments/distillers.{json,md,png}``, print the table."""
-    results = compare_distillers(ctx, plan_from_options(options, DistillerPlan))
-    write_study(ctx.layout.experiments, "distillers", results, render_table, draw_figure)
-    return results
+    return run_study(ctx, options, DistillerPlan, compare_distillers, "distillers", render_table, draw_figure)

@@ -26,8 +26,7 @@ from apd.distillation.generator import DistilledGenerator
 from apd.distillation.training import evenly_spaced, make_trainer
 from apd.errors import DivergenceError
 from apd.evaluation.protocol import Judgement, judge
-from apd.experiments.options import plan_from_options
-from apd.experiments.outputs import write_study
+from apd.experiments.outputs import run_study
 from apd.nets import ParamSpec, mlp
 from apd.pipeline.distill import REFERENCE_SAMPLES, codec_for, training_samples, validation_monitor
 from apd.pipeline.evaluate import evaluation_inputs, mean_auroc
@@ -181,9 +180,7 @@ def draw_figure(results: dict, path) -> None:
 
 def run_gan_variants(ctx: RunContext, options: list[str]) -> dict:
     """``apd experiment gan-variants``: compare, write ``experiments/gan_variants.{json,md,png}``, print."""
-    plan = plan_from_options(options, VariantsPlan)
-    results = compare(ctx, plan)
-    write_study(ctx.layout.experiments, "gan_variants", results, render_table, draw_figure)
+    results = run_study(ctx, options, VariantsPlan, compare, "gan_variants", render_table, draw_figure)
     collapsed = [run["label"] for run in results["runs"] if run["collapsed"]]
     log.info("collapsed: %s", ", ".join(collapsed) or "none")
     return results

@@ -33,8 +33,7 @@ from apd.config import bounded
 from apd.evaluation.protocol import EvaluationInputs, judge
 from apd.evaluation.yardstick import SCORES, Reference, kept_curve, reference_predictive, spread, summarise
 from apd.experiments.distillers import train_generator
-from apd.experiments.options import plan_from_options
-from apd.experiments.outputs import write_study
+from apd.experiments.outputs import run_study
 from apd.nets import ParamSpec, mlp
 from apd.pipeline.distill import codec_for, training_samples
 from apd.pipeline.evaluate import evaluation_inputs
@@ -262,6 +261,4 @@ def draw_figure(results: dict, path: Path) -> None:
 
 def run_storage(ctx: RunContext, options: list[str]) -> dict:
     """``apd experiment storage``: run the study, write ``experiments/storage.{json,md,png}``, print the table."""
-    results = study(ctx, plan_from_options(options, StoragePlan))
-    write_study(ctx.layout.experiments, "storage", results, render_table, draw_figure)
-    return results
+    return run_study(ctx, options, StoragePlan, study, "storage", render_table, draw_figure)
