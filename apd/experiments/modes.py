@@ -28,9 +28,9 @@ from apd.config import bounded
 from apd.distillation.alignment import match, match_activations, permute
 from apd.distillation.generator import load_generator
 from apd.distillation.training import evenly_spaced
-from apd.experiments.options import plan_from_options
-from apd.experiments.outputs import write_study
+from apd.experiments.outputs import run_study
 from apd.io import read_json
+from apd.metrics import accuracy, nll
 from apd.nets import ParamSpec, mlp, predict_probs
 from apd.pipeline.figures import new_figure, save_figure
 from apd.pipeline.layout import manifest_of
@@ -55,11 +55,10 @@ class ModesPlan:
 
 
 def single_networks(spec: ParamSpec, weights: Tensor, x: Tensor, y: Tensor) -> dict[str, list[float]]:
-    """Per network of ``weights`` [K, D]: accuracy and mean NLL (nats) of its own p(y|x, θ) on (x, y)."""
-    probs = predict_probs(spec, weights, x).double()
-    correct = (probs.argmax(-1) == y).double().mean(1)
-    nll = -probs[:, torch.arange(len(y), device=y.device), y].clamp_min(1e-300).log().mean(1)
-    return {"accuracy": correct.tolist(), "nll": nll.tolist()}
+    """Per network of ``weights`` [K, D]: :func:`~apd.metrics.accuracy` and :func:`~apd.metrics.nll` (nats)
+    of its own p(y|x, θ) on (x, y)."""
+    probs = predict_probs(spec, weights, x)
+    return {"accuracy": [accuracy(p, y) for p in probs], "nll": [nll(p, y) for p in probs]}
 
 
 def _summary(values: list[float]) -> dict[str, float]:
@@ -119,16 +118,16 @@ def render_table(results: dict) -> str:
     """The Markdown of ``modes.md``: single networks' validation accuracy and NLL."""
     rows = [["mean of all stored samples", format_number(results["store_mean"]["accuracy"][0], 4),
              format_number(results["store_mean"]["nll"][0], 3)]]
-    rows += [[f"mean of chain {c}", format_number(a, 4), format_number(n, 3)] for c, a, n in
+    rows += [[f"mean of chain {c}", format_number(acc, 4), format_number(loss, 3)] for c, acc, loss in
              zip(results["chains"], results["chain_means"]["accuracy"], results["chain_means"]["nll"], strict=True)]
     path = results["path"]
     if path:
         a, b = results["chains"][:2]
         for kind, label in PATH_KINDS:
-            for t, acc, nll in zip(path["t"], path[kind]["accuracy"], path[kind]["nll"], strict=True):
+            for t, acc, loss in zip(path["t"], path[kind]["accuracy"], path[kind]["nll"], strict=True):
                 if 0 < t < 1:
                     rows.append([f"(1 − t)·μ_{a} + t·μ_{b}, t = {t:g}, {label}",
-                                 format_number(acc, 4), format_number(nll, 3)])
+                                 format_number(acc, 4), format_number(loss, 3)])
     for name, label in (("sgld", "SGLD samples"), ("apd", "APD's networks")):
         s = results[name]
         if s:
@@ -165,6 +164,4 @@ def draw_figure(results: dict, path) -> None:
 
 def run_modes(ctx: RunContext, options: list[str]) -> dict:
     """``apd experiment modes``: measure, write ``experiments/modes.{json,md,png}``, print the table."""
-    results = measure(ctx, plan_from_options(options, ModesPlan))
-    write_study(ctx.layout.experiments, "modes", results, render_table, draw_figure)
-    return results
+    return run_study(ctx, options, ModesPlan, measure, "modes", render_table, draw_figure)
