@@ -32,6 +32,7 @@ from apd.experiments.outputs import run_study
 from apd.io import read_json
 from apd.metrics import accuracy, nll
 from apd.nets import ParamSpec, mlp, predict_probs
+from apd.pipeline.distill import training_images
 from apd.pipeline.figures import new_figure, save_figure
 from apd.pipeline.layout import manifest_of
 from apd.pipeline.runtime import RunContext
@@ -100,8 +101,7 @@ def measure(ctx: RunContext, plan: ModesPlan) -> dict:
                "chain_means": single_networks(spec, means, x, y), "path": None,
                "sgld": {**_summary(sgld["accuracy"]), "values": sgld["accuracy"]}, "apd": None}
     if len(chains) >= 2:
-        x_match = ctx.data.x_train[torch.randperm(len(ctx.data.x_train), generator=torch.Generator().manual_seed(
-            ctx.seed("experiment", "modes", "match")))[:MATCH_INPUTS]]
+        x_match = training_images(ctx, MATCH_INPUTS, "experiment", "modes", "match")
         results["path"] = mode_path(spec, means[0], means[1], x, y, x_match)
     if manifest_of(ctx.layout.generator).is_file():
         require_input(ctx, ctx.layout.generator, "distill")

@@ -81,11 +81,17 @@ class LaplaceTerms:
     prior_precision: float
 
 
+def training_images(ctx: RunContext, n: int, *stream: str) -> Tensor:
+    """n training images, a random subset drawn by the seed stream ``stream``."""
+    x = ctx.data.x_train
+    return x[torch.randperm(len(x), generator=torch.Generator().manual_seed(ctx.seed(*stream)))[:n]]
+
+
 def laplace_terms(ctx: RunContext, *stream: str) -> LaplaceTerms:
     """:data:`FISHER_INPUTS` training images drawn by the seed stream ``stream``, and SGLD's N/T and 1/(σ²T)."""
-    s, x = ctx.cfg.sgld, ctx.data.x_train
-    rows = torch.randperm(len(x), generator=torch.Generator().manual_seed(ctx.seed(*stream)))
-    return LaplaceTerms(x[rows[:FISHER_INPUTS]], len(x) / s.temperature, 1.0 / (s.prior_var * s.temperature))
+    s, n = ctx.cfg.sgld, len(ctx.data.x_train)
+    return LaplaceTerms(training_images(ctx, FISHER_INPUTS, *stream), n / s.temperature,
+                        1.0 / (s.prior_var * s.temperature))
 
 
 def codec_for(ctx: RunContext, samples: Tensor, d: DistillConfig | None = None) -> WeightCodec:
@@ -165,7 +171,7 @@ def _align_chains(ctx: RunContext, store: SampleStore, spec: ParamSpec) -> tuple
     (:func:`~apd.distillation.alignment.match_activations`); and what goes into the manifest."""
     started = time.perf_counter()
     means, _ = chain_means(store)
-    x = laplace_terms(ctx, "distill", "align").x_fisher
+    x = training_images(ctx, FISHER_INPUTS, "distill", "align")
     by_chain = torch.stack([match_activations(mean, means[0], spec, x) for mean in means])
     labels = np.unique(store.chains)
     perms = by_chain[torch.from_numpy(np.searchsorted(labels, store.chains))]
