@@ -52,6 +52,8 @@ EXPERIMENTS = {
                 "and the kept SGLD samples each replaces"),
     "modes": ("apd.experiments.modes", "run_modes",
               "single networks at the chains' means, between them and from APD: do the chains sit in separate modes?"),
+    "precision": ("apd.experiments.precision", "run_precision",
+                  "APD and kept samples at float32, float16 and int8 storage, at one storage budget"),
     "active-learning": ("apd.experiments.active_learning", "run_active_learning",
                         "active learning with SGLD, APD, MC dropout and a deterministic net: accuracy per label"),
 }

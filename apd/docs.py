@@ -55,6 +55,7 @@ EXPERIMENT_TABLES: dict[str, Callable[[Path], str]] = {
     # `apd experiment storage`; "storage" names the storage table of `apd evaluate`
     "storage-study": _experiment("apd.experiments.storage", "render_table", "storage.json"),
     "modes": _experiment("apd.experiments.modes", "render_table", "modes.json"),
+    "precision": _experiment("apd.experiments.precision", "render_table", "precision.json"),
     "active-learning": _experiment("apd.experiments.active_report", "render_table", "active_learning.json"),
     "active-learning-report": _experiment("apd.experiments.active_report", "render_summary", "active_learning.json"),
 }

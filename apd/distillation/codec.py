@@ -132,6 +132,6 @@ def fit_codec(kind: str, samples: Tensor, rank: int = 20, residual: bool = True,
     return WeightCodec(kind, dim, mean, coefficients.std(0).clamp_min(1e-8), basis, res)
 
 
-def storage_in_samples(parameters: int, dim: int) -> float:
+def storage_in_samples(parameters: float, dim: int) -> float:
     """How many stored weight vectors of size D the same number of parameters would hold."""
     return parameters / dim if dim else math.nan

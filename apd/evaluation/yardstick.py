@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from apd.distillation.precision import in_samples, round_trip, stored_bytes
 from apd.distillation.selection import PROBABILITY_FLOOR
 from apd.evaluation.protocol import EvaluationInputs, Judgement, judge_probs
 from apd.nets import predict_probs
@@ -137,22 +138,25 @@ def margins_over_kept(own_auroc: dict[str, dict[str, float | None]], own_nll: fl
 
 @torch.no_grad()
 def judge_rows(store: SampleStore, rows: np.ndarray, inputs: EvaluationInputs, device: torch.device | str,
-               reference: Reference) -> dict[str, float | None]:
-    """:func:`summarise` of the ensemble of the store's ``rows``."""
-    weights = store.read(rows).to(device)
+               reference: Reference, precision: str = "float32") -> dict[str, float | None]:
+    """:func:`summarise` of the ensemble of the store's ``rows``, each row stored at ``precision``
+    (:func:`apd.distillation.precision.round_trip`)."""
+    weights = torch.stack([round_trip(row, precision) for row in store.read(rows)]).to(device)
     probs = predict_probs(store.spec, weights, inputs.stacked(device))
     return summarise(judge_probs(probs, inputs, SCORES), reference)
 
 
 def kept_samples(store: SampleStore, k: int, inputs: EvaluationInputs, reference: Reference, subsets: int,
-                 generator: torch.Generator, device: torch.device | str = "cpu") -> dict:
-    """k kept samples: ``evenly_spaced`` (over the store, the same number from each chain) and the mean and
-    std over ``subsets`` uniformly random subsets (``random``)."""
-    n = len(store)
-    even = judge_rows(store, evenly_spaced_rows(n, k, store.chains), inputs, device, reference)
-    drawn = [judge_rows(store, random_rows(n, k, generator), inputs, device, reference) for _ in range(subsets)]
-    return {"k": k, "in_sgld_samples": float(k), "evenly_spaced": even, "random": spread(drawn),
-            "subsets": subsets}
+                 generator: torch.Generator, device: torch.device | str = "cpu", precision: str = "float32") -> dict:
+    """k kept samples, each stored at ``precision``: ``evenly_spaced`` (over the store, the same number from
+    each chain) and the mean and std over ``subsets`` uniformly random subsets (``random``); their storage
+    in SGLD samples' worth."""
+    n, dim = len(store), store.spec.numel
+    even = judge_rows(store, evenly_spaced_rows(n, k, store.chains), inputs, device, reference, precision)
+    drawn = [judge_rows(store, random_rows(n, k, generator), inputs, device, reference, precision)
+             for _ in range(subsets)]
+    return {"k": k, "in_sgld_samples": k * in_samples(stored_bytes(dim, precision), dim), "evenly_spaced": even,
+            "random": spread(drawn), "subsets": subsets, "precision": precision}
 
 
 def kept_curve(store: SampleStore, sizes: Iterable[int], inputs: EvaluationInputs, reference: Reference,

@@ -5,7 +5,6 @@ chosen, and adversarial-example detection (gray-box across methods, white-box on
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -16,6 +15,7 @@ from apd.pipeline.table_format import (
     MISSING,
     UNDEFINED,
     Table,
+    format_gap,
     format_number,
     format_sample_count,
     markdown_table,
@@ -27,15 +27,6 @@ from apd.pipeline.table_format import (
 )
 
 ADVERSARIAL_SCORE_ORDER = ("entropy", "bald", "model_variance")  # the scores of the paper's adversarial study
-
-
-def _gap(value: float | dict | None, digits: int = 1) -> str:
-    """A signed gap (plain or ``{"mean", "std"}``); "n/a" where undefined (one network has no BALD)."""
-    if value is None:
-        return UNDEFINED
-    if isinstance(value, dict):
-        return f"{value['mean']:+.{digits}f} ±{format_number(value['std'], digits)}"
-    return f"{value:+.{digits}f}" if math.isfinite(value) else MISSING
 
 
 def _plain(value: float | dict | None, digits: int) -> str:
@@ -70,12 +61,13 @@ def members_table(results: dict) -> Table | None:
     for m in methods:
         own = q[m]
         cells = [method_label(m), format_sample_count(own["in_sgld_samples"]), f"{own['members']:,}",
-                 _plain(acc[m]["acc"], 4), _plain(acc[m]["nll"], 3), _plain(mean_bald(m), 1), _gap(own["bald_gap"]),
-                 _gap(own["max_prob_gap"]), _gap(own["nll_gap"], 3), _plain(own["kl"], 4)]
+                 _plain(acc[m]["acc"], 4), _plain(acc[m]["nll"], 3), _plain(mean_bald(m), 1),
+                 format_gap(own["bald_gap"]), format_gap(own["max_prob_gap"]), format_gap(own["nll_gap"], 3),
+                 _plain(own["kl"], 4)]
         row = at.get(m)
         cells += ([UNDEFINED] * 4 if row is None else
                   [_plain(row["acc"], 4), _plain(row["nll"], 3), _plain(row["mean_bald_auroc"], 1),
-                   _gap(row.get("bald_gap"))])
+                   format_gap(row.get("bald_gap"))])
         body.append(cells)
         rows.append([m, own["in_sgld_samples"], own["members"], acc[m]["acc"]["mean"], acc[m]["nll"]["mean"],
                      mean_bald(m), own["bald_gap"], own["max_prob_gap"], own["nll_gap"], own["kl"],
@@ -110,8 +102,8 @@ def yardstick_table(results: dict) -> Table | None:
             continue
         even, rand, own = row["evenly_spaced"], row["random"], q.get(m, {})
         body.append([method_label(m), format_sample_count(entry["in_sgld_samples"]), str(entry["k"]),
-                     _gap(own.get("bald_gap")), _gap(even["bald_gap"]), _gap(rand["bald_gap"]),
-                     _gap(own.get("nll_gap"), 3), _gap(even["nll_gap"], 3), _gap(rand["nll_gap"], 3),
+                     format_gap(own.get("bald_gap")), format_gap(even["bald_gap"]), format_gap(rand["bald_gap"]),
+                     format_gap(own.get("nll_gap"), 3), format_gap(even["nll_gap"], 3), format_gap(rand["nll_gap"], 3),
                      _plain(own.get("kl"), 4), _plain(even["kl"], 4), mean_std(rand["kl"], 4)])
         rows.append([m, entry["in_sgld_samples"], entry["k"], own.get("bald_gap"), even["bald_gap"],
                      None if rand["bald_gap"] is None else rand["bald_gap"]["mean"],
@@ -189,9 +181,9 @@ def kept_curve_table(results: dict) -> Table | None:
     for row in curve:
         even, rand = row["evenly_spaced"], row["random"]
         body.append([str(row["k"]), _plain(even["acc"], 4), _plain(even["nll"], 3), _plain(even["mean_bald_auroc"], 1),
-                     _gap(even["bald_gap"]), _gap(even["max_prob_gap"]), _gap(even["nll_gap"], 3),
-                     _plain(even["kl"], 4), _gap(rand["bald_gap"]), _gap(rand["max_prob_gap"]),
-                     _gap(rand["nll_gap"], 3), mean_std(rand["kl"], 4)])
+                     format_gap(even["bald_gap"]), format_gap(even["max_prob_gap"]), format_gap(even["nll_gap"], 3),
+                     _plain(even["kl"], 4), format_gap(rand["bald_gap"]), format_gap(rand["max_prob_gap"]),
+                     format_gap(rand["nll_gap"], 3), mean_std(rand["kl"], 4)])
         rows.append([row["k"], even["acc"], even["nll"], even["mean_bald_auroc"], even["bald_gap"],
                      even["max_prob_gap"], even["nll_gap"], even["kl"],
                      *(None if rand[key] is None else rand[key][stat]

@@ -67,6 +67,15 @@ def format_number(value: float | None, digits: int) -> str:
     return f"{value:.{digits}f}"
 
 
+def format_gap(value: float | dict | None, digits: int = 1) -> str:
+    """A signed gap (plain or ``{"mean", "std"}``); "n/a" where undefined (one network has no BALD)."""
+    if value is None:
+        return UNDEFINED
+    if isinstance(value, dict):
+        return f"{value['mean']:+.{digits}f} ±{format_number(value['std'], digits)}"
+    return f"{value:+.{digits}f}" if math.isfinite(value) else MISSING
+
+
 def mean_std(stat: dict | None, digits: int) -> str:
     if stat is None:
         return MISSING

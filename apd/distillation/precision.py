@@ -1,0 +1,93 @@
+"""Storing a posterior's numbers at lower precision, and what that storage costs.
+
+Every stored tensor (a kept sample, a generator's weights, a codec's mean, basis and residual factors) is
+kept at one of :data:`PRECISIONS` and read back as float32:
+
+- ``float32``: as is, 4 bytes a number;
+- ``float16``: IEEE half precision, 2 bytes a number: a relative error of at most 2⁻¹¹ from 2⁻¹⁴ ≈ 6.1e-5
+  up, an absolute one of at most 2⁻²⁵ below it (subnormals); a value beyond its range (±65,504) is an
+  error, not an infinity;
+- ``int8``: the tensor flattened and cut into blocks of :data:`INT8_BLOCK` consecutive numbers, each block
+  stored as round(v / s) ∈ [−127, 127] with its own float32 scale s = max|v| / 127 (block-wise absmax
+  quantisation, as Dettmers et al., 2022, "8-bit optimizers via block-wise quantization", with a linear
+  code): 1 + 4/64 bytes a number, and an error of at most s/2 per number.
+
+Storage is counted in SGLD samples' worth, bytes / (4·D), so a float32 sample costs 1 and an int8 one
+about 0.27: a budget of S samples buys ⌊S/0.27⌋ int8 samples, and the kept-samples yardstick has to be
+quantised as well for the comparison to be at equal storage.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from apd.distillation.codec import storage_in_samples
+
+Precision = Literal["float32", "float16", "int8"]
+PRECISIONS: tuple[str, ...] = ("float32", "float16", "int8")
+INT8_BLOCK = 64
+_INT8_MAX = 127
+
+
+def _check(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+
+
+def stored_bytes(numel: int, precision: str) -> int:
+    """Bytes that one tensor of ``numel`` numbers takes at ``precision`` (int8: its block scales included)."""
+    _check(precision)
+    if precision == "float32":
+        return 4 * numel
+    if precision == "float16":
+        return 2 * numel
+    return numel + 4 * math.ceil(numel / INT8_BLOCK)
+
+
+def round_trip(values: Tensor, precision: str) -> Tensor:
+    """``values`` (float32) as read back after storing the tensor at ``precision`` (module docstring); a new
+    tensor of the same shape and device."""
+    _check(precision)
+    values = values.detach().float()
+    if precision == "float32":
+        return values.clone()
+    if precision == "float16":
+        half = values.half()
+        if bool((torch.isinf(half) & torch.isfinite(values)).any()):
+            raise ValueError(f"a value of magnitude {values.abs().max().item():.3g} does not fit float16 "
+                             "(largest 65,504)")
+        return half.float()
+    flat = values.reshape(-1)
+    padded = torch.cat([flat, flat.new_zeros(-flat.numel() % INT8_BLOCK)]).view(-1, INT8_BLOCK)
+    scale = padded.abs().amax(1, keepdim=True) / _INT8_MAX
+    codes = torch.where(scale > 0, padded / scale.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
+    restored = codes.round().clamp(-_INT8_MAX, _INT8_MAX).mul(scale)
+    return restored.view(-1)[:flat.numel()].view_as(values)
+
+
+def module_tensors(module: nn.Module) -> list[Tensor]:
+    """Every floating-point parameter and buffer of ``module``: what saving it stores."""
+    return [t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()]
+
+
+def module_bytes(module: nn.Module, precision: str) -> int:
+    """Bytes of ``module``'s stored tensors at ``precision``, each tensor stored on its own."""
+    return sum(stored_bytes(t.numel(), precision) for t in module_tensors(module))
+
+
+@torch.no_grad()
+def round_trip_module_(module: nn.Module, precision: str) -> nn.Module:
+    """Replace every stored tensor of ``module`` by its :func:`round_trip` at ``precision``, in place;
+    returns ``module``."""
+    for tensor in module_tensors(module):
+        tensor.copy_(round_trip(tensor, precision))
+    return module
+
+
+def in_samples(nbytes: int, dim: int) -> float:
+    """``nbytes`` in SGLD samples' worth: float32 weight vectors of ``dim`` numbers."""
+    return storage_in_samples(nbytes / 4, dim)

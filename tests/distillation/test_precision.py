@@ -1,0 +1,69 @@
+"""Storage precision: hand-worked round trips and byte counts, and a generator stored at lower precision."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from apd.distillation.precision import (
+    INT8_BLOCK,
+    in_samples,
+    module_bytes,
+    round_trip,
+    round_trip_module_,
+    stored_bytes,
+)
+
+
+def test_int8_blocks_keep_each_blocks_largest_value_exactly_and_round_the_rest_to_its_step():
+    values = torch.zeros(INT8_BLOCK + 3)
+    values[:4] = torch.tensor([1.27, -0.5, 0.014, 0.006])  # block 1: s = 1.27 / 127 = 0.01
+    values[INT8_BLOCK:] = torch.tensor([-300.0, 2.0, 1.0])  # block 2 (padded): s = 300 / 127
+    back = round_trip(values, "int8")
+    assert back.shape == values.shape
+    step = 300.0 / 127
+    expected = torch.zeros_like(values)
+    expected[:4] = torch.tensor([1.27, -0.5, 0.01, 0.01])  # 0.014 → 1 step, 0.006 → 1 step
+    expected[INT8_BLOCK:] = torch.tensor([-300.0, step, 0.0])  # 2.0 → 1 step, 1.0 → 0 steps
+    torch.testing.assert_close(back, expected, rtol=0, atol=1e-6)
+
+
+def test_every_round_trip_error_is_within_half_a_step_and_a_zero_block_stays_zero():
+    g = torch.Generator().manual_seed(0)
+    values = torch.randn(5, 1000, generator=g) * torch.logspace(-4, 2, 5)[:, None]
+    values[2] = 0.0
+    back = round_trip(values, "int8")
+    blocks = values.reshape(-1)[: (values.numel() // INT8_BLOCK) * INT8_BLOCK].view(-1, INT8_BLOCK)
+    errors = (back - values).reshape(-1)[: blocks.numel()].view(-1, INT8_BLOCK).abs()
+    assert bool((errors <= blocks.abs().amax(1, keepdim=True) / 127 / 2 + 1e-12).all())
+    assert bool((back[2] == 0).all())
+    half, normal = round_trip(values, "float16"), values.abs() >= 2**-14  # float16's smallest normal number
+    assert float(((half - values).abs() / values.abs())[normal].max()) <= 2**-11  # 11 significant bits
+    assert float((half - values).abs()[~normal & (values != 0)].max()) <= 2**-25  # subnormals: half a step
+    assert torch.equal(round_trip(values, "float32"), values)
+
+
+def test_a_value_float16_cannot_hold_is_an_error_and_an_unknown_precision_too():
+    with pytest.raises(ValueError, match="does not fit float16"):
+        round_trip(torch.tensor([1.0, 7e4]), "float16")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        stored_bytes(10, "int4")
+
+
+def test_bytes_per_number_and_samples_worth():
+    assert stored_bytes(100, "float32") == 400
+    assert stored_bytes(100, "float16") == 200
+    assert stored_bytes(100, "int8") == 100 + 4 * 2  # two blocks of 64, one scale each
+    assert in_samples(stored_bytes(640, "int8"), 640) == pytest.approx(680 / 2560)
+
+
+def test_a_module_is_stored_tensor_by_tensor_and_read_back_in_place():
+    module = torch.nn.Linear(100, 3)  # weight 300 numbers, bias 3
+    module.register_buffer("scale", torch.tensor(5.0))
+    assert module_bytes(module, "float32") == 4 * 304
+    assert module_bytes(module, "int8") == (300 + 4 * 5) + (3 + 4) + (1 + 4)
+    before = {name: t.clone() for name, t in module.state_dict().items()}
+    round_trip_module_(module, "int8")
+    for name, value in module.state_dict().items():
+        torch.testing.assert_close(value, round_trip(before[name], "int8"), rtol=0, atol=0)
+    assert float(module.scale) == 5.0  # a block's largest value is kept exactly

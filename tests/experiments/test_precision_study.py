@@ -1,0 +1,68 @@
+"""``apd experiment precision``: the budget's arithmetic, and the study's outputs on the tiny pipeline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from apd.cli import main
+from apd.config_load import from_dict
+from apd.distillation.generator import architecture, build_generator
+from apd.distillation.precision import module_bytes
+from apd.experiments.precision import generator_storage, largest_rank, most_kept
+from apd.nets import ParamSpec, mlp
+from tests.tiny_pipeline import TINY, copy_samples
+
+SPEC = ParamSpec.from_module(mlp([64, 32, 10]))  # the tiny pipeline's network: D = 2,410
+
+
+def test_a_generators_float32_bytes_are_four_per_stored_number():
+    d = from_dict(TINY).distill
+    model = build_generator(architecture(d, SPEC.numel, SPEC.layer_sizes))
+    assert module_bytes(model, "float32") == 4 * model.stored_parameters()
+    assert generator_storage(d, d.subspace_rank, SPEC, "float32") == pytest.approx(model.storage_in_samples())
+
+
+def test_the_budget_buys_the_largest_rank_and_the_most_samples_that_fit():
+    d = from_dict(TINY).distill
+    for precision, samples in (("float32", 4), ("float16", 8), ("int8", 15)):
+        rank = largest_rank(d, SPEC, 4.0, precision, limit=100)
+        assert generator_storage(d, rank, SPEC, precision) <= 4.0 < generator_storage(d, rank + 1, SPEC, precision)
+        assert most_kept(SPEC.numel, 4.0, precision, available=1000) == samples
+    assert largest_rank(d, SPEC, 0.5, "float32", limit=100) == 0  # the mean alone costs a sample
+    assert most_kept(SPEC.numel, 4.0, "int8", available=10) == 10
+
+
+def test_the_study_compares_apd_with_its_kept_samples_at_each_precision(tiny_pipeline, tmp_path):
+    root, config = tiny_pipeline
+    copy_samples(root, tmp_path)
+    args = ["experiment", "precision", "--config", str(config), "--artifacts", str(tmp_path), "--quiet",
+            "--option", "budget=4", "--option", "steps=20", "--option", "subsets=2"]
+    assert main(args) == 0
+    out = tmp_path / "tiny" / "experiments"
+    results = json.loads((out / "precision.json").read_text())
+    rows = {row["precision"]: row for row in results["rows"]}
+    assert list(rows) == ["float32", "float16", "int8"]
+    assert rows["float32"]["rank"] < rows["float16"]["rank"] < rows["int8"]["rank"]
+    assert [rows[p]["k"] for p in rows] == [4, 8, 15]
+    for row in rows.values():
+        assert row["apd"]["in_sgld_samples"] <= 4 and row["kept"]["in_sgld_samples"] <= 4
+        assert row["apd"]["steps"] == 20
+        assert row["margins"]["compared"] == 5  # BALD and max-prob on 2 OOD sets, and the NLL
+    assert rows["float32"]["apd"]["storage_shift"] == 0 == rows["float32"]["kept"]["storage_shift"]
+    assert 0 < rows["int8"]["kept"]["storage_shift"] < 0.05  # rounding moves the predictive, a little
+    table = (out / "precision.md").read_text()
+    assert "| int8 |" in table and "none fits" not in table
+    assert (out / "precision.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_budget_too_small_for_the_generator_still_scores_the_kept_samples(tiny_pipeline, tmp_path):
+    root, config = tiny_pipeline
+    copy_samples(root, tmp_path)
+    args = ["experiment", "precision", "--config", str(config), "--artifacts", str(tmp_path), "--quiet",
+            "--option", "budget=1", "--option", "precisions=[\"float32\"]", "--option", "subsets=1"]
+    assert main(args) == 0
+    row = json.loads((tmp_path / "tiny" / "experiments" / "precision.json").read_text())["rows"][0]
+    assert row["rank"] == 0 and row["apd"] is None and row["margins"] is None and row["kept"]["k"] == 1
+    assert "none fits" in (tmp_path / "tiny" / "experiments" / "precision.md").read_text()
