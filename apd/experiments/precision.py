@@ -187,11 +187,6 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
             "seconds": round(time.perf_counter() - started, 2)}
 
 
-def _mean(value: float | dict | None) -> float | None:
-    """A plain value, or the mean of a ``{"mean", "std"}`` one."""
-    return value["mean"] if isinstance(value, dict) else value
-
-
 def render_table(results: dict) -> str:
     """The Markdown of ``precision.md``: a note on the protocol and, per precision, APD against its kept
     samples on each yardstick quantity."""
@@ -232,16 +227,18 @@ def render_table(results: dict) -> str:
 
 
 def draw_figure(results: dict, path: Path) -> None:
-    """One panel per yardstick gap (worst BALD and max-prob AUROC gap, NLL gap): per precision, APD, the
-    evenly spaced kept samples and the random subsets (mean, std as an error bar) side by side."""
+    """One panel per yardstick gap (worst BALD and max-prob AUROC gap, NLL gap): per precision, APD (mean over
+    runs), the evenly spaced kept samples and the random subsets (mean over subsets) side by side, each std
+    as an error bar."""
     figure, axes = new_figure(1, 3, panel=(4.6, 3.8))
     rows = results["rows"]
     x = np.arange(len(rows))
     for ax, (key, label) in zip(axes[0], GAPS.items(), strict=True):
-        apd = [None if row["apd"] is None else _mean(row["apd"][key]) for row in rows]
+        apd = [None if row["apd"] is None else row["apd"][key] for row in rows]
         even = [None if row["kept"] is None else row["kept"]["evenly_spaced"][key] for row in rows]
         drawn = [None if row["kept"] is None else row["kept"]["random"][key] for row in rows]
-        bars = [("APD", apd, None), ("kept, evenly spaced", even, None),
+        bars = [("APD", [None if a is None else a["mean"] for a in apd], [0.0 if a is None else a["std"] for a in apd]),
+                ("kept, evenly spaced", even, None),
                 ("kept, random subsets", [None if d is None else d["mean"] for d in drawn],
                  [0.0 if d is None else d["std"] for d in drawn])]
         for i, (name, values, errors) in enumerate(bars):
@@ -249,7 +246,8 @@ def draw_figure(results: dict, path: Path) -> None:
             ax.bar(x + (i - 1) * 0.27, heights, width=0.27, yerr=errors, label=name, color=f"C{i}", capsize=3)
         ax.axhline(0, color="grey", linewidth=0.8)
         ax.set_xticks(x, [f"{row['precision']}\nr={row['rank']}, k={row['k']}" for row in rows])
-        ax.set(ylabel=f"{label} to SGLD", title=f"{results['pipeline']}, {results['budget']:g} samples' worth")
+        unit = "nats" if key == "nll_gap" else "AUROC points"
+        ax.set(ylabel=f"{label} to SGLD ({unit})", title=f"{results['pipeline']}, {results['budget']:g} samples' worth")
         ax.legend(fontsize=7)
     save_figure(figure, path)
 
