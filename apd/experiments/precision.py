@@ -11,14 +11,18 @@ A storage budget of S SGLD samples' worth (``budget``, bytes / (4·D)) buys, at 
   sample / 4D)⌋, evenly spaced over the store (across chains) and ``subsets`` random subsets for the
   spread, each sample stored at the precision.
 
+- **SGLD coordinates**: the ceiling of any generator in a rank-r subspace, and a distilled store of its
+  own: the codec (mean, basis, scales, no residual) plus every stored sample's r coordinates, at the
+  largest r for which both fit the budget at that precision; a member is one sample's coordinates decoded.
+
 So lower precision buys APD a larger rank and the kept samples more members, and the comparison stays at
 equal storage. Both are scored by the kept-samples yardstick (:mod:`apd.evaluation.yardstick`): worst
-per-set BALD and max-prob AUROC gap to SGLD, NLL gap and KL to SGLD's predictive, and APD's margins over
-its kept samples (:func:`~apd.evaluation.yardstick.margins_over_kept`: a win is a margin larger than the
-random subsets' spread over both the evenly spaced and the random subsets). The *storage shift* is the
-mean total variation ½ Σ_y |p̄₃₂(y | x) − p̄(y | x)| on validation images between an ensemble stored at
-float32 and the same ensemble (the same codes and residual draws; the same rows) stored at the precision:
-what the rounding alone changes.
+per-set BALD and max-prob AUROC gap to SGLD, NLL gap and KL to SGLD's predictive, and the margins of APD
+and of the coordinates over their kept samples (:func:`~apd.evaluation.yardstick.margins_over_kept`: a win
+is a margin larger than the random subsets' spread over both the evenly spaced and the random subsets).
+The *storage shift* is the mean total variation ½ Σ_y |p̄₃₂(y | x) − p̄(y | x)| on validation images
+between an ensemble stored at float32 and the same ensemble (the same codes and residual draws; the same
+rows) stored at the precision: what the rounding alone changes.
 
 It is a tuning study: everything is judged on validation images and the OOD *tuning* pool
 (:func:`apd.pipeline.evaluate.evaluation_inputs` with ``role="tuning"``), never on the test split or the
@@ -31,6 +35,7 @@ import copy
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +44,8 @@ import torch
 from torch import Tensor
 
 from apd.config import DistillConfig, bounded
+from apd.distillation.alignment import permute
+from apd.distillation.codec import WeightCodec
 from apd.distillation.generator import architecture, build_generator
 from apd.distillation.precision import (
     PRECISIONS,
@@ -55,7 +62,7 @@ from apd.experiments.distillers import DistillerPlan, Variant, build
 from apd.experiments.outputs import run_study
 from apd.experiments.storage import judge_runs, sgld_reference
 from apd.nets import ParamSpec, mlp
-from apd.pipeline.distill import training_samples
+from apd.pipeline.distill import TrainingSamples, codec_for, training_samples
 from apd.pipeline.evaluate import evaluation_inputs
 from apd.pipeline.figures import new_figure, save_figure
 from apd.pipeline.runtime import RunContext
@@ -88,19 +95,67 @@ def generator_storage(d: DistillConfig, rank: int, spec: ParamSpec, precision: s
     return in_samples(module_bytes(build_generator(arch), precision), spec.numel)
 
 
-def largest_rank(d: DistillConfig, spec: ParamSpec, budget: float, precision: str, limit: int) -> int:
-    """The largest rank r ≤ ``limit`` whose :func:`generator_storage` fits ``budget``; 0 when none does."""
+def most_kept(dim: int, budget: float, precision: str, available: int) -> int:
+    """The most samples of ``dim`` numbers stored at ``precision`` that fit ``budget`` (at most ``available``)."""
+    return min(available, int(budget // in_samples(stored_bytes(dim, precision), dim)))
+
+
+def coordinates_storage(rank: int, spec: ParamSpec, samples: int, precision: str) -> float:
+    """SGLD samples' worth of a rank-``rank`` subspace codec without a residual plus ``samples`` × ``rank``
+    coordinates, stored at ``precision``."""
+    codec = WeightCodec.empty("subspace", spec.numel, rank, residual=False)
+    return in_samples(module_bytes(codec, precision) + stored_bytes(samples * rank, precision), spec.numel)
+
+
+def largest_rank(storage: Callable[[int], float], budget: float, limit: int) -> int:
+    """The largest rank r ≤ ``limit`` with ``storage(r)`` within ``budget``; 0 when none is."""
     best = 0
     for rank in range(1, limit + 1):
-        if generator_storage(d, rank, spec, precision) > budget:
+        if storage(rank) > budget:
             break
         best = rank
     return best
 
 
-def most_kept(dim: int, budget: float, precision: str, available: int) -> int:
-    """The most samples of ``dim`` numbers stored at ``precision`` that fit ``budget`` (at most ``available``)."""
-    return min(available, int(budget // in_samples(stored_bytes(dim, precision), dim)))
+class StoredCoordinates(Posterior):
+    """Every SGLD sample's coordinates in a subspace codec's principal subspace, θ_i ↦ μ + U·diag(σ)·c_i with
+    c_i = Uᵀ(θ_i − μ)/σ, kept ([n, r]); a member is one of them decoded (rows drawn without replacement)."""
+
+    def __init__(self, codec: WeightCodec, coordinates: Tensor, spec: ParamSpec, name: str) -> None:
+        self.codec, self.coordinates, self.spec, self.name = codec, coordinates, spec, name
+        self.device = codec.mean.device
+
+    def max_members(self) -> int:
+        return len(self.coordinates)
+
+    def sample_weights(self, k: int, generator: torch.Generator | None = None) -> Tensor:
+        generator = self.on_device(generator)
+        rows = torch.randperm(len(self.coordinates), generator=generator, device=self.device)[:k]
+        return self.codec.decode_principal(self.coordinates[rows])
+
+    def stored_parameters(self) -> int:
+        return self.codec.stored_parameters() + self.coordinates.numel()
+
+    def stored_at(self, precision: str) -> StoredCoordinates:
+        """A copy with the codec and the coordinates read back from ``precision``."""
+        return StoredCoordinates(round_trip_module_(copy.deepcopy(self.codec), precision),
+                                 round_trip(self.coordinates, precision), self.spec, f"{self.name}, {precision}")
+
+
+def sgld_coordinates(ctx: RunContext, store: SampleStore, data: TrainingSamples, rank: int) -> StoredCoordinates:
+    """The coordinates of every row of ``store`` (aligned as ``data`` says) in the rank-``rank`` subspace of
+    ``data.fit`` (the pipeline's codec at that rank, without a residual), read 200 rows at a time."""
+    d = ctx.cfg.distill
+    codec = codec_for(ctx, data.fit, dataclasses.replace(d, subspace_rank=rank,
+                                                         residual=dataclasses.replace(d.residual, model="none")))
+    parts = []
+    for start in range(0, len(store), 200):
+        rows = np.arange(start, min(start + 200, len(store)))
+        weights = store.read(rows)
+        if data.perms is not None:
+            weights = permute(weights, store.spec, data.perms[rows])
+        parts.append(codec.encode(weights.to(ctx.device)))
+    return StoredCoordinates(codec, torch.cat(parts), store.spec, f"SGLD coordinates r={rank}")
 
 
 @torch.no_grad()
@@ -149,10 +204,13 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
         limit = min(len(store), cfg.distill.fit_samples, dim)
         steps = DistillerPlan(subspace_steps=plan.steps)
         for precision in plan.precisions:
-            rank, k = largest_rank(cfg.distill, spec, plan.budget, precision, limit), most_kept(
-                dim, plan.budget, precision, len(store))
+            rank = largest_rank(lambda r, p=precision: generator_storage(cfg.distill, r, spec, p), plan.budget, limit)
+            coordinate_rank = largest_rank(
+                lambda r, p=precision: coordinates_storage(r, spec, len(store), p), plan.budget, limit)
+            k = most_kept(dim, plan.budget, precision, len(store))
             seed = ctx.seed("experiment", "precision", precision)
-            row: dict = {"precision": precision, "rank": rank, "k": k, "apd": None, "margins": None}
+            row: dict = {"precision": precision, "rank": rank, "k": k, "apd": None, "margins": None,
+                         "coordinates": None}
             if k:
                 row["kept"] = kept_samples(store, k, inputs, reference, plan.subsets,
                                            torch.Generator().manual_seed(seed), ctx.device, precision)
@@ -175,6 +233,18 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
                 if row["kept"] is not None:
                     row["margins"] = margins_over_kept(_means(row["apd"]["auroc"]), row["apd"]["nll"]["mean"],
                                                        row["kept"])
+            if coordinate_rank:
+                exact_coordinates = sgld_coordinates(ctx, store, data, coordinate_rank)
+                coordinates = exact_coordinates.stored_at(precision)
+                row["coordinates"] = {
+                    "rank": coordinate_rank,
+                    "in_sgld_samples": in_samples(module_bytes(coordinates.codec, precision)
+                                                  + stored_bytes(coordinates.coordinates.numel(), precision), dim),
+                    **judge_runs(coordinates, e.networks, inputs, reference, e.runs, seed),
+                    "storage_shift": storage_shift(exact_coordinates, coordinates, ctx.data.x_val, e.networks, seed)}
+                if row["kept"] is not None:
+                    row["coordinates"]["margins"] = margins_over_kept(
+                        _means(row["coordinates"]["auroc"]), row["coordinates"]["nll"]["mean"], row["kept"])
             rows.append(row)
             log.info("%s: APD rank %d, %d kept samples%s", precision, rank, k,
                      "" if row["margins"] is None else f"; APD wins {row['margins']['wins']} of "
@@ -187,65 +257,69 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
             "seconds": round(time.perf_counter() - started, 2)}
 
 
+def _method_rows(row: dict) -> list[tuple[str, str, dict | None, dict | None]]:
+    """(method, rank or k, its yardstick summary, its margins over the kept samples) of one precision's row;
+    the kept samples twice, evenly spaced and the random subsets' mean ± std."""
+    kept, coordinates = row["kept"], row["coordinates"]
+    return [("APD", f"r={row['rank']}" if row["rank"] else "none fits", row["apd"], row["margins"]),
+            ("SGLD coordinates", f"r={coordinates['rank']}" if coordinates else "none fits", coordinates,
+             None if coordinates is None else coordinates.get("margins")),
+            ("kept, evenly spaced", f"k={row['k']}", None if kept is None else kept["evenly_spaced"], None),
+            ("kept, random subsets", f"k={row['k']}", None if kept is None else kept["random"], None)]
+
+
 def render_table(results: dict) -> str:
-    """The Markdown of ``precision.md``: a note on the protocol and, per precision, APD against its kept
-    samples on each yardstick quantity."""
+    """The Markdown of ``precision.md``: a note on the protocol and, per precision, APD, the SGLD coordinates
+    and the kept samples on each yardstick quantity."""
     note = (f"# Storage precision on {results['pipeline']}\n\nA budget of {results['budget']:g} SGLD samples' "
-            f"worth (D = {results['dim']:,} weights) at each precision: APD (the pipeline's distiller at the "
-            "largest rank that fits, stored at the precision) against the most SGLD samples that fit at the "
-            f"same precision, evenly spaced and the mean ± std of {results['plan']['subsets']} random subsets. "
-            f"{results['runs']} runs × {results['networks']} networks per APD draw; judged on validation images "
-            f"and the OOD tuning pool ({' / '.join(results['ood_sets'])}). Gaps to SGLD: worst per-set AUROC "
-            "gap in points (positive: below SGLD), NLL gap in nats. Wins: margins over both the evenly spaced "
-            "and the random kept samples larger than the random subsets' std, of the per-set BALD and max-prob "
-            "AUROCs and the NLL. Storage shift: mean total variation between the predictive stored at float32 "
-            "and at the precision (the same members), on validation images.\n\n")
-    header = ["precision", "APD rank", "APD storage", "kept k", "kept storage"]
-    for label in GAPS.values():
-        header += [f"{label}: APD", "kept", "random"]
-    header += ["KL: APD", "kept", "random", "APD wins", "storage shift: APD", "kept"]
+            f"worth (D = {results['dim']:,} weights, {results['sgld_samples']:,} stored samples) at each precision: "
+            "APD (the pipeline's distiller at the largest rank that fits, stored at the precision), every SGLD "
+            "sample's coordinates in the largest principal subspace that fits with them (the ceiling of a "
+            "generator in that subspace) and the most SGLD samples that fit, evenly spaced and the mean ± std "
+            f"of {results['plan']['subsets']} random subsets, all stored at the same precision. "
+            f"{results['runs']} runs × {results['networks']} networks per draw (mean ± std over runs); judged on "
+            f"validation images and the OOD tuning pool ({' / '.join(results['ood_sets'])}). Gaps to SGLD: "
+            "worst per-set AUROC gap in points (positive: below SGLD), NLL gap in nats; KL to SGLD's predictive. "
+            "Wins over kept: margins over both the evenly spaced and the random kept samples larger than the "
+            "random subsets' std, of the per-set BALD and max-prob AUROCs and the NLL. Storage shift: mean total "
+            "variation between the predictive stored at float32 and at the precision (the same members), on "
+            "validation images.\n\n")
+    header = ["precision", "method", "rank / k", "storage", *GAPS.values(), "KL", "wins over kept", "storage shift"]
     body = []
     for row in results["rows"]:
-        apd, kept = row["apd"], row["kept"]
-        cells = [row["precision"], str(row["rank"]) if row["rank"] else "none fits",
-                 "—" if apd is None else format_sample_count(apd["in_sgld_samples"]), str(row["k"]),
-                 "—" if kept is None else format_sample_count(kept["in_sgld_samples"])]
-        for key in GAPS:
-            digits = 3 if key == "nll_gap" else 1
-            cells += [MISSING if apd is None else format_gap(apd[key], digits),
-                      MISSING if kept is None else format_gap(kept["evenly_spaced"][key], digits),
-                      MISSING if kept is None else format_gap(kept["random"][key], digits)]
-        cells += [MISSING if apd is None else mean_std(apd["kl"], 4),
-                  MISSING if kept is None else format_number(kept["evenly_spaced"]["kl"], 4),
-                  MISSING if kept is None else mean_std(kept["random"]["kl"], 4)]
-        margins = row["margins"]
-        cells += ["—" if margins is None else f"{margins['wins']} of {margins['compared']}",
-                  "—" if apd is None else format_number(apd["storage_shift"], 4),
-                  "—" if kept is None else format_number(kept["storage_shift"], 4)]
-        body.append(cells)
+        for method, size, summary, margins in _method_rows(row):
+            shift = None if summary is None else summary.get("storage_shift")
+            if method.startswith("kept") and row["kept"] is not None and method.endswith("spaced"):
+                shift = row["kept"]["storage_shift"]
+            storage = (row["kept"]["in_sgld_samples"] if method.startswith("kept") and row["kept"] is not None
+                       else None if summary is None else summary["in_sgld_samples"])
+            kl = None if summary is None else summary["kl"]
+            body.append([row["precision"], method, size, format_sample_count(storage),
+                         *(MISSING if summary is None else format_gap(summary[key], 3 if key == "nll_gap" else 1)
+                           for key in GAPS),
+                         (mean_std(kl, 4) if isinstance(kl, dict) else format_number(kl, 4)),
+                         "—" if margins is None else f"{margins['wins']} of {margins['compared']}",
+                         format_number(shift, 4)])
     return note + markdown_table(header, body) + "\n"
 
 
 def draw_figure(results: dict, path: Path) -> None:
-    """One panel per yardstick gap (worst BALD and max-prob AUROC gap, NLL gap): per precision, APD (mean over
-    runs), the evenly spaced kept samples and the random subsets (mean over subsets) side by side, each std
-    as an error bar."""
-    figure, axes = new_figure(1, 3, panel=(4.6, 3.8))
+    """One panel per yardstick gap (worst BALD and max-prob AUROC gap, NLL gap): per precision, APD and the
+    SGLD coordinates (means over runs), the evenly spaced kept samples and the random subsets (mean over
+    subsets) side by side, each std as an error bar."""
+    figure, axes = new_figure(1, 3, panel=(5.2, 3.9))
     rows = results["rows"]
     x = np.arange(len(rows))
+    width = 0.2
     for ax, (key, label) in zip(axes[0], GAPS.items(), strict=True):
-        apd = [None if row["apd"] is None else row["apd"][key] for row in rows]
-        even = [None if row["kept"] is None else row["kept"]["evenly_spaced"][key] for row in rows]
-        drawn = [None if row["kept"] is None else row["kept"]["random"][key] for row in rows]
-        bars = [("APD", [None if a is None else a["mean"] for a in apd], [0.0 if a is None else a["std"] for a in apd]),
-                ("kept, evenly spaced", even, None),
-                ("kept, random subsets", [None if d is None else d["mean"] for d in drawn],
-                 [0.0 if d is None else d["std"] for d in drawn])]
-        for i, (name, values, errors) in enumerate(bars):
-            heights = [np.nan if v is None else v for v in values]
-            ax.bar(x + (i - 1) * 0.27, heights, width=0.27, yerr=errors, label=name, color=f"C{i}", capsize=3)
+        for i, method in enumerate(("APD", "SGLD coordinates", "kept, evenly spaced", "kept, random subsets")):
+            stats = [next(summary for name, _, summary, _ in _method_rows(row) if name == method) for row in rows]
+            values = [None if s is None else s[key] for s in stats]
+            heights = [np.nan if v is None else v["mean"] if isinstance(v, dict) else v for v in values]
+            errors = [v["std"] if isinstance(v, dict) else 0.0 for v in values]
+            ax.bar(x + (i - 1.5) * width, heights, width=width, yerr=errors, label=method, color=f"C{i}", capsize=3)
         ax.axhline(0, color="grey", linewidth=0.8)
-        ax.set_xticks(x, [f"{row['precision']}\nr={row['rank']}, k={row['k']}" for row in rows])
+        ax.set_xticks(x, [f"{row['precision']}\nk={row['k']}" for row in rows])
         unit = "nats" if key == "nll_gap" else "AUROC points"
         ax.set(ylabel=f"{label} to SGLD ({unit})", title=f"{results['pipeline']}, {results['budget']:g} samples' worth")
         ax.legend(fontsize=7)

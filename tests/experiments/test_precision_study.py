@@ -10,7 +10,7 @@ from apd.cli import main
 from apd.config_load import from_dict
 from apd.distillation.generator import architecture, build_generator
 from apd.distillation.precision import module_bytes
-from apd.experiments.precision import generator_storage, largest_rank, most_kept
+from apd.experiments.precision import coordinates_storage, generator_storage, largest_rank, most_kept
 from apd.nets import ParamSpec, mlp
 from tests.tiny_pipeline import TINY, copy_samples
 
@@ -27,10 +27,14 @@ def test_a_generators_float32_bytes_are_four_per_stored_number():
 def test_the_budget_buys_the_largest_rank_and_the_most_samples_that_fit():
     d = from_dict(TINY).distill
     for precision, samples in (("float32", 4), ("float16", 8), ("int8", 15)):
-        rank = largest_rank(d, SPEC, 4.0, precision, limit=100)
-        assert generator_storage(d, rank, SPEC, precision) <= 4.0 < generator_storage(d, rank + 1, SPEC, precision)
+        storage = lambda r, p=precision: generator_storage(d, r, SPEC, p)  # noqa: E731
+        rank = largest_rank(storage, 4.0, limit=100)
+        assert storage(rank) <= 4.0 < storage(rank + 1)
         assert most_kept(SPEC.numel, 4.0, precision, available=1000) == samples
-    assert largest_rank(d, SPEC, 0.5, "float32", limit=100) == 0  # the mean alone costs a sample
+    assert largest_rank(lambda r: generator_storage(d, r, SPEC, "float32"), 0.5, limit=100) == 0  # the mean: 1
+    assert largest_rank(lambda r: 0.0, 4.0, limit=7) == 7  # never more than the limit
+    # the coordinates' codec: mean, basis and scales; then 200 samples × r coordinates, all at 4 bytes
+    assert coordinates_storage(3, SPEC, 200, "float32") == pytest.approx((SPEC.numel * 4 + 3 + 600) / SPEC.numel)
     assert most_kept(SPEC.numel, 4.0, "int8", available=10) == 10
 
 
@@ -47,13 +51,16 @@ def test_the_study_compares_apd_with_its_kept_samples_at_each_precision(tiny_pip
     assert rows["float32"]["rank"] < rows["float16"]["rank"] < rows["int8"]["rank"]
     assert [rows[p]["k"] for p in rows] == [4, 8, 15]
     for row in rows.values():
-        assert row["apd"]["in_sgld_samples"] <= 4 and row["kept"]["in_sgld_samples"] <= 4
+        assert max(row["apd"]["in_sgld_samples"], row["kept"]["in_sgld_samples"],
+                   row["coordinates"]["in_sgld_samples"]) <= 4
         assert row["apd"]["steps"] == 20
-        assert row["margins"]["compared"] == 5  # BALD and max-prob on 2 OOD sets, and the NLL
+        assert row["margins"]["compared"] == row["coordinates"]["margins"]["compared"] == 5  # 2 sets × 2, NLL
+    assert rows["float32"]["coordinates"]["rank"] < rows["int8"]["coordinates"]["rank"]
+    assert rows["float32"]["coordinates"]["storage_shift"] == 0
     assert rows["float32"]["apd"]["storage_shift"] == 0 == rows["float32"]["kept"]["storage_shift"]
     assert 0 < rows["int8"]["kept"]["storage_shift"] < 0.05  # rounding moves the predictive, a little
     table = (out / "precision.md").read_text()
-    assert "| int8 |" in table and "none fits" not in table
+    assert "| int8 | SGLD coordinates |" in table and "none fits" not in table
     assert (out / "precision.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -65,4 +72,5 @@ def test_a_budget_too_small_for_the_generator_still_scores_the_kept_samples(tiny
     assert main(args) == 0
     row = json.loads((tmp_path / "tiny" / "experiments" / "precision.json").read_text())["rows"][0]
     assert row["rank"] == 0 and row["apd"] is None and row["margins"] is None and row["kept"]["k"] == 1
+    assert row["coordinates"] is None
     assert "none fits" in (tmp_path / "tiny" / "experiments" / "precision.md").read_text()
