@@ -127,7 +127,10 @@ def match_activations(theta: Tensor, reference: Tensor, spec: ParamSpec, x: Tens
     one linear assignment per layer (a unit's activation does not depend on how the layers below are
     ordered, so the layers are matched independently). Returns the permutations [H] for :func:`permute`.
     Unlike weight matching it compares what the units compute on data, not their weights, so weights that
-    no input moves (e.g. those of pixels that are always 0) do not enter the cost."""
+    no input moves (e.g. those of pixels that are always 0) do not enter the cost. By the same token, units
+    silent on every input of ``x`` (a ReLU that never fires) have nothing to be matched by: two or more of
+    them in one layer are paired in no particular order, which leaves the function on ``x`` unchanged but
+    may leave their weights apart."""
     perms = []
     for h_ref, h in zip(hidden_activations(reference, spec, x), hidden_activations(theta, spec, x), strict=True):
         z_ref = (h_ref - h_ref.mean(0)) / h_ref.std(0).clamp_min(1e-6)

@@ -182,13 +182,16 @@ def test_chains_in_other_unit_orders_are_aligned_chain_by_chain(tmp_path):
     """align = "chains": a second chain that is the first with its hidden units permuted (plus noise) gets
     one permutation for all its rows, which puts its mean back on the first chain's; functions unchanged."""
     from apd.config import DistillConfig
-    from apd.distillation.alignment import hidden_widths, permute
+    from apd.distillation.alignment import hidden_activations, hidden_widths, permute
     from apd.pipeline.distill import training_samples
 
     ctx = tiny_context(tmp_path)
     spec = ParamSpec.from_module(mlp(ctx.net_sizes))
     g = torch.Generator().manual_seed(0)
-    theta = spec.flatten(mlp(ctx.net_sizes))
+    with torch.random.fork_rng(devices=[]):  # a seeded init in which every hidden unit fires on some image:
+        torch.manual_seed(1)  # units silent on all of them cannot be matched by activations (its docstring)
+        theta = spec.flatten(mlp(ctx.net_sizes))
+    assert bool((hidden_activations(theta, spec, ctx.data.x_train[:1000])[0].std(0) > 0).all())
     shuffle = torch.cat([torch.randperm(w, generator=g) for w in hidden_widths(spec)])
     centres = torch.stack([theta, permute(theta, spec, shuffle)])
     chains = np.repeat([0, 1], 12)
