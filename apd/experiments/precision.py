@@ -57,7 +57,8 @@ from apd.distillation.precision import (
     stored_bytes,
 )
 from apd.errors import ConfigError
-from apd.evaluation.yardstick import kept_samples, margins_over_kept
+from apd.evaluation.protocol import EvaluationInputs
+from apd.evaluation.yardstick import Reference, kept_samples, margins_over_kept
 from apd.experiments.distillers import DistillerPlan, Variant, build
 from apd.experiments.outputs import run_study
 from apd.experiments.storage import judge_runs, sgld_reference
@@ -185,9 +186,36 @@ def _means(auroc: dict) -> dict:
             for score, by_set in auroc.items()}
 
 
+def kept_row(ctx: RunContext, store: SampleStore, k: int, inputs: EvaluationInputs, reference: Reference,
+             plan: PrecisionPlan, precision: str, seed: int) -> dict:
+    """The k kept samples stored at ``precision`` (:func:`~apd.evaluation.yardstick.kept_samples`) and the
+    storage shift of the evenly spaced ones."""
+    row = kept_samples(store, k, inputs, reference, plan.subsets, torch.Generator().manual_seed(seed), ctx.device,
+                       precision)
+    exact = store.read(evenly_spaced_rows(len(store), k, store.chains))
+    row["storage_shift"] = storage_shift(
+        FixedEnsemble(exact, store.spec, ctx.device),
+        FixedEnsemble(torch.stack([round_trip(v, precision) for v in exact]), store.spec, ctx.device),
+        ctx.data.x_val, k, seed)
+    return row
+
+
+def judged(ctx: RunContext, exact: Posterior, stored: Posterior, nbytes: int, inputs: EvaluationInputs,
+           reference: Reference, kept: dict | None, seed: int) -> dict:
+    """A method stored in ``nbytes``: its storage, the yardstick over ``runs`` draws, its storage shift (against
+    ``exact``, the same method at float32) and its margins over ``kept`` (None without kept samples)."""
+    e = ctx.cfg.evaluate
+    out = {"in_sgld_samples": in_samples(nbytes, stored.spec.numel),
+           **judge_runs(stored, e.networks, inputs, reference, e.runs, seed),
+           "storage_shift": storage_shift(exact, stored, ctx.data.x_val, e.networks, seed)}
+    out["margins"] = None if kept is None else margins_over_kept(_means(out["auroc"]), out["nll"]["mean"], kept)
+    return out
+
+
 def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
-    """For each precision of ``plan``: APD at the largest rank and the most kept samples the budget buys,
-    judged on validation images and the OOD tuning pool; the results as JSON-able data."""
+    """For each precision of ``plan``: APD at the largest rank, the SGLD coordinates at the largest rank and
+    the most kept samples the budget buys, judged on validation images and the OOD tuning pool; the results
+    as JSON-able data."""
     cfg, e = ctx.cfg, ctx.cfg.evaluate
     if cfg.distill.generator != "subspace":
         raise ConfigError(f"{cfg.source}: the precision study needs [distill] generator = \"subspace\" "
@@ -198,59 +226,40 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
     inputs = evaluation_inputs(ctx, role="tuning")
     rows = []
     with SampleStore.open(source, expect_spec=ParamSpec.from_module(mlp(ctx.net_sizes))) as store:
-        spec, dim = store.spec, store.spec.numel
+        spec, dim, n = store.spec, store.spec.numel, len(store)
         sgld, reference = sgld_reference(ctx, store, inputs)
         data = training_samples(ctx, store, cfg.distill)
-        limit = min(len(store), cfg.distill.fit_samples, dim)
+        limit = min(n, cfg.distill.fit_samples, dim)
         steps = DistillerPlan(subspace_steps=plan.steps)
         for precision in plan.precisions:
             rank = largest_rank(lambda r, p=precision: generator_storage(cfg.distill, r, spec, p), plan.budget, limit)
-            coordinate_rank = largest_rank(
-                lambda r, p=precision: coordinates_storage(r, spec, len(store), p), plan.budget, limit)
-            k = most_kept(dim, plan.budget, precision, len(store))
+            coordinate_rank = largest_rank(lambda r, p=precision: coordinates_storage(r, spec, n, p), plan.budget,
+                                           limit)
+            k = most_kept(dim, plan.budget, precision, n)
             seed = ctx.seed("experiment", "precision", precision)
-            row: dict = {"precision": precision, "rank": rank, "k": k, "apd": None, "margins": None,
+            kept = kept_row(ctx, store, k, inputs, reference, plan, precision, seed) if k else None
+            row: dict = {"precision": precision, "rank": rank, "k": k, "kept": kept, "apd": None, "margins": None,
                          "coordinates": None}
-            if k:
-                row["kept"] = kept_samples(store, k, inputs, reference, plan.subsets,
-                                           torch.Generator().manual_seed(seed), ctx.device, precision)
-                exact = store.read(evenly_spaced_rows(len(store), k, store.chains))
-                row["kept"]["storage_shift"] = storage_shift(
-                    FixedEnsemble(exact, spec, ctx.device),
-                    FixedEnsemble(torch.stack([round_trip(v, precision) for v in exact]), spec, ctx.device),
-                    ctx.data.x_val, k, seed)
-            else:
-                row["kept"] = None
             if rank:
                 t0 = time.perf_counter()
                 built = build(shipped_variant(cfg.distill, rank), ctx, store, steps, t0 + plan.max_seconds, data)
-                method = stored_apd(built.method, precision)
+                stored = stored_apd(built.method, precision)
                 row["apd"] = {"steps": built.steps, "residual_scale": built.residual_scale,
                               "seconds": round(time.perf_counter() - t0, 2),
-                              "in_sgld_samples": in_samples(module_bytes(method.model, precision), dim),
-                              **judge_runs(method, e.networks, inputs, reference, e.runs, seed),
-                              "storage_shift": storage_shift(built.method, method, ctx.data.x_val, e.networks, seed)}
-                if row["kept"] is not None:
-                    row["margins"] = margins_over_kept(_means(row["apd"]["auroc"]), row["apd"]["nll"]["mean"],
-                                                       row["kept"])
+                              **judged(ctx, built.method, stored, module_bytes(stored.model, precision), inputs,
+                                       reference, kept, seed)}
+                row["margins"] = row["apd"].pop("margins")
             if coordinate_rank:
-                exact_coordinates = sgld_coordinates(ctx, store, data, coordinate_rank)
-                coordinates = exact_coordinates.stored_at(precision)
-                row["coordinates"] = {
-                    "rank": coordinate_rank,
-                    "in_sgld_samples": in_samples(module_bytes(coordinates.codec, precision)
-                                                  + stored_bytes(coordinates.coordinates.numel(), precision), dim),
-                    **judge_runs(coordinates, e.networks, inputs, reference, e.runs, seed),
-                    "storage_shift": storage_shift(exact_coordinates, coordinates, ctx.data.x_val, e.networks, seed)}
-                if row["kept"] is not None:
-                    row["coordinates"]["margins"] = margins_over_kept(
-                        _means(row["coordinates"]["auroc"]), row["coordinates"]["nll"]["mean"], row["kept"])
+                exact = sgld_coordinates(ctx, store, data, coordinate_rank)
+                stored = exact.stored_at(precision)
+                nbytes = module_bytes(stored.codec, precision) + stored_bytes(stored.coordinates.numel(), precision)
+                row["coordinates"] = {"rank": coordinate_rank,
+                                      **judged(ctx, exact, stored, nbytes, inputs, reference, kept, seed)}
             rows.append(row)
             log.info("%s: APD rank %d, %d kept samples%s", precision, rank, k,
                      "" if row["margins"] is None else f"; APD wins {row['margins']['wins']} of "
                      f"{row['margins']['compared']}")
-        store_size = len(store)
-    return {"pipeline": cfg.name, "dataset": ctx.data.name, "dim": dim, "sgld_samples": store_size, "runs": e.runs,
+    return {"pipeline": cfg.name, "dataset": ctx.data.name, "dim": dim, "sgld_samples": n, "runs": e.runs,
             "networks": e.networks, "ood_sets": list(inputs.ood), "budget": plan.budget,
             "judged_on": "validation images and the OOD tuning pool (never the test split or evaluate's OOD sets)",
             "plan": dataclasses.asdict(plan), "sgld": sgld, "rows": rows,
