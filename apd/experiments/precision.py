@@ -15,6 +15,12 @@ A storage budget of S SGLD samples' worth (``budget``, bytes / (4·D)) buys, at 
   own: the codec (mean, basis, scales, no residual) plus every stored sample's r coordinates, at the
   largest r for which both fit the budget at that precision; a member is one sample's coordinates decoded.
 
+- **APD, one generator per chain**: the same GAN, one per chain of the store, each trained on its chain's
+  coordinates in one shared subspace (the codec of the coordinates), a draw split over the chains by their
+  share of the samples (:func:`apd.posteriors.modes.systematic_allocation`); at the largest rank for which
+  the codec and the generators fit. The chains of a store may sit in separate modes, which one generator
+  fed one Gaussian latent cannot keep apart (its image is connected).
+
 So lower precision buys APD a larger rank and the kept samples more members, and the comparison stays at
 equal storage. Both are scored by the kept-samples yardstick (:mod:`apd.evaluation.yardstick`): worst
 per-set BALD and max-prob AUROC gap to SGLD, NLL gap and KL to SGLD's predictive, and the margins of APD
@@ -41,11 +47,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from apd.config import DistillConfig, bounded
 from apd.distillation.alignment import permute
 from apd.distillation.codec import WeightCodec
+from apd.distillation.gan import Generator
 from apd.distillation.generator import architecture, build_generator
 from apd.distillation.precision import (
     PRECISIONS,
@@ -56,6 +63,7 @@ from apd.distillation.precision import (
     round_trip_module_,
     stored_bytes,
 )
+from apd.distillation.training import make_trainer
 from apd.errors import ConfigError
 from apd.evaluation.protocol import EvaluationInputs
 from apd.evaluation.yardstick import Reference, kept_samples, margins_over_kept
@@ -71,6 +79,7 @@ from apd.pipeline.stage import require_input
 from apd.pipeline.table_format import MISSING, format_gap, format_number, format_sample_count, markdown_table, mean_std
 from apd.posteriors import APDGenerator, Posterior
 from apd.posteriors.kept import FixedEnsemble, evenly_spaced_rows
+from apd.posteriors.modes import systematic_allocation
 from apd.samplers.store import SampleStore
 
 log = logging.getLogger(__name__)
@@ -87,6 +96,7 @@ class PrecisionPlan:
     subsets: int = bounded(5, ge=1)  # random kept subsets per precision: the spread a win must exceed
     steps: int = bounded(0, ge=0)  # generator steps; 0: the pipeline's distill.steps
     max_seconds: float = bounded(1200.0, gt=0)  # wall clock for training one generator
+    per_chain: bool = True  # also APD with one generator per chain
 
 
 def generator_storage(d: DistillConfig, rank: int, spec: ParamSpec, precision: str) -> float:
@@ -116,6 +126,67 @@ def largest_rank(storage: Callable[[int], float], budget: float, limit: int) -> 
             break
         best = rank
     return best
+
+
+def chain_generators_storage(d: DistillConfig, rank: int, spec: ParamSpec, chains: int, precision: str) -> float:
+    """SGLD samples' worth of a rank-``rank`` subspace codec without a residual plus ``chains`` generators of
+    ``d``'s widths, stored at ``precision``."""
+    codec = WeightCodec.empty("subspace", spec.numel, rank, residual=False)
+    generator = Generator(d.z_dim, d.gen_hidden, rank)
+    return in_samples(module_bytes(codec, precision) + chains * module_bytes(generator, precision), spec.numel)
+
+
+class ChainGenerators(Posterior):
+    """One generator per chain in a shared subspace codec, θ = μ + U·diag(σ)·G_c(z): member i of a draw of k
+    comes from chain c = :func:`~apd.posteriors.modes.systematic_allocation` of the chains' ``shares``."""
+
+    def __init__(self, codec: WeightCodec, generators: nn.ModuleList, shares: Tensor, spec: ParamSpec,
+                 name: str) -> None:
+        self.codec, self.generators, self.shares, self.spec, self.name = codec, generators, shares, spec, name
+        self.device = codec.mean.device
+
+    @torch.no_grad()
+    def sample_weights(self, k: int, generator: torch.Generator | None = None) -> Tensor:
+        generator = self.on_device(generator)
+        counts = torch.bincount(systematic_allocation(self.shares, k), minlength=len(self.generators)).tolist()
+        codes = torch.cat([g.sample(n, generator=generator) for g, n in zip(self.generators, counts, strict=True)
+                           if n])
+        return self.codec.decode_principal(codes)
+
+    def stored_parameters(self) -> int:
+        return self.codec.stored_parameters() + sum(p.numel() for p in self.generators.parameters())
+
+    def stored_at(self, precision: str) -> ChainGenerators:
+        """A copy with the codec and the generators read back from ``precision``."""
+        return ChainGenerators(round_trip_module_(copy.deepcopy(self.codec), precision),
+                               round_trip_module_(copy.deepcopy(self.generators), precision), self.shares, self.spec,
+                               f"{self.name}, {precision}")
+
+
+def random_batches(codes: Tensor, batch_size: int, seed: int) -> Callable[[], Tensor]:
+    """A callable giving ``batch_size`` rows of ``codes`` drawn uniformly with replacement, seeded."""
+    rng = torch.Generator().manual_seed(seed)
+    return lambda: codes[torch.randint(len(codes), (batch_size,), generator=rng).to(codes.device)]
+
+
+def train_chain_generators(ctx: RunContext, store: SampleStore, coordinates: StoredCoordinates,
+                           steps: int) -> ChainGenerators:
+    """WGAN-GP (the pipeline's ``[distill]`` settings) on each chain's rows of ``coordinates``, ``steps``
+    generator steps each, seeded per chain; the chains' shares of the store weigh the draws."""
+    d, chains = ctx.cfg.distill, torch.from_numpy(np.asarray(store.chains))
+    ids = chains.unique()
+    generators = nn.ModuleList()
+    for chain in ids.tolist():
+        codes = coordinates.coordinates[(chains == chain).to(coordinates.coordinates.device)]
+        seed = ctx.seed("experiment", "precision", "chain", chain)
+        trainer = make_trainer(d, codes.shape[1], seed, ctx.device)
+        batches = random_batches(codes, d.batch_size, seed)
+        while trainer.generator_steps < steps:
+            trainer.step(batches, d.n_critic)
+        generators.append(trainer.generator.eval())
+    shares = torch.stack([(chains == chain).double().mean() for chain in ids]).to(coordinates.device)
+    return ChainGenerators(coordinates.codec, generators, shares, store.spec,
+                           f"APD per chain r={coordinates.coordinates.shape[1]}")
 
 
 class StoredCoordinates(Posterior):
@@ -235,11 +306,13 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
             rank = largest_rank(lambda r, p=precision: generator_storage(cfg.distill, r, spec, p), plan.budget, limit)
             coordinate_rank = largest_rank(lambda r, p=precision: coordinates_storage(r, spec, n, p), plan.budget,
                                            limit)
+            chain_rank = largest_rank(lambda r, p=precision: chain_generators_storage(
+                cfg.distill, r, spec, len(np.unique(store.chains)), p), plan.budget, limit) if plan.per_chain else 0
             k = most_kept(dim, plan.budget, precision, n)
             seed = ctx.seed("experiment", "precision", precision)
             kept = kept_row(ctx, store, k, inputs, reference, plan, precision, seed) if k else None
             row: dict = {"precision": precision, "rank": rank, "k": k, "kept": kept, "apd": None, "margins": None,
-                         "coordinates": None}
+                         "per_chain": None, "coordinates": None}
             if rank:
                 t0 = time.perf_counter()
                 built = build(shipped_variant(cfg.distill, rank), ctx, store, steps, t0 + plan.max_seconds, data)
@@ -249,6 +322,13 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
                               **judged(ctx, built.method, stored, module_bytes(stored.model, precision), inputs,
                                        reference, kept, seed)}
                 row["margins"] = row["apd"].pop("margins")
+            if chain_rank:
+                exact = train_chain_generators(ctx, store, sgld_coordinates(ctx, store, data, chain_rank),
+                                               plan.steps or cfg.distill.steps)
+                stored = exact.stored_at(precision)
+                nbytes = module_bytes(stored.codec, precision) + module_bytes(stored.generators, precision)
+                row["per_chain"] = {"rank": chain_rank, "chains": len(stored.generators),
+                                    **judged(ctx, exact, stored, nbytes, inputs, reference, kept, seed)}
             if coordinate_rank:
                 exact = sgld_coordinates(ctx, store, data, coordinate_rank)
                 stored = exact.stored_at(precision)
@@ -270,7 +350,10 @@ def _method_rows(row: dict) -> list[tuple[str, str, dict | None, dict | None]]:
     """(method, rank or k, its yardstick summary, its margins over the kept samples) of one precision's row;
     the kept samples twice, evenly spaced and the random subsets' mean ± std."""
     kept, coordinates = row["kept"], row["coordinates"]
+    per_chain = row.get("per_chain")
     return [("APD", f"r={row['rank']}" if row["rank"] else "none fits", row["apd"], row["margins"]),
+            ("APD, one generator per chain", f"r={per_chain['rank']}" if per_chain else "—", per_chain,
+             None if per_chain is None else per_chain["margins"]),
             ("SGLD coordinates", f"r={coordinates['rank']}" if coordinates else "none fits", coordinates,
              None if coordinates is None else coordinates.get("margins")),
             ("kept, evenly spaced", f"k={row['k']}", None if kept is None else kept["evenly_spaced"], None),
@@ -282,7 +365,8 @@ def render_table(results: dict) -> str:
     and the kept samples on each yardstick quantity."""
     note = (f"# Storage precision on {results['pipeline']}\n\nA budget of {results['budget']:g} SGLD samples' "
             f"worth (D = {results['dim']:,} weights, {results['sgld_samples']:,} stored samples) at each precision: "
-            "APD (the pipeline's distiller at the largest rank that fits, stored at the precision), every SGLD "
+            "APD (the pipeline's distiller at the largest rank that fits, stored at the precision), APD with one "
+            "generator per chain in a shared subspace (no residual), every SGLD "
             "sample's coordinates in the largest principal subspace that fits with them (the ceiling of a "
             "generator in that subspace) and the most SGLD samples that fit, evenly spaced and the mean ± std "
             f"of {results['plan']['subsets']} random subsets, all stored at the same precision. "
@@ -297,6 +381,8 @@ def render_table(results: dict) -> str:
     body = []
     for row in results["rows"]:
         for method, size, summary, margins in _method_rows(row):
+            if method.endswith("per chain") and summary is None and not results["plan"].get("per_chain", False):
+                continue  # not asked for
             shift = None if summary is None else summary.get("storage_shift")
             if method.startswith("kept") and row["kept"] is not None and method.endswith("spaced"):
                 shift = row["kept"]["storage_shift"]
@@ -319,14 +405,17 @@ def draw_figure(results: dict, path: Path) -> None:
     figure, axes = new_figure(1, 3, panel=(5.2, 3.9))
     rows = results["rows"]
     x = np.arange(len(rows))
-    width = 0.2
+    width = 0.16
     for ax, (key, label) in zip(axes[0], GAPS.items(), strict=True):
-        for i, method in enumerate(("APD", "SGLD coordinates", "kept, evenly spaced", "kept, random subsets")):
+        methods = ["APD", "APD, one generator per chain", "SGLD coordinates", "kept, evenly spaced",
+                   "kept, random subsets"]
+        for i, method in enumerate(methods):
             stats = [next(summary for name, _, summary, _ in _method_rows(row) if name == method) for row in rows]
             values = [None if s is None else s[key] for s in stats]
             heights = [np.nan if v is None else v["mean"] if isinstance(v, dict) else v for v in values]
             errors = [v["std"] if isinstance(v, dict) else 0.0 for v in values]
-            ax.bar(x + (i - 1.5) * width, heights, width=width, yerr=errors, label=method, color=f"C{i}", capsize=3)
+            ax.bar(x + (i - (len(methods) - 1) / 2) * width, heights, width=width, yerr=errors, label=method,
+                   color=f"C{i}", capsize=3)
         ax.axhline(0, color="grey", linewidth=0.8)
         ax.set_xticks(x, [f"{row['precision']}\nk={row['k']}" for row in rows])
         unit = "nats" if key == "nll_gap" else "AUROC points"

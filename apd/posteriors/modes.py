@@ -47,6 +47,14 @@ def chain_means(store: SampleStore) -> tuple[Tensor, Tensor]:
     return (totals / counts[:, None]).float(), (counts / counts.sum()).float()
 
 
+def systematic_allocation(shares: Tensor, k: int) -> Tensor:
+    """The part of each of k members, for parts of ``shares`` (summing to 1): member i takes the part whose
+    cumulative share first exceeds (i + ½)/k (systematic sampling), so part j gets k·w_j members to within
+    one, in order."""
+    positions = (torch.arange(k, device=shares.device) + 0.5) / k
+    return torch.searchsorted(shares.cumsum(0), positions).clamp_max(len(shares) - 1)
+
+
 class ModeMixture(Posterior):
     """Σ_m π_m N(μ_m, α² Σ_m) (module docstring) for means [M, D], weights [M] and one Kronecker spread per
     mode (their ``scale`` is α)."""
@@ -72,9 +80,8 @@ class ModeMixture(Posterior):
         return cls(means, weights, spreads, store.spec, device)
 
     def modes_of(self, k: int) -> Tensor:
-        """The mode of each of k members: member i takes the mode whose cumulative share first exceeds (i + ½)/k."""
-        positions = (torch.arange(k, device=self.device) + 0.5) / k
-        return torch.searchsorted(self.weights.cumsum(0), positions).clamp_max(len(self.weights) - 1)
+        """The mode of each of k members (:func:`systematic_allocation` by the modes' shares)."""
+        return systematic_allocation(self.weights, k)
 
     def _spread(self, modes: Tensor, generator: torch.Generator | None) -> Tensor:
         noise = torch.empty(len(modes), self.spec.numel, device=self.device)

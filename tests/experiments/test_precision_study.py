@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from apd.cli import main
 from apd.config_load import from_dict
+from apd.distillation.codec import WeightCodec
+from apd.distillation.gan import Generator
 from apd.distillation.generator import architecture, build_generator
 from apd.distillation.precision import module_bytes
-from apd.experiments.precision import coordinates_storage, generator_storage, largest_rank, most_kept
+from apd.experiments.precision import ChainGenerators, coordinates_storage, generator_storage, largest_rank, most_kept
 from apd.nets import ParamSpec, mlp
 from tests.tiny_pipeline import TINY, copy_samples
 
@@ -38,6 +41,23 @@ def test_the_budget_buys_the_largest_rank_and_the_most_samples_that_fit():
     assert most_kept(SPEC.numel, 4.0, "int8", available=10) == 10
 
 
+def test_one_generator_per_chain_gives_each_chain_its_share_of_the_members():
+    codec = WeightCodec("subspace", SPEC.numel, torch.zeros(SPEC.numel), torch.ones(2), torch.eye(SPEC.numel)[:, :2])
+    generators = torch.nn.ModuleList()
+    for code in (-1.0, 1.0):  # generator c always gives the code (c, c)
+        generator = Generator(3, [4], 2)
+        torch.nn.init.zeros_(generator.net[-1].weight)
+        torch.nn.init.constant_(generator.net[-1].bias, code)
+        generators.append(generator)
+    method = ChainGenerators(codec, generators, torch.tensor([0.25, 0.75]), SPEC, "per chain")
+    weights = method.sample_weights(8, torch.Generator().manual_seed(0))
+    assert weights[:, 0].tolist() == [-1.0] * 2 + [1.0] * 6  # θ = μ + U·diag(σ)·c: the first weight is c's first
+    per_generator = sum(p.numel() for p in generators[0].parameters())
+    assert method.stored_parameters() == codec.stored_parameters() + 2 * per_generator
+    stored = method.stored_at("int8")
+    assert torch.equal(stored.sample_weights(8, torch.Generator().manual_seed(0)), weights)  # ±1 survive int8
+
+
 def test_the_study_compares_apd_with_its_kept_samples_at_each_precision(tiny_pipeline, tmp_path):
     root, config = tiny_pipeline
     copy_samples(root, tmp_path)
@@ -55,6 +75,7 @@ def test_the_study_compares_apd_with_its_kept_samples_at_each_precision(tiny_pip
                    row["coordinates"]["in_sgld_samples"]) <= 4
         assert row["apd"]["steps"] == 20
         assert row["margins"]["compared"] == row["coordinates"]["margins"]["compared"] == 5  # 2 sets × 2, NLL
+        assert row["per_chain"]["chains"] == 1 and row["per_chain"]["in_sgld_samples"] <= 4
     assert rows["float32"]["coordinates"]["rank"] < rows["int8"]["coordinates"]["rank"]
     assert rows["float32"]["coordinates"]["storage_shift"] == 0
     assert rows["float32"]["apd"]["storage_shift"] == 0 == rows["float32"]["kept"]["storage_shift"]
