@@ -365,8 +365,10 @@ def render_table(results: dict) -> str:
     and the kept samples on each yardstick quantity."""
     note = (f"# Storage precision on {results['pipeline']}\n\nA budget of {results['budget']:g} SGLD samples' "
             f"worth (D = {results['dim']:,} weights, {results['sgld_samples']:,} stored samples) at each precision: "
-            "APD (the pipeline's distiller at the largest rank that fits, stored at the precision), APD with one "
-            "generator per chain in a shared subspace (no residual), every SGLD "
+            "APD (the pipeline's distiller at the largest rank that fits, stored at the precision), "
+            + ("APD with one generator per chain in a shared subspace (no residual), "
+               if results["plan"].get("per_chain") else "") +
+            "every SGLD "
             "sample's coordinates in the largest principal subspace that fits with them (the ceiling of a "
             "generator in that subspace) and the most SGLD samples that fit, evenly spaced and the mean ± std "
             f"of {results['plan']['subsets']} random subsets, all stored at the same precision. "
