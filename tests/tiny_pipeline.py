@@ -54,3 +54,15 @@ def copy_samples(root: Path, target: Path) -> None:
     (target / "tiny").mkdir(parents=True, exist_ok=True)
     for name in ("samples.h5", "samples.json"):
         (target / "tiny" / name).write_bytes((root / "tiny" / name).read_bytes())
+
+
+def run_experiment_on_copy(tiny_pipeline: tuple[Path, Path], target: Path, name: str, *options: str) -> Path:
+    """``apd experiment NAME --option …`` on a copy of the tiny pipeline's samples under ``target`` (so that
+    nothing else the pipeline built is there); checks that it exits 0 and returns its experiments folder."""
+    from apd.cli import main
+
+    root, config = tiny_pipeline
+    copy_samples(root, target)
+    args = ["experiment", name, "--config", str(config), "--artifacts", str(target), "--quiet"]
+    assert main([*args, *(arg for option in options for arg in ("--option", option))]) == 0
+    return target / "tiny" / "experiments"

@@ -6,18 +6,12 @@ import json
 
 import torch
 
-from apd.cli import main
 from apd.experiments.gan_variants import LOSSES, spread_ratio
-from tests.tiny_pipeline import copy_samples
+from tests.tiny_pipeline import run_experiment_on_copy
 
 
 def test_three_formulations_judged_on_the_same_footing(tiny_pipeline, tmp_path):
-    root, config = tiny_pipeline
-    copy_samples(root, tmp_path)
-    args = ["experiment", "gan-variants", "--config", str(config), "--artifacts", str(tmp_path), "--quiet",
-            "--option", "steps=40", "--option", "every=20", "--option", "networks=10"]
-    assert main(args) == 0
-    out = tmp_path / "tiny" / "experiments"
+    out = run_experiment_on_copy(tiny_pipeline, tmp_path, "gan-variants", "steps=40", "every=20", "networks=10")
     results = json.loads((out / "gan_variants.json").read_text())
     assert [run["loss"] for run in results["runs"]] == list(LOSSES)
     for run in results["runs"]:

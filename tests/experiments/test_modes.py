@@ -6,11 +6,10 @@ import json
 
 import torch
 
-from apd.cli import main
 from apd.distillation.alignment import permute
 from apd.experiments.modes import PATH_POINTS, mode_path, single_networks
 from apd.nets import ParamSpec, mlp, predict_probs
-from tests.tiny_pipeline import copy_samples
+from tests.tiny_pipeline import run_experiment_on_copy
 
 SIZES = [5, 6, 4, 3]
 SPEC = ParamSpec.from_module(mlp(SIZES))
@@ -45,12 +44,7 @@ def test_a_permuted_copy_is_the_same_mode_once_matched():
 
 
 def test_the_experiment_writes_its_table_and_figure(tiny_pipeline, tmp_path):
-    root, config = tiny_pipeline
-    copy_samples(root, tmp_path)
-    args = ["experiment", "modes", "--config", str(config), "--artifacts", str(tmp_path), "--quiet",
-            "--option", "networks=10"]
-    assert main(args) == 0
-    out = tmp_path / "tiny" / "experiments"
+    out = run_experiment_on_copy(tiny_pipeline, tmp_path, "modes", "networks=10")
     results = json.loads((out / "modes.json").read_text())
     assert results["chains"] == [0] and results["path"] is None  # one chain: no path between modes
     assert results["store_mean"] == results["chain_means"]  # the only chain's mean is the store's

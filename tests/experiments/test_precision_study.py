@@ -7,7 +7,6 @@ import json
 import pytest
 import torch
 
-from apd.cli import main
 from apd.config_load import from_dict
 from apd.distillation.codec import WeightCodec
 from apd.distillation.gan import Generator
@@ -15,7 +14,7 @@ from apd.distillation.generator import architecture, build_generator
 from apd.distillation.precision import module_bytes
 from apd.experiments.precision import ChainGenerators, coordinates_storage, generator_storage, largest_rank, most_kept
 from apd.nets import ParamSpec, mlp
-from tests.tiny_pipeline import TINY, copy_samples
+from tests.tiny_pipeline import TINY, run_experiment_on_copy
 
 SPEC = ParamSpec.from_module(mlp([64, 32, 10]))  # the tiny pipeline's network: D = 2,410
 
@@ -59,12 +58,7 @@ def test_one_generator_per_chain_gives_each_chain_its_share_of_the_members():
 
 
 def test_the_study_compares_apd_with_its_kept_samples_at_each_precision(tiny_pipeline, tmp_path):
-    root, config = tiny_pipeline
-    copy_samples(root, tmp_path)
-    args = ["experiment", "precision", "--config", str(config), "--artifacts", str(tmp_path), "--quiet",
-            "--option", "budget=4", "--option", "steps=20", "--option", "subsets=2"]
-    assert main(args) == 0
-    out = tmp_path / "tiny" / "experiments"
+    out = run_experiment_on_copy(tiny_pipeline, tmp_path, "precision", "budget=4", "steps=20", "subsets=2")
     results = json.loads((out / "precision.json").read_text())
     rows = {row["precision"]: row for row in results["rows"]}
     assert list(rows) == ["float32", "float16", "int8"]
@@ -86,12 +80,9 @@ def test_the_study_compares_apd_with_its_kept_samples_at_each_precision(tiny_pip
 
 
 def test_a_budget_too_small_for_the_generator_still_scores_the_kept_samples(tiny_pipeline, tmp_path):
-    root, config = tiny_pipeline
-    copy_samples(root, tmp_path)
-    args = ["experiment", "precision", "--config", str(config), "--artifacts", str(tmp_path), "--quiet",
-            "--option", "budget=1", "--option", "precisions=[\"float32\"]", "--option", "subsets=1"]
-    assert main(args) == 0
-    row = json.loads((tmp_path / "tiny" / "experiments" / "precision.json").read_text())["rows"][0]
+    out = run_experiment_on_copy(tiny_pipeline, tmp_path, "precision", "budget=1", 'precisions=["float32"]',
+                                 "subsets=1")
+    row = json.loads((out / "precision.json").read_text())["rows"][0]
     assert row["rank"] == 0 and row["apd"] is None and row["margins"] is None and row["kept"]["k"] == 1
     assert row["coordinates"] is None
-    assert "none fits" in (tmp_path / "tiny" / "experiments" / "precision.md").read_text()
+    assert "none fits" in (out / "precision.md").read_text()
