@@ -66,6 +66,19 @@ def store_permutations(store: SampleStore, spec: ParamSpec, rows: list[int], fit
     return perms
 
 
+def encode_store(store: SampleStore, codec: WeightCodec, device: torch.device | str, perms: Tensor | None = None,
+                 chunk: int = 1000) -> Tensor:
+    """The codes [len(store), code_dim] of every row of ``store`` on ``device``, each row's hidden units
+    permuted by its row of ``perms`` first (None: as stored), read ``chunk`` rows at a time."""
+    parts = []
+    for start in range(0, len(store), chunk):
+        theta = store.read_all(start, min(len(store), start + chunk))
+        if perms is not None:
+            theta = permute(theta, store.spec, perms[start:start + chunk])
+        parts.append(codec.encode(theta.to(device)))
+    return torch.cat(parts)
+
+
 class StoreBatches:
     """Random real batches, as codes, from a sample store: held in memory when small enough. With
     ``perms`` [len(store), H] (and ``spec``) each row is permuted (:func:`~apd.distillation.alignment.permute`)
@@ -79,8 +92,7 @@ class StoreBatches:
         n, code_dim = len(store), codec.code_dim
         self.codes = None
         if n * code_dim * 4 <= in_memory_gb * 2**30:
-            chunks = [self._encode(store.read_all(i, min(n, i + 1000)), slice(i, i + 1000)) for i in range(0, n, 1000)]
-            self.codes = torch.cat(chunks).to(device)
+            self.codes = encode_store(store, codec, device, perms)
 
     def _encode(self, theta: Tensor, rows: slice | Tensor) -> Tensor:
         if self.perms is not None:

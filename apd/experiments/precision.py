@@ -50,7 +50,6 @@ import torch
 from torch import Tensor, nn
 
 from apd.config import DistillConfig, bounded
-from apd.distillation.alignment import permute
 from apd.distillation.codec import WeightCodec
 from apd.distillation.gan import Generator
 from apd.distillation.generator import architecture, build_generator
@@ -63,7 +62,7 @@ from apd.distillation.precision import (
     round_trip_module_,
     stored_bytes,
 )
-from apd.distillation.training import make_trainer
+from apd.distillation.training import encode_store, make_trainer
 from apd.errors import ConfigError
 from apd.evaluation.protocol import EvaluationInputs
 from apd.evaluation.yardstick import Reference, kept_samples, margins_over_kept
@@ -216,18 +215,12 @@ class StoredCoordinates(Posterior):
 
 def sgld_coordinates(ctx: RunContext, store: SampleStore, data: TrainingSamples, rank: int) -> StoredCoordinates:
     """The coordinates of every row of ``store`` (aligned as ``data`` says) in the rank-``rank`` subspace of
-    ``data.fit`` (the pipeline's codec at that rank, without a residual), read 200 rows at a time."""
+    ``data.fit`` (the pipeline's codec at that rank, without a residual)."""
     d = ctx.cfg.distill
     codec = codec_for(ctx, data.fit, dataclasses.replace(d, subspace_rank=rank,
                                                          residual=dataclasses.replace(d.residual, model="none")))
-    parts = []
-    for start in range(0, len(store), 200):
-        rows = np.arange(start, min(start + 200, len(store)))
-        weights = store.read(rows)
-        if data.perms is not None:
-            weights = permute(weights, store.spec, data.perms[rows])
-        parts.append(codec.encode(weights.to(ctx.device)))
-    return StoredCoordinates(codec, torch.cat(parts), store.spec, f"SGLD coordinates r={rank}")
+    return StoredCoordinates(codec, encode_store(store, codec, ctx.device, data.perms), store.spec,
+                             f"SGLD coordinates r={rank}")
 
 
 @torch.no_grad()
@@ -300,6 +293,13 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
         spec, dim, n = store.spec, store.spec.numel, len(store)
         sgld, reference = sgld_reference(ctx, store, inputs)
         data = training_samples(ctx, store, cfg.distill)
+        by_rank: dict[int, StoredCoordinates] = {}  # the store encoded once per rank
+
+        def coordinates_at(r: int) -> StoredCoordinates:
+            if r not in by_rank:
+                by_rank[r] = sgld_coordinates(ctx, store, data, r)
+            return by_rank[r]
+
         limit = min(n, cfg.distill.fit_samples, dim)
         steps = DistillerPlan(subspace_steps=plan.steps)
         for precision in plan.precisions:
@@ -323,14 +323,14 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
                                        reference, kept, seed)}
                 row["margins"] = row["apd"].pop("margins")
             if chain_rank:
-                exact = train_chain_generators(ctx, store, sgld_coordinates(ctx, store, data, chain_rank),
+                exact = train_chain_generators(ctx, store, coordinates_at(chain_rank),
                                                plan.steps or cfg.distill.steps)
                 stored = exact.stored_at(precision)
                 nbytes = module_bytes(stored.codec, precision) + module_bytes(stored.generators, precision)
                 row["per_chain"] = {"rank": chain_rank, "chains": len(stored.generators),
                                     **judged(ctx, exact, stored, nbytes, inputs, reference, kept, seed)}
             if coordinate_rank:
-                exact = sgld_coordinates(ctx, store, data, coordinate_rank)
+                exact = coordinates_at(coordinate_rank)
                 stored = exact.stored_at(precision)
                 nbytes = module_bytes(stored.codec, precision) + stored_bytes(stored.coordinates.numel(), precision)
                 row["coordinates"] = {"rank": coordinate_rank,
