@@ -154,7 +154,12 @@ class DistillConfig:
     common order before the codec and the GAN see it (:mod:`apd.distillation.alignment`), which changes no
     sample's function: ``permutation`` matches each sample's weights to the samples' re-estimated mean;
     ``chains`` gives every sample of a chain one permutation, that matching the activations of the chain's
-    mean on training images to those of the first chain's mean (for chains in different unit orders)."""
+    mean on training images to those of the first chain's mean (for chains in different unit orders).
+    ``per_chain`` (offline only) trains one generator per chain of the store in the one codec, a draw split
+    over the chains by their shares (:mod:`apd.distillation.chain_generators`). ``precision`` is what the
+    generator's tensors (generator, codec, residual) are stored at (:mod:`apd.distillation.precision`); the
+    generator is trained and selected in float32 and stored at it once, and its storage is counted in its
+    bytes."""
 
     mode: Literal["offline", "online"] = "offline"
     generator: Literal["dense", "subspace"] = "dense"
@@ -184,6 +189,8 @@ class DistillConfig:
     t_sgld: int = bounded(100, ge=1)
     t_gan: int = bounded(10, ge=1)
     restart_every: int = bounded(0, ge=0)
+    per_chain: bool = False
+    precision: Literal["float32", "float16", "int8"] = "float32"
 
     def has_residual(self) -> bool:
         """Whether generated networks carry a residual outside the principal subspace."""

@@ -131,6 +131,9 @@ def _check_consistency(cfg: PipelineConfig, where: str) -> None:
     if d.align != "none" and d.mode == "online":
         raise ConfigError(f"{where}: 'distill.align' = {d.align!r} needs 'distill.mode' = 'offline' "
                           "(online, set distill.align = \"none\")")
+    if d.per_chain and d.mode == "online":
+        raise ConfigError(f"{where}: 'distill.per_chain' needs 'distill.mode' = 'offline' (the chains of a sample "
+                          "store; online, set distill.per_chain = false)")
     if cfg.evaluate.mog_fit_samples < max(cfg.evaluate.mog_components):
         raise ConfigError(f"{where}: 'evaluate.mog_fit_samples' must be at least the largest "
                           f"'evaluate.mog_components'")

@@ -56,6 +56,24 @@ def copy_samples(root: Path, target: Path) -> None:
         (target / "tiny" / name).write_bytes((root / "tiny" / name).read_bytes())
 
 
+def copy_samples_as_two_chains(root: Path, target: Path) -> None:
+    """:func:`copy_samples`, with the first half of the samples relabelled chain 0 and the rest chain 1 (the
+    manifest's digest updated), for stages that treat chains apart."""
+    import h5py
+    import numpy as np
+
+    from apd.pipeline.manifests import file_digest
+
+    copy_samples(root, target)
+    store, manifest = target / "tiny" / "samples.h5", target / "tiny" / "samples.json"
+    with h5py.File(store, "r+") as h5:
+        chain = h5["chain"]
+        chain[...] = (np.arange(len(chain)) >= len(chain) // 2).astype(chain.dtype)
+    record = json.loads(manifest.read_text())
+    record["files"]["samples.h5"] = file_digest(store)
+    manifest.write_text(json.dumps(record))
+
+
 def run_experiment_on_copy(tiny_pipeline: tuple[Path, Path], target: Path, name: str, *options: str) -> Path:
     """``apd experiment NAME --option …`` on a copy of the tiny pipeline's samples under ``target`` (so that
     nothing else the pipeline built is there); checks that it exits 0 and returns its experiments folder."""

@@ -1,7 +1,8 @@
 """The distilled posterior: θ = codec.decode(G(z)), z ~ 𝒩(0, I) (Wang et al., 2018, with the codecs of
 :mod:`apd.distillation.codec`), and how it is described, rebuilt and loaded.
 
-A generator is saved as a weights-only state_dict plus a JSON description (``architecture``) from which
+A generator is saved as a weights-only state_dict, stored at its precision
+(:func:`apd.distillation.precision.pack_state`), plus a JSON description (``architecture``) from which
 :func:`build_generator` makes modules of the right shapes; :func:`load_generator` joins the two.
 """
 
@@ -13,30 +14,40 @@ import torch
 from torch import Tensor, nn
 
 from apd.config import DistillConfig
-from apd.distillation.codec import WeightCodec, storage_in_samples
+from apd.distillation.chain_generators import ChainGenerators
+from apd.distillation.codec import WeightCodec
 from apd.distillation.gan import Generator
 from apd.distillation.kronecker import KroneckerResidual
+from apd.distillation.precision import in_samples, module_bytes, module_tensors, unpack_state
 from apd.errors import ArtifactError
 from apd.io import load_torch
 from apd.nets import ParamSpec
 
 
 class DistilledGenerator(nn.Module):
-    """θ = codec.decode(G(z)), z ~ N(0, I): the APD posterior approximation over flat weight vectors."""
+    """θ = codec.decode(G(z)), z ~ N(0, I): the APD posterior approximation over flat weight vectors. ``G``
+    is one generator or one per chain (:class:`~apd.distillation.chain_generators.ChainGenerators`);
+    ``precision`` is what its tensors are stored at."""
 
-    def __init__(self, generator: Generator, codec: WeightCodec) -> None:
+    def __init__(self, generator: Generator | ChainGenerators, codec: WeightCodec,
+                 precision: str = "float32") -> None:
         super().__init__()
-        self.generator, self.codec = generator, codec
+        self.generator, self.codec, self.precision = generator, codec, precision
 
     @torch.no_grad()
     def sample_weights(self, k: int, generator: torch.Generator | None = None) -> Tensor:
         return self.codec.decode(self.generator.sample(k, generator=generator), generator=generator)
 
     def stored_parameters(self) -> int:
-        return sum(p.numel() for p in self.generator.parameters()) + self.codec.stored_parameters()
+        """Numbers stored: the generators' weights (and chain shares), the codec's tensors."""
+        return sum(t.numel() for t in module_tensors(self))
+
+    def stored_bytes(self) -> int:
+        """Bytes of every stored tensor at the generator's precision."""
+        return module_bytes(self, self.precision)
 
     def storage_in_samples(self) -> float:
-        return storage_in_samples(self.stored_parameters(), self.codec.dim)
+        return in_samples(self.stored_bytes(), self.codec.dim)
 
 
 def codec_kind(cfg: DistillConfig) -> str:
@@ -46,13 +57,15 @@ def codec_kind(cfg: DistillConfig) -> str:
     return "standardize" if cfg.standardize else "identity"
 
 
-def architecture(cfg: DistillConfig, dim: int, layer_sizes: list[int]) -> dict:
-    """What :func:`build_generator` needs to rebuild the modules (stored in the generator's manifest)."""
+def architecture(cfg: DistillConfig, dim: int, layer_sizes: list[int], chains: int = 1) -> dict:
+    """What :func:`build_generator` needs to rebuild the modules (stored in the generator's manifest);
+    ``chains``: the store's chains, one generator each when ``cfg.per_chain``."""
     kronecker = cfg.uses_kronecker()
     return {"codec": codec_kind(cfg), "dim": dim, "rank": cfg.subspace_rank,
             "residual": cfg.generator == "subspace" and cfg.residual.model == "diagonal",
             "kronecker_rank": cfg.residual.kronecker_rank if kronecker else 0, "layer_sizes": layer_sizes,
-            "z_dim": cfg.z_dim, "gen_hidden": cfg.gen_hidden, "critic_hidden": cfg.critic_hidden, "loss": cfg.loss}
+            "z_dim": cfg.z_dim, "gen_hidden": cfg.gen_hidden, "critic_hidden": cfg.critic_hidden, "loss": cfg.loss,
+            "chains": chains if cfg.per_chain else 0, "precision": cfg.precision}
 
 
 def build_generator(arch: dict) -> DistilledGenerator:
@@ -60,7 +73,13 @@ def build_generator(arch: dict) -> DistilledGenerator:
     codec = WeightCodec.empty(arch["codec"], arch["dim"], arch["rank"], arch["residual"])
     if arch.get("kronecker_rank"):
         codec.kronecker = KroneckerResidual(arch["layer_sizes"], arch["kronecker_rank"])
-    return DistilledGenerator(Generator(arch["z_dim"], arch["gen_hidden"], codec.code_dim), codec)
+    def generator() -> Generator:
+        return Generator(arch["z_dim"], arch["gen_hidden"], codec.code_dim)
+
+    chains = arch.get("chains", 0)  # 0: one generator for the whole store
+    shares = torch.full((chains,), 1 / max(chains, 1))  # the saved shares replace these
+    g = ChainGenerators([generator() for _ in range(chains)], shares) if chains else generator()
+    return DistilledGenerator(g, codec, arch.get("precision", "float32"))
 
 
 def load_generator(weights: Path, manifest: dict, expect_spec: ParamSpec | None = None,
@@ -77,7 +96,7 @@ def load_generator(weights: Path, manifest: dict, expect_spec: ParamSpec | None 
                             f"network is {expect_spec.layer_sizes}; run `apd distill --force`")
     model = build_generator(arch)
     try:
-        model.load_state_dict(load_torch(weights))
-    except RuntimeError as exc:
+        model.load_state_dict(unpack_state(load_torch(weights), model.state_dict(), model.precision))
+    except (KeyError, RuntimeError) as exc:
         raise ArtifactError(f"{weights}: does not match its manifest ({str(exc).splitlines()[0]})") from None
     return model.to(device).eval(), spec

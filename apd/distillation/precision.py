@@ -48,25 +48,62 @@ def stored_bytes(numel: int, precision: str) -> int:
     return numel + 4 * math.ceil(numel / INT8_BLOCK)
 
 
-def round_trip(values: Tensor, precision: str) -> Tensor:
-    """``values`` (float32) as read back after storing the tensor at ``precision`` (module docstring); a new
-    tensor of the same shape and device."""
+def pack(values: Tensor, precision: str) -> dict[str, Tensor]:
+    """``values`` as stored at ``precision`` (module docstring), by part: ``{"": values}`` (float32) or
+    ``{"": half}`` (float16); for int8 ``{".int8": codes}`` (int8, the flattened tensor padded to whole
+    blocks) and ``{".scale": scales}`` (float32, one per block). :func:`unpack` reads them back."""
     _check(precision)
     values = values.detach().float()
     if precision == "float32":
-        return values.clone()
+        return {"": values.clone()}
     if precision == "float16":
         half = values.half()
         if bool((torch.isinf(half) & torch.isfinite(values)).any()):
             raise ValueError(f"a value of magnitude {values.abs().max().item():.3g} does not fit float16 "
                              "(largest 65,504)")
-        return half.float()
+        return {"": half}
     flat = values.reshape(-1)
     padded = torch.cat([flat, flat.new_zeros(-flat.numel() % INT8_BLOCK)]).view(-1, INT8_BLOCK)
     scale = padded.abs().amax(1, keepdim=True) / _INT8_MAX
     codes = torch.where(scale > 0, padded / scale.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
-    restored = codes.round().clamp(-_INT8_MAX, _INT8_MAX).mul(scale)
-    return restored.view(-1)[:flat.numel()].view_as(values)
+    return {".int8": codes.round().clamp(-_INT8_MAX, _INT8_MAX).to(torch.int8).view(-1), ".scale": scale.view(-1)}
+
+
+def unpack(parts: dict[str, Tensor], shape: torch.Size | tuple[int, ...], precision: str) -> Tensor:
+    """The float32 tensor of ``shape`` that :func:`pack`'s ``parts`` store."""
+    _check(precision)
+    if precision != "int8":
+        return parts[""].float().reshape(shape)
+    numel = math.prod(shape)
+    blocks = parts[".int8"].float().view(-1, INT8_BLOCK) * parts[".scale"].view(-1, 1)
+    return blocks.view(-1)[:numel].reshape(shape)
+
+
+def round_trip(values: Tensor, precision: str) -> Tensor:
+    """``values`` (float32) as read back after storing the tensor at ``precision``: :func:`unpack` of
+    :func:`pack`; a new tensor of the same shape and device."""
+    return unpack(pack(values, precision), values.shape, precision)
+
+
+def pack_state(state: dict[str, Tensor], precision: str) -> dict[str, Tensor]:
+    """A state_dict stored at ``precision``: every floating-point tensor ``name`` becomes its :func:`pack`
+    parts, ``name`` + part suffix; other tensors stay as they are."""
+    packed: dict[str, Tensor] = {}
+    for name, tensor in state.items():
+        if not tensor.is_floating_point():
+            packed[name] = tensor
+            continue
+        packed.update({name + suffix: part for suffix, part in pack(tensor, precision).items()})
+    return packed
+
+
+def unpack_state(packed: dict[str, Tensor], template: dict[str, Tensor], precision: str) -> dict[str, Tensor]:
+    """The state_dict :func:`pack_state` stored, read back with the names and shapes of ``template`` (e.g. a
+    freshly built module's state_dict); a missing part is a ``KeyError``."""
+    suffixes = pack(torch.zeros(1), precision)
+    return {name: (unpack({suffix: packed[name + suffix] for suffix in suffixes}, tensor.shape, precision)
+                   if tensor.is_floating_point() else packed[name])
+            for name, tensor in template.items()}
 
 
 def module_tensors(module: nn.Module) -> list[Tensor]:

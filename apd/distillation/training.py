@@ -4,6 +4,7 @@ samples, the GAN trainer, batches of real codes, and the validation reference a 
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable
 
@@ -82,13 +83,14 @@ def encode_store(store: SampleStore, codec: WeightCodec, device: torch.device | 
 class StoreBatches:
     """Random real batches, as codes, from a sample store: held in memory when small enough. With
     ``perms`` [len(store), H] (and ``spec``) each row is permuted (:func:`~apd.distillation.alignment.permute`)
-    as it is read."""
+    as it is read. :meth:`restricted` gives batches from some rows only (one chain's)."""
 
     def __init__(self, store: SampleStore, codec: WeightCodec, batch_size: int, in_memory_gb: float,
                  seed: int, device: torch.device, perms: Tensor | None = None, spec: ParamSpec | None = None) -> None:
         self.store, self.codec, self.batch_size, self.device = store, codec, batch_size, device
         self.perms, self.spec = perms, spec
         self.rng = torch.Generator().manual_seed(seed)
+        self.rows: Tensor | None = None  # None: every row of the store
         n, code_dim = len(store), codec.code_dim
         self.codes = None
         if n * code_dim * 4 <= in_memory_gb * 2**30:
@@ -99,8 +101,18 @@ class StoreBatches:
             theta = permute(theta, self.spec, self.perms[rows])
         return self.codec.encode(theta.to(self.device))
 
+    def restricted(self, rows: Tensor, seed: int) -> StoreBatches:
+        """Batches drawn uniformly from the store's ``rows`` only, by a generator seeded with ``seed``; the
+        codes held in memory are shared, not encoded again."""
+        batches = copy.copy(self)
+        batches.rows, batches.rng = rows, torch.Generator().manual_seed(seed)
+        return batches
+
     def __call__(self) -> Tensor:
-        index = torch.randint(len(self.store), (self.batch_size,), generator=self.rng)
+        if self.rows is None:
+            index = torch.randint(len(self.store), (self.batch_size,), generator=self.rng)
+        else:
+            index = self.rows[torch.randint(len(self.rows), (self.batch_size,), generator=self.rng)]
         if self.codes is not None:
             return self.codes[index.to(self.device)]
         return self._encode(self.store.read(index.numpy()), index)

@@ -15,11 +15,11 @@ A storage budget of S SGLD samples' worth (``budget``, bytes / (4·D)) buys, at 
   own: the codec (mean, basis, scales, no residual) plus every stored sample's r coordinates, at the
   largest r for which both fit the budget at that precision; a member is one sample's coordinates decoded.
 
-- **APD, one generator per chain**: the same GAN, one per chain of the store, each trained on its chain's
-  coordinates in one shared subspace (the codec of the coordinates), a draw split over the chains by their
-  share of the samples (:func:`apd.posteriors.modes.systematic_allocation`); at the largest rank for which
-  the codec and the generators fit. The chains of a store may sit in separate modes, which one generator
-  fed one Gaussian latent cannot keep apart (its image is connected).
+- **APD, one generator per chain** (:mod:`apd.distillation.chain_generators`, as ``[distill] per_chain``):
+  the same GAN, one per chain of the store, each trained on its chain's coordinates in one shared subspace
+  (the codec of the coordinates), a draw split over the chains by their share of the samples; at the
+  largest rank for which the codec and the generators fit. The chains of a store may sit in separate
+  modes, which one generator fed one Gaussian latent cannot keep apart (its image is connected).
 
 So lower precision buys APD a larger rank and the kept samples more members, and the comparison stays at
 equal storage. Both are scored by the kept-samples yardstick (:mod:`apd.evaluation.yardstick`): worst
@@ -47,12 +47,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from apd.config import DistillConfig, bounded
+from apd.distillation.chain_generators import ChainTrainers
 from apd.distillation.codec import WeightCodec
-from apd.distillation.gan import Generator
-from apd.distillation.generator import architecture, build_generator
+from apd.distillation.generator import DistilledGenerator, architecture, build_generator
 from apd.distillation.precision import (
     PRECISIONS,
     Precision,
@@ -78,7 +78,6 @@ from apd.pipeline.stage import require_input
 from apd.pipeline.table_format import MISSING, format_gap, format_number, format_sample_count, markdown_table, mean_std
 from apd.posteriors import APDGenerator, Posterior
 from apd.posteriors.kept import FixedEnsemble, evenly_spaced_rows
-from apd.posteriors.modes import systematic_allocation
 from apd.samplers.store import SampleStore
 
 log = logging.getLogger(__name__)
@@ -98,10 +97,10 @@ class PrecisionPlan:
     per_chain: bool = True  # also APD with one generator per chain
 
 
-def generator_storage(d: DistillConfig, rank: int, spec: ParamSpec, precision: str) -> float:
-    """SGLD samples' worth of the generator ``d`` describes at subspace rank ``rank``, stored at ``precision``
-    (counted on modules of the right shapes, before any training)."""
-    arch = architecture(dataclasses.replace(d, subspace_rank=rank), spec.numel, spec.layer_sizes)
+def generator_storage(d: DistillConfig, rank: int, spec: ParamSpec, precision: str, chains: int = 1) -> float:
+    """SGLD samples' worth of the generator ``d`` describes at subspace rank ``rank`` (for a store of ``chains``
+    chains), stored at ``precision`` (counted on modules of the right shapes, before any training)."""
+    arch = architecture(dataclasses.replace(d, subspace_rank=rank), spec.numel, spec.layer_sizes, chains)
     return in_samples(module_bytes(build_generator(arch), precision), spec.numel)
 
 
@@ -129,37 +128,9 @@ def largest_rank(storage: Callable[[int], float], budget: float, limit: int) -> 
 
 def chain_generators_storage(d: DistillConfig, rank: int, spec: ParamSpec, chains: int, precision: str) -> float:
     """SGLD samples' worth of a rank-``rank`` subspace codec without a residual plus ``chains`` generators of
-    ``d``'s widths, stored at ``precision``."""
-    codec = WeightCodec.empty("subspace", spec.numel, rank, residual=False)
-    generator = Generator(d.z_dim, d.gen_hidden, rank)
-    return in_samples(module_bytes(codec, precision) + chains * module_bytes(generator, precision), spec.numel)
-
-
-class ChainGenerators(Posterior):
-    """One generator per chain in a shared subspace codec, θ = μ + U·diag(σ)·G_c(z): member i of a draw of k
-    comes from chain c = :func:`~apd.posteriors.modes.systematic_allocation` of the chains' ``shares``."""
-
-    def __init__(self, codec: WeightCodec, generators: nn.ModuleList, shares: Tensor, spec: ParamSpec,
-                 name: str) -> None:
-        self.codec, self.generators, self.shares, self.spec, self.name = codec, generators, shares, spec, name
-        self.device = codec.mean.device
-
-    @torch.no_grad()
-    def sample_weights(self, k: int, generator: torch.Generator | None = None) -> Tensor:
-        generator = self.on_device(generator)
-        counts = torch.bincount(systematic_allocation(self.shares, k), minlength=len(self.generators)).tolist()
-        codes = torch.cat([g.sample(n, generator=generator) for g, n in zip(self.generators, counts, strict=True)
-                           if n])
-        return self.codec.decode_principal(codes)
-
-    def stored_parameters(self) -> int:
-        return self.codec.stored_parameters() + sum(p.numel() for p in self.generators.parameters())
-
-    def stored_at(self, precision: str) -> ChainGenerators:
-        """A copy with the codec and the generators read back from ``precision``."""
-        return ChainGenerators(round_trip_module_(copy.deepcopy(self.codec), precision),
-                               round_trip_module_(copy.deepcopy(self.generators), precision), self.shares, self.spec,
-                               f"{self.name}, {precision}")
+    ``d``'s widths (and their shares), stored at ``precision``."""
+    return generator_storage(dataclasses.replace(d, per_chain=True, residual=dataclasses.replace(
+        d.residual, model="none")), rank, spec, precision, chains)
 
 
 def random_batches(codes: Tensor, batch_size: int, seed: int) -> Callable[[], Tensor]:
@@ -169,23 +140,22 @@ def random_batches(codes: Tensor, batch_size: int, seed: int) -> Callable[[], Te
 
 
 def train_chain_generators(ctx: RunContext, store: SampleStore, coordinates: StoredCoordinates,
-                           steps: int) -> ChainGenerators:
+                           steps: int) -> APDGenerator:
     """WGAN-GP (the pipeline's ``[distill]`` settings) on each chain's rows of ``coordinates``, ``steps``
-    generator steps each, seeded per chain; the chains' shares of the store weigh the draws."""
+    generator steps each, seeded per chain (:class:`~apd.distillation.chain_generators.ChainTrainers`); the
+    chains' shares of the store weigh the draws."""
     d, chains = ctx.cfg.distill, torch.from_numpy(np.asarray(store.chains))
-    ids = chains.unique()
-    generators = nn.ModuleList()
-    for chain in ids.tolist():
-        codes = coordinates.coordinates[(chains == chain).to(coordinates.coordinates.device)]
-        seed = ctx.seed("experiment", "precision", "chain", chain)
-        trainer = make_trainer(d, codes.shape[1], seed, ctx.device)
-        batches = random_batches(codes, d.batch_size, seed)
-        while trainer.generator_steps < steps:
-            trainer.step(batches, d.n_critic)
-        generators.append(trainer.generator.eval())
-    shares = torch.stack([(chains == chain).double().mean() for chain in ids]).to(coordinates.device)
-    return ChainGenerators(coordinates.codec, generators, shares, store.spec,
-                           f"APD per chain r={coordinates.coordinates.shape[1]}")
+    ids = chains.unique().tolist()
+    codes = [coordinates.coordinates[(chains == chain).to(coordinates.coordinates.device)] for chain in ids]
+    seeds = [ctx.seed("experiment", "precision", "chain", chain) for chain in ids]
+    shares = torch.stack([(chains == chain).float().mean() for chain in ids]).to(coordinates.device)
+    trainers = ChainTrainers([make_trainer(d, coordinates.coordinates.shape[1], seed, ctx.device) for seed in seeds],
+                             shares)
+    batches = [random_batches(part, d.batch_size, seed) for part, seed in zip(codes, seeds, strict=True)]
+    while trainers.generator_steps < steps:
+        trainers.step(batches, d.n_critic)
+    model = DistilledGenerator(trainers.generator.eval(), coordinates.codec)
+    return APDGenerator(model, store.spec, f"APD per chain r={coordinates.coordinates.shape[1]}")
 
 
 class StoredCoordinates(Posterior):
@@ -325,10 +295,10 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
             if chain_rank:
                 exact = train_chain_generators(ctx, store, coordinates_at(chain_rank),
                                                plan.steps or cfg.distill.steps)
-                stored = exact.stored_at(precision)
-                nbytes = module_bytes(stored.codec, precision) + module_bytes(stored.generators, precision)
-                row["per_chain"] = {"rank": chain_rank, "chains": len(stored.generators),
-                                    **judged(ctx, exact, stored, nbytes, inputs, reference, kept, seed)}
+                stored = stored_apd(exact, precision)
+                row["per_chain"] = {"rank": chain_rank, "chains": len(stored.model.generator.generators),
+                                    **judged(ctx, exact, stored, module_bytes(stored.model, precision), inputs,
+                                             reference, kept, seed)}
             if coordinate_rank:
                 exact = coordinates_at(coordinate_rank)
                 stored = exact.stored_at(precision)

@@ -7,7 +7,10 @@ generator is judged on validation inputs against SGLD's predictive there (:mod:`
 mean KL between the predictives plus the mean per-input BALD gap); the step with the lowest criterion is
 kept (``selection = "last"`` keeps the last). The kept generator becomes ``generator.pt``, the last one
 ``generator-last.pt``, and ``generator.json`` records the criterion at every evaluation and the step
-kept. Files are built under temporary names and swapped in only when the run has finished.
+kept. With ``per_chain`` one generator per chain of the store learns from that chain's samples
+(:mod:`apd.distillation.chain_generators`), all judged together as one generator. Both generators are
+stored at ``precision`` (:func:`apd.distillation.precision.pack_state`). Files are built under temporary
+names and swapped in only when the run has finished.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import copy
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,9 +29,11 @@ from torch import Tensor
 
 from apd.config import DistillConfig, config_hash
 from apd.distillation.alignment import align_set, match_activations, permute
-from apd.distillation.codec import WeightCodec, storage_in_samples
+from apd.distillation.chain_generators import ChainTrainers
+from apd.distillation.codec import WeightCodec
 from apd.distillation.gan import GANTrainer
 from apd.distillation.generator import DistilledGenerator, architecture
+from apd.distillation.precision import in_samples, pack_state, unpack_state
 from apd.distillation.training import (
     StoreBatches,
     ValidationMonitor,
@@ -128,13 +133,32 @@ def distill_offline(ctx: RunContext) -> Path:
         real = data.batches(ctx, store, codec, d)
         # SGLD's predictive is the same aligned or not: the reference stays as stored
         monitor = validation_monitor(ctx, spec, store.read(evenly_spaced(len(store), REFERENCE_SAMPLES)))
-        trainer = make_trainer(d, codec.code_dim, ctx.seed("distill", "gan"), ctx.device)
-        summary = _train(ctx, trainer, codec, real, monitor, inputs, generators=(real.rng,))
+        if d.per_chain:
+            trainer, by_chain = chain_trainers(ctx, codec, real, store.chains)
+            summary = _train(ctx, trainer, codec, by_chain, monitor, inputs, generators=tuple(b.rng for b in by_chain))
+        else:
+            trainer = make_trainer(d, codec.code_dim, ctx.seed("distill", "gan"), ctx.device)
+            summary = _train(ctx, trainer, codec, real, monitor, inputs, generators=(real.rng,))
         summary["alignment"] = data.alignment
-        n_samples = len(store)
+        n_samples, chains = len(store), len(np.unique(store.chains))
     summary["seconds"] = round(time.perf_counter() - started, 2)
-    _finish(ctx, spec, summary, inputs, n_samples, source.stat().st_size)
+    _finish(ctx, spec, summary, inputs, n_samples, source.stat().st_size, chains)
     return path
+
+
+def chain_trainers(ctx: RunContext, codec: WeightCodec, batches: StoreBatches,
+                   chains: np.ndarray) -> tuple[ChainTrainers, list[StoreBatches]]:
+    """One GAN trainer per chain of the store (seed stream ``distill/gan/chain/C``), each chain's share of
+    the store's rows, and each chain's real batches (``batches`` restricted to its rows, stream
+    ``distill/batches/chain/C``)."""
+    d, labels = ctx.cfg.distill, np.asarray(chains)
+    ids = [int(c) for c in np.unique(labels)]
+    rows = [torch.from_numpy(np.flatnonzero(labels == c)) for c in ids]
+    trainers = [make_trainer(d, codec.code_dim, ctx.seed("distill", "gan", "chain", c), ctx.device) for c in ids]
+    shares = torch.tensor([len(r) / len(labels) for r in rows], device=ctx.device)
+    log.info("one generator per chain: %d chains, shares %s", len(ids), [round(float(w), 4) for w in shares])
+    return ChainTrainers(trainers, shares), [batches.restricted(r, ctx.seed("distill", "batches", "chain", c))
+                                             for c, r in zip(ids, rows, strict=True)]
 
 
 @dataclass
@@ -200,19 +224,20 @@ def _align(store: SampleStore, spec: ParamSpec, rows: list[int], fit: Tensor) ->
                    "mean_distance_after": round(result.distance_after, 4), "seconds": round(seconds, 2)}
 
 
-def _train(ctx: RunContext, trainer: GANTrainer, codec: WeightCodec, real: Callable[[], Tensor],
-           monitor: ValidationMonitor, inputs: dict, between_steps: Callable[[int], None] | None = None,
-           generators: tuple[torch.Generator, ...] = ()) -> dict:
+def _train(ctx: RunContext, trainer: GANTrainer | ChainTrainers, codec: WeightCodec,
+           real: Callable[[], Tensor] | Sequence[Callable[[], Tensor]], monitor: ValidationMonitor, inputs: dict,
+           between_steps: Callable[[int], None] | None = None, generators: tuple[torch.Generator, ...] = ()) -> dict:
     """The GAN loop shared by both modes: checkpoints, judging, keeping the best step, and at the end the
     residual's scale matched to SGLD's (:mod:`apd.distillation.residual`) when so configured. The kept
-    and the last generator are written to their partial files.
+    and the last generator are written to their partial files, stored at ``[distill] precision``; for a
+    precision below float32 the stored generator is judged once more (``selection.stored``).
 
     ``generators`` (e.g. the real-batch sampler's) are checkpointed with the trainer, so a resumed run
     repeats an uninterrupted one exactly."""
     generators = (*generators, monitor.rng)
     d = ctx.cfg.distill
     stage_hash = config_hash(ctx.cfg, "distill")
-    model = DistilledGenerator(trainer.generator, codec)
+    model = DistilledGenerator(trainer.generator, codec, d.precision)
     checkpoint = checkpoint_of(ctx.layout.generator)
     history: list[dict] = []
     best: dict = {"step": 0, "criterion": math.inf, "state": None}
@@ -256,15 +281,20 @@ def _train(ctx: RunContext, trainer: GANTrainer, codec: WeightCodec, real: Calla
     model.load_state_dict(best["state"])
     residual = _match_residual(ctx, model, monitor) if codec.has_residual else {}
     last.update({f"codec.{name}": value.clone() for name, value in codec.state_dict().items()})
-    save_torch_atomic(partial_of(ctx.layout.generator_last), last)
-    save_torch_atomic(partial_of(ctx.layout.generator), model.state_dict())
+    save_torch_atomic(partial_of(ctx.layout.generator_last), pack_state(last, d.precision))
+    stored = pack_state(model.state_dict(), d.precision)
+    save_torch_atomic(partial_of(ctx.layout.generator), stored)
     kept = next(entry for entry in history if entry["step"] == best["step"])
-    return {"selection": {"criterion": "mean KL(SGLD ‖ generated) + mean |BALD gap| on validation inputs (nats)",
-                          "rule": d.selection, "inputs": len(monitor.x), "reference_samples": REFERENCE_SAMPLES,
-                          "kept_step": best["step"], "kept": kept, "last": history[-1]},
-            "history": history, "sgld_val_accuracy": monitor.reference.accuracy,
+    selection = {"criterion": "mean KL(SGLD ‖ generated) + mean |BALD gap| on validation inputs (nats)",
+                 "rule": d.selection, "inputs": len(monitor.x), "reference_samples": REFERENCE_SAMPLES,
+                 "kept_step": best["step"], "kept": kept, "last": history[-1]}
+    if d.precision != "float32":  # what the stored numbers give, judged as the kept step was
+        model.load_state_dict(unpack_state(stored, model.state_dict(), d.precision))
+        selection["stored"] = {key: round(value, 6) for key, value in monitor.judge(model.eval()).items()}
+    return {"selection": selection, "history": history, "sgld_val_accuracy": monitor.reference.accuracy,
             "sgld_val_mean_bald": monitor.reference.mean_information,
-            "generator_parameters": model.stored_parameters(), "final_stats": stats, **residual}
+            "generator_parameters": model.stored_parameters(), "stored_bytes": model.stored_bytes(),
+            "final_stats": stats, **residual}
 
 
 def _match_residual(ctx: RunContext, model: DistilledGenerator, monitor: ValidationMonitor) -> dict:
@@ -276,15 +306,17 @@ def _match_residual(ctx: RunContext, model: DistilledGenerator, monitor: Validat
     return {"residual_scale": scale}
 
 
-def _finish(ctx: RunContext, spec: ParamSpec, summary: dict, inputs: dict, n_samples: int, store_bytes: int) -> None:
+def _finish(ctx: RunContext, spec: ParamSpec, summary: dict, inputs: dict, n_samples: int, store_bytes: int,
+            chains: int = 1) -> None:
     d, layout = ctx.cfg.distill, ctx.layout
     parameters = summary["generator_parameters"]
+    worth = in_samples(summary.pop("stored_bytes"), spec.numel)
     record = manifest_record("distill", config_hash(ctx.cfg, "distill"), inputs, spec=spec.to_json(),
                              machine=machine(ctx.device),
-                             architecture=architecture(d, spec.numel, ctx.net_sizes), mode=d.mode,
-                             storage={"generator_parameters": parameters,
+                             architecture=architecture(d, spec.numel, ctx.net_sizes, chains), mode=d.mode,
+                             storage={"generator_parameters": parameters, "precision": d.precision,
                                       "generator_bytes": partial_of(layout.generator).stat().st_size,
-                                      "in_sgld_samples": round(storage_in_samples(parameters, spec.numel), 2),
+                                      "in_sgld_samples": round(worth, 2),
                                       "store_samples": n_samples, "store_bytes": store_bytes},
                              **summary)
     publish({partial_of(layout.generator): layout.generator, partial_of(layout.generator_last): layout.generator_last},
@@ -292,9 +324,9 @@ def _finish(ctx: RunContext, spec: ParamSpec, summary: dict, inputs: dict, n_sam
     checkpoint_of(layout.generator).unlink(missing_ok=True)
     kept = summary["selection"]["kept"]
     log.info("generator: step %d kept (criterion %.4f, KL %.4f, BALD gap %.4f; validation accuracy %.4f vs SGLD's "
-             "%.4f); %s parameters (%.1f SGLD samples' worth); %.0f s → %s", kept["step"], kept["criterion"],
+             "%.4f); %s parameters at %s (%.2f SGLD samples' worth); %.0f s → %s", kept["step"], kept["criterion"],
              kept["kl"], kept["bald_gap"], kept["accuracy"], summary["sgld_val_accuracy"], f"{parameters:,}",
-             storage_in_samples(parameters, spec.numel), summary["seconds"], layout.generator)
+             d.precision, worth, summary["seconds"], layout.generator)
 
 
 def distill_online(ctx: RunContext) -> Path:

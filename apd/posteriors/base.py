@@ -37,6 +37,7 @@ class Posterior(ABC):
     spec: ParamSpec
     device: torch.device
     has_weights: bool = True
+    precision: str = "float32"  # what its stored numbers are kept at (apd.distillation.precision)
 
     @abstractmethod
     def sample_weights(self, k: int, generator: torch.Generator | None = None) -> Tensor:

@@ -16,9 +16,14 @@ class APDGenerator(Posterior):
     def __init__(self, model: DistilledGenerator, spec: ParamSpec, name: str = "apd") -> None:
         self.name, self.model, self.spec = name, model, spec
         self.device = next(model.parameters()).device
+        self.precision = model.precision
 
     def sample_weights(self, k: int, generator: torch.Generator | None = None) -> Tensor:
         return self.model.sample_weights(k, self.on_device(generator))
 
     def stored_parameters(self) -> int:
         return self.model.stored_parameters()
+
+    def storage_in_samples(self) -> float:
+        """Bytes at the generator's stored precision, in SGLD samples' worth."""
+        return self.model.storage_in_samples()

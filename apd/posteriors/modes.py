@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from apd.distillation.chain_generators import systematic_allocation
 from apd.distillation.kronecker import KroneckerResidual
 from apd.distillation.residual import matched_scale
 from apd.nets import ParamSpec
@@ -45,14 +46,6 @@ def chain_means(store: SampleStore) -> tuple[Tensor, Tensor]:
         totals.index_add_(0, which, rows)
     counts = torch.from_numpy(np.array([(chains == c).sum() for c in labels], dtype=np.float64))
     return (totals / counts[:, None]).float(), (counts / counts.sum()).float()
-
-
-def systematic_allocation(shares: Tensor, k: int) -> Tensor:
-    """The part of each of k members, for parts of ``shares`` (summing to 1): member i takes the part whose
-    cumulative share first exceeds (i + ½)/k (systematic sampling), so part j gets k·w_j members to within
-    one, in order."""
-    positions = (torch.arange(k, device=shares.device) + 0.5) / k
-    return torch.searchsorted(shares.cumsum(0), positions).clamp_max(len(shares) - 1)
 
 
 class ModeMixture(Posterior):

@@ -67,3 +67,22 @@ def test_a_module_is_stored_tensor_by_tensor_and_read_back_in_place():
     for name, value in module.state_dict().items():
         torch.testing.assert_close(value, round_trip(before[name], "int8"), rtol=0, atol=0)
     assert float(module.scale) == 5.0  # a block's largest value is kept exactly
+
+
+def test_a_state_dict_is_stored_in_its_precisions_parts_and_read_back_by_name_and_shape():
+    from apd.distillation.precision import pack_state, unpack_state
+
+    g = torch.Generator().manual_seed(0)
+    state = {"w": torch.randn(3, 50, generator=g), "b": torch.randn(7, generator=g), "steps": torch.tensor(4)}
+    packed = pack_state(state, "int8")
+    assert packed["w.int8"].dtype == torch.int8 and packed["w.int8"].numel() == 3 * INT8_BLOCK  # 150 → 3 blocks
+    assert packed["w.scale"].dtype == torch.float32 and packed["w.scale"].shape == (3,)
+    assert torch.equal(packed["steps"], state["steps"])  # not a float: stored as it is
+    back = unpack_state(packed, state, "int8")
+    for name in ("w", "b"):
+        assert torch.equal(back[name], round_trip(state[name], "int8"))
+    assert pack_state(state, "float16")["w"].dtype == torch.float16
+    same = unpack_state(pack_state(state, "float32"), state, "float32")
+    assert all(torch.equal(same[name], value) for name, value in state.items())
+    with pytest.raises(KeyError):
+        unpack_state({"w.int8": packed["w.int8"]}, {"w": state["w"]}, "int8")

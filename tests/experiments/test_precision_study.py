@@ -8,12 +8,21 @@ import pytest
 import torch
 
 from apd.config_load import from_dict
+from apd.distillation.chain_generators import ChainGenerators
 from apd.distillation.codec import WeightCodec
 from apd.distillation.gan import Generator
-from apd.distillation.generator import architecture, build_generator
+from apd.distillation.generator import DistilledGenerator, architecture, build_generator
 from apd.distillation.precision import module_bytes
-from apd.experiments.precision import ChainGenerators, coordinates_storage, generator_storage, largest_rank, most_kept
+from apd.experiments.precision import (
+    chain_generators_storage,
+    coordinates_storage,
+    generator_storage,
+    largest_rank,
+    most_kept,
+    stored_apd,
+)
 from apd.nets import ParamSpec, mlp
+from apd.posteriors import APDGenerator
 from tests.tiny_pipeline import TINY, run_experiment_on_copy
 
 SPEC = ParamSpec.from_module(mlp([64, 32, 10]))  # the tiny pipeline's network: D = 2,410
@@ -40,21 +49,25 @@ def test_the_budget_buys_the_largest_rank_and_the_most_samples_that_fit():
     assert most_kept(SPEC.numel, 4.0, "int8", available=10) == 10
 
 
-def test_one_generator_per_chain_gives_each_chain_its_share_of_the_members():
+def test_one_generator_per_chain_is_counted_with_its_codec_and_shares_and_stored_at_int8():
     codec = WeightCodec("subspace", SPEC.numel, torch.zeros(SPEC.numel), torch.ones(2), torch.eye(SPEC.numel)[:, :2])
-    generators = torch.nn.ModuleList()
+    generators = []
     for code in (-1.0, 1.0):  # generator c always gives the code (c, c)
         generator = Generator(3, [4], 2)
         torch.nn.init.zeros_(generator.net[-1].weight)
         torch.nn.init.constant_(generator.net[-1].bias, code)
         generators.append(generator)
-    method = ChainGenerators(codec, generators, torch.tensor([0.25, 0.75]), SPEC, "per chain")
+    model = DistilledGenerator(ChainGenerators(generators, torch.tensor([0.25, 0.75])), codec)
+    method = APDGenerator(model, SPEC)
     weights = method.sample_weights(8, torch.Generator().manual_seed(0))
     assert weights[:, 0].tolist() == [-1.0] * 2 + [1.0] * 6  # θ = μ + U·diag(σ)·c: the first weight is c's first
     per_generator = sum(p.numel() for p in generators[0].parameters())
-    assert method.stored_parameters() == codec.stored_parameters() + 2 * per_generator
-    stored = method.stored_at("int8")
+    assert method.stored_parameters() == codec.stored_parameters() + 2 * per_generator + 2  # and the 2 shares
+    stored = stored_apd(method, "int8")
     assert torch.equal(stored.sample_weights(8, torch.Generator().manual_seed(0)), weights)  # ±1 survive int8
+    d, rank = from_dict(TINY).distill, 5  # z 32, hidden [32]: 32·32 + 32 + 32·5 + 5 numbers a generator
+    numbers = SPEC.numel * (1 + rank) + rank + 2 * (32 * 32 + 32 + 32 * rank + rank) + 2
+    assert chain_generators_storage(d, rank, SPEC, 2, "float32") == pytest.approx(numbers / SPEC.numel)
 
 
 def test_the_study_compares_apd_with_its_kept_samples_at_each_precision(tiny_pipeline, tmp_path):
