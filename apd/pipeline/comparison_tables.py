@@ -41,6 +41,17 @@ QUALITY_NOTE = ("Gaps to SGLD (the yardstick, `apd/evaluation/yardstick.py`): wo
                 "SGLD's predictive over {samples} stored samples.")
 
 
+def kept_comparisons(y: dict, method: str) -> list[tuple[str, float, dict]]:
+    """The kept samples one method of the yardstick ``y`` is set against, as (their size: "K" float32 samples
+    or "K PRECISION", the method's storage S, their :func:`~apd.evaluation.yardstick.kept_samples` row):
+    ⌈S⌉ float32 samples, and for a method stored at a lower precision the samples that precision buys."""
+    entry, kept = y["equal_storage"][method], y.get("kept", {})
+    found = [(str(entry["k"]), kept.get(str(entry["k"])))]
+    if "at_precision" in entry:
+        found.append((entry["at_precision"]["key"], kept.get(entry["at_precision"]["key"])))
+    return [(size, entry["in_sgld_samples"], row) for size, row in found if row is not None]
+
+
 def members_table(results: dict) -> Table | None:
     """Every method at its own ensemble size (the main tables' draws) and at ``networks`` members where it
     can draw that many (a kept set, an ensemble or one network cannot: n/a)."""
@@ -96,26 +107,26 @@ def yardstick_table(results: dict) -> Table | None:
     kept = y.get("kept", {})
     body, rows = [], []
     for m in methods_in_order(results, y.get("equal_storage", {})):
-        entry = y["equal_storage"][m]
-        row = kept.get(str(entry["k"]))
-        if row is None:
-            continue
-        even, rand, own = row["evenly_spaced"], row["random"], q.get(m, {})
-        body.append([method_label(m), format_sample_count(entry["in_sgld_samples"]), str(entry["k"]),
-                     format_gap(own.get("bald_gap")), format_gap(even["bald_gap"]), format_gap(rand["bald_gap"]),
-                     format_gap(own.get("nll_gap"), 3), format_gap(even["nll_gap"], 3), format_gap(rand["nll_gap"], 3),
-                     _plain(own.get("kl"), 4), _plain(even["kl"], 4), mean_std(rand["kl"], 4)])
-        rows.append([m, entry["in_sgld_samples"], entry["k"], own.get("bald_gap"), even["bald_gap"],
-                     None if rand["bald_gap"] is None else rand["bald_gap"]["mean"],
-                     None if rand["bald_gap"] is None else rand["bald_gap"]["std"], own.get("nll_gap"),
-                     even["nll_gap"], rand["nll_gap"]["mean"], rand["nll_gap"]["std"], own.get("kl"), even["kl"],
-                     rand["kl"]["mean"], rand["kl"]["std"]])
+        for size, worth, row in kept_comparisons(y, m):
+            even, rand, own = row["evenly_spaced"], row["random"], q.get(m, {})
+            body.append([method_label(m), format_sample_count(worth), size,
+                         format_gap(own.get("bald_gap")), format_gap(even["bald_gap"]), format_gap(rand["bald_gap"]),
+                         format_gap(own.get("nll_gap"), 3), format_gap(even["nll_gap"], 3),
+                         format_gap(rand["nll_gap"], 3), _plain(own.get("kl"), 4), _plain(even["kl"], 4),
+                         mean_std(rand["kl"], 4)])
+            rows.append([m, worth, size, own.get("bald_gap"), even["bald_gap"],
+                         None if rand["bald_gap"] is None else rand["bald_gap"]["mean"],
+                         None if rand["bald_gap"] is None else rand["bald_gap"]["std"], own.get("nll_gap"),
+                         even["nll_gap"], rand["nll_gap"]["mean"], rand["nll_gap"]["std"], own.get("kl"), even["kl"],
+                         rand["kl"]["mean"], rand["kl"]["std"]])
     if not body:
         return None
     subsets = next(iter(kept.values()))["subsets"] if kept else 0
     note = (f"For each method of storage S: the method, ⌈S⌉ kept SGLD samples evenly spaced over the store, and the "
-            f"mean ± std over {subsets} random subsets of ⌈S⌉ samples. A compressed posterior is useful where it "
-            "beats the kept samples. " + QUALITY_NOTE.format(samples=y["reference"]["kl_samples"]) + "\n\n")
+            f"mean ± std over {subsets} random subsets of ⌈S⌉ samples. A method stored at a lower precision is also "
+            "set against the samples that precision buys with S (e.g. \"15 int8\": 15 samples, each stored at 8 "
+            "bits). A compressed posterior is useful where it beats the kept samples. "
+            + QUALITY_NOTE.format(samples=y["reference"]["kl_samples"]) + "\n\n")
     header = ["method", "S", "⌈S⌉", "BALD gap: method", "kept", "random", "NLL gap: method", "kept", "random",
               "KL: method", "kept", "random"]
     return Table("yardstick", "The kept-samples yardstick at equal storage", note + markdown_table(header, body),
@@ -141,28 +152,26 @@ def kept_margins_table(results: dict) -> Table | None:
         return None
     body, rows = [], []
     for m in methods_in_order(results, y.get("equal_storage", {})):
-        entry = y["equal_storage"][m]
-        row = kept.get(str(entry["k"]))
-        if row is None:
-            continue
         own = {score: {name: None if (d := ood[name].get(score, {}).get(m)) is None else d["auroc"]["mean"]
                        for name in sets} for score in ("bald", "max_prob")}
-        found = margins_over_kept(own, acc[m]["nll"]["mean"], row)
-        for score in ("bald", "max_prob"):
-            body.append([method_label(m), format_sample_count(entry["in_sgld_samples"]), str(entry["k"]),
-                         score_label(score), *(_margin_cell(found["auroc"][score][name]) for name in sets),
-                         _margin_cell(found["nll"], 3) if score == "bald" else "",
-                         f"{found['wins']}/{found['compared']}" if score == "bald" else ""])
-            rows += [[m, entry["in_sgld_samples"], entry["k"], score, name,
-                      *((None,) * 4 if (g := found["auroc"][score][name]) is None else
-                        (g["over_kept"], g["over_random"], g["random_std"], g["beats"]))] for name in sets]
-        if found["nll"] is not None:
-            g = found["nll"]
-            rows.append([m, entry["in_sgld_samples"], entry["k"], "nll", "test", g["over_kept"], g["over_random"],
-                         g["random_std"], g["beats"]])
+        for size, worth, row in kept_comparisons(y, m):
+            found = margins_over_kept(own, acc[m]["nll"]["mean"], row)
+            for score in ("bald", "max_prob"):
+                body.append([method_label(m), format_sample_count(worth), size,
+                             score_label(score), *(_margin_cell(found["auroc"][score][name]) for name in sets),
+                             _margin_cell(found["nll"], 3) if score == "bald" else "",
+                             f"{found['wins']}/{found['compared']}" if score == "bald" else ""])
+                rows += [[m, worth, size, score, name,
+                          *((None,) * 4 if (g := found["auroc"][score][name]) is None else
+                            (g["over_kept"], g["over_random"], g["random_std"], g["beats"]))] for name in sets]
+            if found["nll"] is not None:
+                g = found["nll"]
+                rows.append([m, worth, size, "nll", "test", g["over_kept"], g["over_random"], g["random_std"],
+                             g["beats"]])
     if not body:
         return None
-    note = ("Each method of storage S against ⌈S⌉ SGLD samples simply kept: per OOD set, the method's AUROC minus "
+    note = ("Each method of storage S against ⌈S⌉ SGLD samples simply kept (and, stored at a lower precision, "
+            "against the samples that precision buys): per OOD set, the method's AUROC minus "
             "that of the evenly spaced samples / minus the mean over the random subsets, ± the subsets' std "
             "(percent points; NLL: the kept samples' NLL minus the method's, nats), so positive means the method is "
             "better; ✓ where both margins exceed that std. Wins: the comparisons beaten, of those defined.\n\n")

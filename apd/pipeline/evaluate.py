@@ -24,6 +24,7 @@ import torch
 
 from apd.config import config_hash
 from apd.data import available_ood, ood_set
+from apd.distillation.precision import in_samples, stored_bytes
 from apd.errors import DataError
 from apd.evaluation.fidelity import fidelity
 from apd.evaluation.protocol import EvaluationInputs, Judgement, judge
@@ -330,22 +331,36 @@ def at_networks(ctx: RunContext, methods: dict[str, Posterior], inputs: Evaluati
 def yardstick(ctx: RunContext, methods: dict[str, Posterior], inputs: EvaluationInputs, reference: Reference) -> dict:
     """The kept-samples curve (k of ``yardstick_sizes``) and, for each method of storage S below the store's
     size, ⌈S⌉ kept samples: evenly spaced and ``yardstick_subsets`` random subsets
-    (:mod:`apd.evaluation.yardstick`)."""
+    (:mod:`apd.evaluation.yardstick`). A method stored at a lower precision is also set against the kept
+    samples its storage buys at that precision, ⌈S / s_p⌉ of them (s_p: one sample's storage at it), each
+    stored at it (``kept`` key "K PRECISION", the entry's ``at_precision``)."""
     e = ctx.cfg.evaluate
     generator = torch.Generator().manual_seed(ctx.seed("evaluate", "yardstick"))
     with SampleStore.open(ctx.layout.samples) as store:
+        n, dim = len(store), store.spec.numel
         curve = kept_curve(store, e.yardstick_sizes, inputs, reference, e.yardstick_subsets, generator, ctx.device)
         by_k = {row["k"]: row for row in curve}
+        at_precision: dict[str, dict] = {}
         equal = {}
         for name, method in methods.items():
             worth = method.storage_in_samples()
             k = math.ceil(worth - 1e-9)
-            if name in ("sgld", "kept") or k >= len(store):  # kept: the yardstick itself
+            if name in ("sgld", "kept") or k >= n:  # kept: the yardstick itself
                 continue
             if k not in by_k:  # a stream per size: the subsets of k do not depend on the other methods
                 by_k[k] = kept_samples(store, k, inputs, reference, e.yardstick_subsets,
                                        torch.Generator().manual_seed(ctx.seed("evaluate", "yardstick", k)), ctx.device)
             equal[name] = {"in_sgld_samples": round(worth, 3), "k": k}
+            if method.precision != "float32":
+                p = method.precision
+                kp = min(n, math.ceil(worth / in_samples(stored_bytes(dim, p), dim) - 1e-9))
+                key = f"{kp} {p}"
+                if key not in at_precision:
+                    rng = torch.Generator().manual_seed(ctx.seed("evaluate", "yardstick", kp, p))
+                    at_precision[key] = kept_samples(store, kp, inputs, reference, e.yardstick_subsets, rng,
+                                                     ctx.device, p)
+                equal[name]["at_precision"] = {"precision": p, "k": kp, "key": key}
     return {"reference": {"bald_auroc": reference.bald_auroc, "max_prob_auroc": reference.max_prob_auroc,
                           "nll": reference.nll, "kl_samples": reference.samples},
-            "curve": curve, "kept": {str(k): row for k, row in sorted(by_k.items())}, "equal_storage": equal}
+            "curve": curve, "kept": {**{str(k): row for k, row in sorted(by_k.items())}, **at_precision},
+            "equal_storage": equal}

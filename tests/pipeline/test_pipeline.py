@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from apd.pipeline.methods import fit_mixture
 from apd.pipeline.runtime import RunContext, torch_threads
 from apd.posteriors import APDGenerator, GaussianMixture, SGLDSamples
 from apd.samplers.store import SampleStore
-from tests.tiny_pipeline import TINY, copy_samples, tiny_context, toml
+from tests.tiny_pipeline import TINY, copy_samples, copy_samples_as_two_chains, tiny_context, toml
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +125,50 @@ def test_interrupted_distillation_resumes_to_the_same_generator(pipeline, tmp_pa
     resumed = torch.load(ctx.layout.generator_last, weights_only=True)
     for key, value in reference.items():
         torch.testing.assert_close(resumed[key], value, msg=key)
+
+
+def test_one_generator_per_chain_stored_at_int8_is_what_evaluate_loads(pipeline, tmp_path, monkeypatch):
+    """per_chain with precision int8: each chain's GAN sees only its chain's rows; generator.pt holds int8
+    codes and block scales only; it loads as two generators weighted by the chains' shares, equal to the
+    kept generator read back from int8; storage is counted in those bytes, and the stored generator is
+    judged again."""
+    from apd.distillation.chain_generators import ChainGenerators
+    from apd.distillation.precision import in_samples, module_bytes, round_trip
+    from apd.distillation.training import StoreBatches
+    from apd.pipeline import distill
+
+    copy_samples_as_two_chains(pipeline[0], tmp_path)
+    drawn: dict[int, set] = {}
+    real_call = StoreBatches.__call__
+
+    def recording_call(self):  # the rows each restricted batch stream draws from
+        if self.rows is not None:
+            drawn.setdefault(int(self.rows[0]), set()).update(self.rows.tolist())
+        return real_call(self)
+
+    monkeypatch.setattr(StoreBatches, "__call__", recording_call)
+    ctx = tiny_context(tmp_path, distill={"per_chain": True, "precision": "int8", "steps": 40})
+    path = distill.run_distill(ctx)
+    with SampleStore.open(ctx.layout.samples) as store:
+        n, chains = len(store), store.chains
+    assert {first: sorted(rows) for first, rows in drawn.items()} == {
+        0: list(range(n // 2)), n // 2: list(range(n // 2, n))} and set(chains[: n // 2]) == {0}
+    saved = torch.load(path, weights_only=True)
+    floats = {k for k, v in saved.items() if v.is_floating_point()}
+    assert floats and all(k.endswith(".scale") for k in floats)
+    assert all(v.dtype == torch.int8 for k, v in saved.items() if k.endswith(".int8"))
+    manifest = json.loads(path.with_suffix(".json").read_text())
+    model, spec = load_generator(path, manifest)
+    assert isinstance(model.generator, ChainGenerators) and len(model.generator.generators) == 2
+    torch.testing.assert_close(model.generator.shares, torch.tensor([0.5, 0.5]))
+    first = model.generator.generators[0].net[0].weight
+    assert torch.equal(first, round_trip(first, "int8"))  # already on int8's grid: read back from it
+    storage = manifest["storage"]
+    assert storage["precision"] == "int8" and manifest["architecture"]["chains"] == 2
+    assert storage["in_sgld_samples"] == round(in_samples(module_bytes(model, "int8"), spec.numel), 2)
+    assert storage["in_sgld_samples"] < 0.3 * model.stored_parameters() / spec.numel
+    assert set(manifest["selection"]["stored"]) >= {"criterion", "kl", "bald_gap"}
+    assert APDGenerator(model, spec).storage_in_samples() == pytest.approx(storage["in_sgld_samples"], abs=0.005)
 
 
 def test_matched_residual_is_saved_scaled(pipeline, tmp_path):
@@ -364,3 +409,31 @@ def test_a_methods_numbers_do_not_depend_on_the_other_methods_compared(pipeline,
     assert alone["fidelity"]["mog"] == beside["fidelity"]["mog"]
     k = str(alone["yardstick"]["equal_storage"]["mog"]["k"])
     assert alone["yardstick"]["kept"][k] == beside["yardstick"]["kept"][k]
+
+
+def test_a_method_stored_at_int8_meets_float32_kept_samples_and_the_int8_ones_its_storage_buys(pipeline):
+    """The yardstick sets a generator stored at int8 (storage S) against ⌈S⌉ float32 samples and against the
+    ⌈S / s_int8⌉ samples that int8 buys (each stored at int8); both show in the tables."""
+    from apd.distillation.precision import in_samples, stored_bytes
+    from apd.pipeline.comparison_tables import kept_comparisons, yardstick_table
+    from apd.pipeline.evaluate import evaluation_inputs, sgld_reference, yardstick
+
+    root, _ = pipeline
+    ctx = tiny_context(root)
+    results = json.loads((root / "tiny" / "eval" / "results.json").read_text())
+    model = _load_apd(root / "tiny" / "generator.pt")
+    model.model.precision = "int8"
+    method = APDGenerator(model.model, model.spec)
+    assert method.precision == "int8"
+    worth, dim = method.storage_in_samples(), model.spec.numel
+    y = yardstick(ctx, {"apd": method}, evaluation_inputs(ctx), sgld_reference(ctx, results))
+    entry = y["equal_storage"]["apd"]
+    k_int8 = math.ceil(worth / in_samples(stored_bytes(dim, "int8"), dim) - 1e-9)
+    assert entry["k"] == math.ceil(worth) and entry["at_precision"] == {"precision": "int8", "k": k_int8,
+                                                                         "key": f"{k_int8} int8"}
+    assert k_int8 > 3 * entry["k"]
+    row = y["kept"][f"{k_int8} int8"]
+    assert row["precision"] == "int8" and row["k"] == k_int8 and row["in_sgld_samples"] <= worth + 0.27
+    assert [size for size, _, _ in kept_comparisons(y, "apd")] == [str(entry["k"]), f"{k_int8} int8"]
+    table = yardstick_table({**results, "yardstick": y, "quality": {}})
+    assert [r[2] for r in table.rows] == [str(entry["k"]), f"{k_int8} int8"]
