@@ -150,17 +150,27 @@ def kept_margins_table(results: dict) -> Table | None:
     kept, sets = y.get("kept", {}), sorted(ood)
     if not kept or "auroc" not in next(iter(kept.values()))["evenly_spaced"]:
         return None
+    def aurocs(m: str) -> dict:
+        return {score: {name: None if (d := ood[name].get(score, {}).get(m)) is None else d["auroc"]["mean"]
+                        for name in sets} for score in ("bald", "max_prob")}
+
+    def sgld_wins(row: dict) -> str:  # the reference itself against the same kept samples
+        if "sgld" not in acc:
+            return UNDEFINED
+        found = margins_over_kept(aurocs("sgld"), acc["sgld"]["nll"]["mean"], row)
+        return f"{found['wins']}/{found['compared']}"
+
     body, rows = [], []
     for m in methods_in_order(results, y.get("equal_storage", {})):
-        own = {score: {name: None if (d := ood[name].get(score, {}).get(m)) is None else d["auroc"]["mean"]
-                       for name in sets} for score in ("bald", "max_prob")}
+        own = aurocs(m)
         for size, worth, row in kept_comparisons(y, m):
             found = margins_over_kept(own, acc[m]["nll"]["mean"], row)
             for score in ("bald", "max_prob"):
                 body.append([method_label(m), format_sample_count(worth), size,
                              score_label(score), *(_margin_cell(found["auroc"][score][name]) for name in sets),
                              _margin_cell(found["nll"], 3) if score == "bald" else "",
-                             f"{found['wins']}/{found['compared']}" if score == "bald" else ""])
+                             f"{found['wins']}/{found['compared']}" if score == "bald" else "",
+                             sgld_wins(row) if score == "bald" else ""])
                 rows += [[m, worth, size, score, name,
                           *((None,) * 4 if (g := found["auroc"][score][name]) is None else
                             (g["over_kept"], g["over_random"], g["random_std"], g["beats"]))] for name in sets]
@@ -174,8 +184,10 @@ def kept_margins_table(results: dict) -> Table | None:
             "against the samples that precision buys): per OOD set, the method's AUROC minus "
             "that of the evenly spaced samples / minus the mean over the random subsets, ± the subsets' std "
             "(percent points; NLL: the kept samples' NLL minus the method's, nats), so positive means the method is "
-            "better; ✓ where both margins exceed that std. Wins: the comparisons beaten, of those defined.\n\n")
-    header = ["method", "S", "⌈S⌉", "score", *sets, "NLL", "wins"]
+            "better; ✓ where both margins exceed that std. Wins: the comparisons beaten, of those defined. SGLD's "
+            "wins: the same count for SGLD's own ensemble against the same kept samples, the most a method that "
+            "matched SGLD could win.\n\n")
+    header = ["method", "S", "⌈S⌉", "score", *sets, "NLL", "wins", "SGLD's wins"]
     return Table("kept_margins", "Against the kept samples, set by set", note + markdown_table(header, body),
                  ["method", "in_sgld_samples", "k", "score", "set", "over_kept", "over_random", "random_std", "beats"],
                  rows)

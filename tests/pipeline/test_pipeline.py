@@ -437,3 +437,14 @@ def test_a_method_stored_at_int8_meets_float32_kept_samples_and_the_int8_ones_it
     assert [size for size, _, _ in kept_comparisons(y, "apd")] == [str(entry["k"]), f"{k_int8} int8"]
     table = yardstick_table({**results, "yardstick": y, "quality": {}})
     assert [r[2] for r in table.rows] == [str(entry["k"]), f"{k_int8} int8"]
+    # the margins table gives, beside each comparison, what SGLD's own ensemble wins against the same samples
+    from apd.evaluation.yardstick import margins_over_kept
+    from apd.pipeline.comparison_tables import kept_margins_table
+
+    ood = results["ood"]
+    sgld = {score: {name: ood[name][score]["sgld"]["auroc"]["mean"] for name in ood} for score in ("bald", "max_prob")}
+    found = margins_over_kept(sgld, results["accuracy"]["sgld"]["nll"]["mean"], row)
+    margins = kept_margins_table({**results, "yardstick": y}).markdown
+    line = next(text for text in margins.splitlines()
+                if text.startswith("| APD | ") and f"| {k_int8} int8 | BALD" in text)
+    assert line.rstrip(" |").endswith(f"| {found['wins']}/{found['compared']}")
