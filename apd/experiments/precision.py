@@ -3,10 +3,11 @@
 A storage budget of S SGLD samples' worth (``budget``, bytes / (4·D)) buys, at each precision of
 :mod:`apd.distillation.precision` (float32, float16, int8):
 
-- **APD**: the pipeline's own distiller (its ``[distill]`` section: codec, residual, generator widths,
-  steps) at the largest subspace rank r whose stored tensors (generator weights, codec mean, basis,
-  scales and residual factors) fit the budget at that precision, trained on float32 samples as
-  ``apd distill`` trains it and then stored at the precision;
+- **APD**: the pipeline's own distiller with one generator for the whole store (its ``[distill]``
+  section: codec, residual, generator widths, steps; ``per_chain`` aside) at the largest subspace rank r
+  whose stored tensors (generator weights, codec mean, basis, scales and residual factors) fit the budget
+  at that precision, trained on float32 samples as ``apd distill`` trains it and then stored at the
+  precision;
 - **kept samples**: the most SGLD samples that fit the budget at that precision, k = ⌊S / (bytes of one
   sample / 4D)⌋, evenly spaced over the store (across chains) and ``subsets`` random subsets for the
   spread, each sample stored at the precision.
@@ -271,9 +272,10 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
             return by_rank[r]
 
         limit = min(n, cfg.distill.fit_samples, dim)
+        one = dataclasses.replace(cfg.distill, per_chain=False)  # the APD row: one generator for the store
         steps = DistillerPlan(subspace_steps=plan.steps)
         for precision in plan.precisions:
-            rank = largest_rank(lambda r, p=precision: generator_storage(cfg.distill, r, spec, p), plan.budget, limit)
+            rank = largest_rank(lambda r, p=precision: generator_storage(one, r, spec, p), plan.budget, limit)
             coordinate_rank = largest_rank(lambda r, p=precision: coordinates_storage(r, spec, n, p), plan.budget,
                                            limit)
             chain_rank = largest_rank(lambda r, p=precision: chain_generators_storage(
