@@ -101,28 +101,39 @@ def test_evaluate_without_generator_names_the_stage(tmp_path, capsys):
     assert "run `apd sample" in capsys.readouterr().err
 
 
-def test_interrupted_distillation_resumes_to_the_same_generator(pipeline, tmp_path, monkeypatch):
+@pytest.mark.parametrize("per_chain", [False, True])
+def test_interrupted_distillation_resumes_to_the_same_generator(pipeline, tmp_path, monkeypatch, per_chain):
+    """Interrupted after 100 GAN trainer steps (per chain: mid-way through a step of the chains' trainers),
+    the resumed run ends with the generator an uninterrupted run gives."""
     from apd.distillation.gan import GANTrainer
     from apd.pipeline import distill
 
     root, _ = pipeline
-    copy_samples(root, tmp_path)
-    reference = torch.load(tiny_context(root).layout.generator_last, weights_only=True)
+    settings = {"per_chain": True} if per_chain else {}
+    if per_chain:
+        copy_samples_as_two_chains(root, tmp_path / "straight")
+        distill.run_distill(tiny_context(tmp_path / "straight", distill=settings))
+        reference = torch.load(tiny_context(tmp_path / "straight").layout.generator_last, weights_only=True)
+        copy_samples_as_two_chains(root, tmp_path / "resumed")
+    else:
+        reference = torch.load(tiny_context(root).layout.generator_last, weights_only=True)
+        copy_samples(root, tmp_path / "resumed")
     real_step, calls = GANTrainer.step, []
 
     def step_then_interrupt(self, *args, **kwargs):
         calls.append(1)
-        if len(calls) == 100:
+        if len(calls) == 101:
             raise KeyboardInterrupt
         return real_step(self, *args, **kwargs)
 
     monkeypatch.setattr(GANTrainer, "step", step_then_interrupt)
-    ctx = tiny_context(tmp_path)
+    ctx = tiny_context(tmp_path / "resumed", distill=settings)
     with pytest.raises(KeyboardInterrupt):
         distill.run_distill(ctx)
     monkeypatch.setattr(GANTrainer, "step", real_step)
     distill.run_distill(ctx)
     resumed = torch.load(ctx.layout.generator_last, weights_only=True)
+    assert set(resumed) == set(reference)
     for key, value in reference.items():
         torch.testing.assert_close(resumed[key], value, msg=key)
 
