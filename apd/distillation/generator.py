@@ -97,6 +97,6 @@ def load_generator(weights: Path, manifest: dict, expect_spec: ParamSpec | None 
     model = build_generator(arch)
     try:
         model.load_state_dict(unpack_state(load_torch(weights), model.state_dict(), model.precision))
-    except (KeyError, RuntimeError) as exc:
+    except (KeyError, RuntimeError, ValueError) as exc:
         raise ArtifactError(f"{weights}: does not match its manifest ({str(exc).splitlines()[0]})") from None
     return model.to(device).eval(), spec

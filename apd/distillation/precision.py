@@ -70,11 +70,18 @@ def pack(values: Tensor, precision: str) -> dict[str, Tensor]:
 
 
 def unpack(parts: dict[str, Tensor], shape: torch.Size | tuple[int, ...], precision: str) -> Tensor:
-    """The float32 tensor of ``shape`` that :func:`pack`'s ``parts`` store."""
+    """The float32 tensor of ``shape`` that :func:`pack`'s ``parts`` store; parts of another size are a
+    ``ValueError``."""
     _check(precision)
-    if precision != "int8":
-        return parts[""].float().reshape(shape)
     numel = math.prod(shape)
+    if precision != "int8":
+        if parts[""].numel() != numel:
+            raise ValueError(f"{parts[''].numel()} stored numbers for a tensor of shape {list(shape)}")
+        return parts[""].float().reshape(shape)
+    blocks = math.ceil(numel / INT8_BLOCK)
+    if parts[".int8"].numel() != blocks * INT8_BLOCK or parts[".scale"].numel() != blocks:
+        raise ValueError(f"{parts['.int8'].numel()} int8 codes and {parts['.scale'].numel()} scales for a tensor of "
+                         f"shape {list(shape)}")
     blocks = parts[".int8"].float().view(-1, INT8_BLOCK) * parts[".scale"].view(-1, 1)
     return blocks.view(-1)[:numel].reshape(shape)
 
@@ -99,8 +106,13 @@ def pack_state(state: dict[str, Tensor], precision: str) -> dict[str, Tensor]:
 
 def unpack_state(packed: dict[str, Tensor], template: dict[str, Tensor], precision: str) -> dict[str, Tensor]:
     """The state_dict :func:`pack_state` stored, read back with the names and shapes of ``template`` (e.g. a
-    freshly built module's state_dict); a missing part is a ``KeyError``."""
+    freshly built module's state_dict); a missing part is a ``KeyError``, a part of the wrong size or one
+    the template has no place for a ``ValueError``."""
     suffixes = pack(torch.zeros(1), precision)
+    expected = {name + suffix if tensor.is_floating_point() else name
+                for name, tensor in template.items() for suffix in suffixes}
+    if extra := sorted(set(packed) - expected):
+        raise ValueError(f"stored tensor {extra[0]!r} has no place in the module")
     return {name: (unpack({suffix: packed[name + suffix] for suffix in suffixes}, tensor.shape, precision)
                    if tensor.is_floating_point() else packed[name])
             for name, tensor in template.items()}

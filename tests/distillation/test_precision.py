@@ -86,3 +86,7 @@ def test_a_state_dict_is_stored_in_its_precisions_parts_and_read_back_by_name_an
     assert all(torch.equal(same[name], value) for name, value in state.items())
     with pytest.raises(KeyError):
         unpack_state({"w.int8": packed["w.int8"]}, {"w": state["w"]}, "int8")
+    with pytest.raises(ValueError, match="int8 codes and 3 scales for a tensor of shape \\[2, 50\\]"):
+        unpack_state(packed, {**state, "w": state["w"][:2]}, "int8")  # one block too many, silently cut otherwise
+    with pytest.raises(ValueError, match="'b.int8' has no place"):
+        unpack_state(packed, {"w": state["w"], "steps": state["steps"]}, "int8")
