@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 
 from apd.config import DistillConfig, bounded
-from apd.distillation.chain_generators import ChainTrainers
+from apd.distillation.chain_generators import ChainTrainers, chain_partition
 from apd.distillation.codec import WeightCodec
 from apd.distillation.generator import DistilledGenerator, architecture, build_generator
 from apd.distillation.precision import (
@@ -145,13 +145,11 @@ def train_chain_generators(ctx: RunContext, store: SampleStore, coordinates: Sto
     """WGAN-GP (the pipeline's ``[distill]`` settings) on each chain's rows of ``coordinates``, ``steps``
     generator steps each, seeded per chain (:class:`~apd.distillation.chain_generators.ChainTrainers`); the
     chains' shares of the store weigh the draws."""
-    d, chains = ctx.cfg.distill, torch.from_numpy(np.asarray(store.chains))
-    ids = chains.unique().tolist()
-    codes = [coordinates.coordinates[(chains == chain).to(coordinates.coordinates.device)] for chain in ids]
+    d, (ids, rows, shares) = ctx.cfg.distill, chain_partition(store.chains)
+    codes = [coordinates.coordinates[r.to(coordinates.coordinates.device)] for r in rows]
     seeds = [ctx.seed("experiment", "precision", "chain", chain) for chain in ids]
-    shares = torch.stack([(chains == chain).float().mean() for chain in ids]).to(coordinates.device)
     trainers = ChainTrainers([make_trainer(d, coordinates.coordinates.shape[1], seed, ctx.device) for seed in seeds],
-                             shares)
+                             shares.to(coordinates.device))
     batches = [random_batches(part, d.batch_size, seed) for part, seed in zip(codes, seeds, strict=True)]
     while trainers.generator_steps < steps:
         trainers.step(batches, d.n_critic)
@@ -273,13 +271,14 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
 
         limit = min(n, cfg.distill.fit_samples, dim)
         one = dataclasses.replace(cfg.distill, per_chain=False)  # the APD row: one generator for the store
+        chains = len(chain_partition(store.chains)[0])
         steps = DistillerPlan(subspace_steps=plan.steps)
         for precision in plan.precisions:
             rank = largest_rank(lambda r, p=precision: generator_storage(one, r, spec, p), plan.budget, limit)
             coordinate_rank = largest_rank(lambda r, p=precision: coordinates_storage(r, spec, n, p), plan.budget,
                                            limit)
             chain_rank = largest_rank(lambda r, p=precision: chain_generators_storage(
-                cfg.distill, r, spec, len(np.unique(store.chains)), p), plan.budget, limit) if plan.per_chain else 0
+                cfg.distill, r, spec, chains, p), plan.budget, limit) if plan.per_chain else 0
             k = most_kept(dim, plan.budget, precision, n)
             seed = ctx.seed("experiment", "precision", precision)
             kept = kept_row(ctx, store, k, inputs, reference, plan, precision, seed) if k else None

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from apd.config import DistillConfig, config_hash
 from apd.distillation.alignment import align_set, match_activations, permute
-from apd.distillation.chain_generators import ChainTrainers
+from apd.distillation.chain_generators import ChainTrainers, chain_partition
 from apd.distillation.codec import WeightCodec
 from apd.distillation.gan import GANTrainer
 from apd.distillation.generator import DistilledGenerator, architecture
@@ -151,11 +151,10 @@ def chain_trainers(ctx: RunContext, codec: WeightCodec, batches: StoreBatches,
     """One GAN trainer per chain of the store (seed stream ``distill/gan/chain/C``), each chain's share of
     the store's rows, and each chain's real batches (``batches`` restricted to its rows, stream
     ``distill/batches/chain/C``)."""
-    d, labels = ctx.cfg.distill, np.asarray(chains)
-    ids = [int(c) for c in np.unique(labels)]
-    rows = [torch.from_numpy(np.flatnonzero(labels == c)) for c in ids]
+    d = ctx.cfg.distill
+    ids, rows, shares = chain_partition(chains)
+    shares = shares.to(ctx.device)
     trainers = [make_trainer(d, codec.code_dim, ctx.seed("distill", "gan", "chain", c), ctx.device) for c in ids]
-    shares = torch.tensor([len(r) / len(labels) for r in rows], device=ctx.device)
     log.info("one generator per chain: %d chains, shares %s", len(ids), [round(float(w), 4) for w in shares])
     return ChainTrainers(trainers, shares), [batches.restricted(r, ctx.seed("distill", "batches", "chain", c))
                                              for c, r in zip(ids, rows, strict=True)]

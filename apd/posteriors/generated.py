@@ -16,10 +16,14 @@ class APDGenerator(Posterior):
     def __init__(self, model: DistilledGenerator, spec: ParamSpec, name: str = "apd") -> None:
         self.name, self.model, self.spec = name, model, spec
         self.device = next(model.parameters()).device
-        self.precision = model.precision
 
     def sample_weights(self, k: int, generator: torch.Generator | None = None) -> Tensor:
         return self.model.sample_weights(k, self.on_device(generator))
+
+    @property
+    def precision(self) -> str:
+        """What the generator's tensors are stored at."""
+        return self.model.precision
 
     def stored_parameters(self) -> int:
         return self.model.stored_parameters()
