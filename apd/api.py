@@ -13,7 +13,7 @@ import torch
 from apd.distillation.generator import load_generator
 from apd.errors import ArtifactError
 from apd.io import load_torch, read_json
-from apd.nets import mlp
+from apd.nets import network
 from apd.pipeline.layout import Layout, manifest_of
 from apd.posteriors import APDGenerator, MCDropout, PointEstimate, Posterior, SGLDSamples
 from apd.samplers.store import SampleStore
@@ -43,7 +43,7 @@ def load(artifact_dir: str | Path, method: str, device: torch.device | str = "cp
         return APDGenerator(model, spec)
     path = layout.baseline(method)
     manifest = read_json(manifest_of(path))
-    net = mlp(manifest["sizes"], dropout=manifest.get("dropout", 0.0))
+    net = network(manifest["sizes"], manifest.get("conv", []), dropout=manifest.get("dropout", 0.0))
     try:
         net.load_state_dict(load_torch(path))
     except RuntimeError:

@@ -25,7 +25,7 @@ import torch
 from apd import __version__
 from apd.config import config_hash
 from apd.config_load import load_config
-from apd.errors import ApdError, ArtifactError
+from apd.errors import ApdError, ArtifactError, ConfigError
 from apd.pipeline.locks import artifact_lock
 from apd.pipeline.runtime import RunContext, setup_logging
 
@@ -57,6 +57,9 @@ EXPERIMENTS = {
     "active-learning": ("apd.experiments.active_learning", "run_active_learning",
                         "active learning with SGLD, APD, MC dropout and a deterministic net: accuracy per label"),
 }
+# The experiments that run on a convolutional network (``net.conv``); the others build MLPs of their own, or
+# use the MLP-only options (unit alignment, Kronecker factors, Laplace)
+CNN_EXPERIMENTS = ("precision",)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,18 +98,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def info(ctx: RunContext) -> None:
     """Print the resolved config, dataset sizes and shapes, the target net's size and artifacts present."""
-    from apd.nets import ParamSpec, mlp
+    from apd.nets import ParamSpec
 
     cfg, data = ctx.cfg, ctx.data
-    sizes = [data.num_features, *cfg.net.hidden, data.num_classes]
-    spec = ParamSpec.from_module(mlp(sizes))
+    spec = ParamSpec.from_module(ctx.network())
+    convs = "".join(f"conv{c}-" for c in cfg.net.conv)
     print(f"pipeline   {cfg.name}  ({cfg.source}, config hash {config_hash(cfg)})")
     print(f"device     {ctx.device}")
     print(f"dataset    {data.name}: " + ", ".join(f"{k} {v:,}" for k, v in data.sizes().items())
           + (f"; images {data.image_shape[0]}×{data.image_shape[1]}" if data.image_shape else
              f"; {data.num_features} features") + f", {data.num_classes} classes, "
           f"fingerprint {data.fingerprint()}")
-    print(f"network    {'-'.join(map(str, sizes))}: {spec.numel:,} parameters")
+    print(f"network    {convs}{'-'.join(map(str, ctx.net_sizes))}: {spec.numel:,} parameters")
     present = sorted(p for p in ctx.out_dir.rglob("*") if p.is_file()) if ctx.out_dir.is_dir() else []
     print(f"artifacts  {ctx.out_dir}: " + ("none yet" if not present else f"{len(present)} files"))
     for path in present:
@@ -214,6 +217,9 @@ def run(args: argparse.Namespace) -> int:
             for path in publish(ctx.layout, ctx.cfg.name, Path.cwd()):
                 print(f"published {path.relative_to(Path.cwd())}")
         elif args.command == "experiment":
+            if ctx.cfg.net.conv and args.name not in CNN_EXPERIMENTS:
+                raise ConfigError(f"{ctx.cfg.source}: `apd experiment {args.name}` is for MLPs; on a network "
+                                  f"with 'net.conv' run {', '.join(CNN_EXPERIMENTS)}")
             module, function, _ = EXPERIMENTS[args.name]
             getattr(importlib.import_module(module), function)(ctx, args.option)
         else:

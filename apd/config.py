@@ -52,9 +52,14 @@ class DataConfig:
 
 @dataclass
 class NetConfig:
-    """The target MLP: input size and classes come from the data, ``hidden`` lists the hidden widths."""
+    """The target network (:func:`apd.nets.network`): input size and classes come from the data, ``hidden``
+    lists the hidden widths, ``conv`` the channels of LeNet-style convolution layers in front of them (5 × 5
+    filters, ReLU, 2 × 2 max pooling; empty: an MLP). A CNN needs square images; the methods and distiller
+    options that are defined on an MLP's hidden units (unit alignment, Kronecker factors, Laplace and the
+    modes mixture) are not available for it."""
 
     hidden: list[int] = bounded([100])
+    conv: list[int] = bounded([])
 
 
 @dataclass
@@ -303,14 +308,20 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
 
 # Fields that say how a stage runs, not what it makes: left out of the config hash.
 UNHASHED: tuple[tuple[str, str], ...] = (("sgld", "workers"), ("evaluate", "threads"))
+# Fields left out of the hash while they hold this value (what the pipelines made before the field existed),
+# so that existing artifacts stay reusable: an empty ``net.conv`` is the MLP every earlier pipeline had.
+HASHED_UNLESS: tuple[tuple[str, str, Any], ...] = (("net", "conv", []),)
 
 
 def config_hash(cfg: PipelineConfig, stage: str | None = None) -> str:
     """SHA-256 (first 16 hex digits) of the canonical JSON of the config, or of a stage's sections
-    (without the :data:`UNHASHED` fields)."""
+    (without the :data:`UNHASHED` fields, nor the :data:`HASHED_UNLESS` ones at their value)."""
     data = cfg.to_dict()
     for section, key in UNHASHED:
         data[section].pop(key)
+    for section, key, value in HASHED_UNLESS:
+        if data[section][key] == value:
+            data[section].pop(key)
     if stage is not None:
         data = {key: data[key] for key in STAGE_SECTIONS[stage]}
     text = json.dumps(data, sort_keys=True, separators=(",", ":"))

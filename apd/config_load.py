@@ -134,6 +134,32 @@ def _check_consistency(cfg: PipelineConfig, where: str) -> None:
     if d.per_chain and d.mode == "online":
         raise ConfigError(f"{where}: 'distill.per_chain' needs 'distill.mode' = 'offline' (the chains of a sample "
                           "store; online, set distill.per_chain = false)")
+    _check_network(cfg, where)
     if cfg.evaluate.mog_fit_samples < max(cfg.evaluate.mog_components):
         raise ConfigError(f"{where}: 'evaluate.mog_fit_samples' must be at least the largest "
                           f"'evaluate.mog_components'")
+
+
+# What is defined on an MLP's hidden units only: evaluation methods, and the distiller's options
+MLP_ONLY_METHODS = ("modes", "laplace-kfac", "laplace-ll", "laplace-glm")
+
+
+def _check_network(cfg: PipelineConfig, where: str) -> None:
+    """A convolutional network (``net.conv``) needs images and no MLP-only method or option."""
+    if not cfg.net.conv:
+        return
+    if min(cfg.net.conv) < 1:
+        raise ConfigError(f"{where}: 'net.conv' must list positive channel counts, got {cfg.net.conv}")
+    if cfg.data.dataset == "toy2d":
+        raise ConfigError(f"{where}: 'net.conv' needs images; toy2d has points in the plane")
+    d = cfg.distill
+    if d.align != "none":
+        raise ConfigError(f"{where}: 'distill.align' = {d.align!r} permutes an MLP's hidden units; a network "
+                          "with 'net.conv' needs distill.align = \"none\"")
+    if d.residual.model == "kronecker":
+        raise ConfigError(f"{where}: 'distill.residual.model' = \"kronecker\" factors an MLP's layers; a network "
+                          "with 'net.conv' needs \"none\" or \"diagonal\"")
+    mlp_only = [m for m in cfg.evaluate.methods if m in MLP_ONLY_METHODS]
+    if mlp_only:
+        raise ConfigError(f"{where}: 'evaluate.methods' has {mlp_only[0]!r}, defined for MLPs only; a network "
+                          f"with 'net.conv' can use none of {', '.join(MLP_ONLY_METHODS)}")

@@ -1,7 +1,8 @@
 """Target networks, the flat weight-vector layout, and batched prediction over many weight vectors.
 
-Every posterior method in the project is, in the end, a set of flat weight vectors θ ∈ R^D for one MLP
-architecture. :class:`ParamSpec` maps between a module's parameters and θ; :func:`predict_probs`
+Every posterior method in the project is, in the end, a set of flat weight vectors θ ∈ R^D for one
+architecture: an MLP (:func:`mlp`) or a LeNet-style CNN, convolution layers in front of an MLP head
+(:func:`network`). :class:`ParamSpec` maps between a module's parameters and θ; :func:`predict_probs`
 evaluates K vectors on N inputs at once, p_k(y | x) = softmax(f(x; θ_k)), returning [K, N, C].
 """
 
@@ -12,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from apd.errors import ArtifactError
@@ -25,6 +27,14 @@ _MAX_CHUNK = 128
 # copied side by side; below it, copying the weights costs more than the matmul saves, and a broadcast
 # batched matmul reads them in place (measured in benchmarks/bench_predict.py).
 _CONCAT_MIN_INPUTS = 2048
+# Convolution layers of :func:`network`, as LeNet-5's: square KERNEL × KERNEL filters, the first padded by
+# KERNEL // 2 (28 × 28 images read as LeNet-5's 32 × 32), the later ones unpadded, each followed by a ReLU
+# and POOL × POOL max pooling.
+KERNEL, POOL = 5, 2
+
+
+def _padding(layer: int) -> int:
+    return KERNEL // 2 if layer == 0 else 0
 
 
 def mlp(sizes: list[int], dropout: float = 0.0) -> nn.Sequential:
@@ -42,6 +52,42 @@ def mlp(sizes: list[int], dropout: float = 0.0) -> nn.Sequential:
             if dropout > 0:
                 layers.append(nn.Dropout(dropout))
     return nn.Sequential(*layers)
+
+
+def conv_output_features(features: int, conv: list[int] | tuple[int, ...]) -> int:
+    """Inputs of the MLP head behind ``conv`` (channels per layer) on square one-channel images of ``features``
+    pixels: c_L · s_L², where s_{l+1} = (s_l + 2·pad_l − KERNEL + 1) / POOL. Raises ``ValueError`` unless the
+    images are square and every feature map has a positive side that pooling divides evenly."""
+    side = math.isqrt(features)
+    if side * side != features:
+        raise ValueError(f"a convolutional network needs square images; {features} pixels are not a square")
+    for layer in range(len(conv)):
+        convolved = side + 2 * _padding(layer) - KERNEL + 1
+        if convolved < POOL or convolved % POOL:
+            raise ValueError(f"{side}-pixel feature maps of convolution layer {layer + 1} give {convolved}-pixel "
+                             f"maps, which {POOL} × {POOL} pooling does not divide evenly")
+        side = convolved // POOL
+    return conv[-1] * side * side
+
+
+def network(sizes: list[int], conv: list[int] | tuple[int, ...] = (), dropout: float = 0.0) -> nn.Sequential:
+    """The target network of ``sizes = [features, *hidden, classes]``: :func:`mlp` when ``conv`` is empty;
+    otherwise a LeNet-style CNN (LeCun et al., 1998) on square one-channel images of ``features`` pixels:
+    per entry c of ``conv``, Conv2d(·, c, KERNEL) (the first padded by KERNEL // 2) + ReLU +
+    MaxPool2d(POOL), then the flattened maps into ``mlp([c_L · s_L², *hidden, classes], dropout)``
+    (:func:`conv_output_features`). Takes flat inputs [N, features]. ``network(784-120-84-10, [6, 16])`` is
+    LeNet-5 on 28 × 28 images with ReLU and max pooling (61,706 weights)."""
+    if not conv:
+        return mlp(sizes, dropout)
+    if any(c < 1 for c in conv):
+        raise ValueError(f"convolution channels must be positive, got {list(conv)}")
+    head_inputs = conv_output_features(sizes[0], conv)  # raises for images the layers cannot take
+    side = math.isqrt(sizes[0])
+    layers: list[nn.Module] = [nn.Unflatten(1, (1, side, side))]
+    for layer, (n_in, n_out) in enumerate(zip([1, *conv[:-1]], conv, strict=True)):
+        layers += [nn.Conv2d(n_in, n_out, KERNEL, padding=_padding(layer)), nn.ReLU(), nn.MaxPool2d(POOL)]
+    head = mlp([head_inputs, *sizes[1:]], dropout)
+    return nn.Sequential(*layers, nn.Flatten(), *head)
 
 
 @dataclass(frozen=True)
@@ -94,12 +140,33 @@ class ParamSpec:
             for name, value in self.unflatten(vec).items():
                 params[name].copy_(value)
 
-    def linear_layers(self) -> list[tuple[int, int, int, int]]:
-        """For an :func:`mlp` spec: (weight start, bias start, out, in) per Linear layer, in order.
-
-        Raises ``ValueError`` if the spec is not an alternating weight/bias chain with matching sizes.
-        """
+    def conv_layers(self) -> list[tuple[int, int, int, int]]:
+        """For a :func:`network` spec: (weight start, bias start, out channels, in channels) per convolution
+        layer (the leading 4-D weights), in order; empty for an MLP."""
         entries = self.offsets()
+        layers = []
+        while 2 * len(layers) + 1 < len(entries) and len(entries[2 * len(layers)][3]) == 4:
+            (w_name, w_start, _, w_shape), (b_name, b_start, _, b_shape) = entries[2 * len(layers):2 * len(layers) + 2]
+            if w_shape[2:] != (KERNEL, KERNEL) or b_shape != (w_shape[0],):
+                raise ValueError(f"spec is not a LeNet-style CNN: {w_name} {w_shape} / {b_name} {b_shape}")
+            if layers and layers[-1][2] != w_shape[1]:
+                raise ValueError(f"spec is not a LeNet-style CNN: {w_name} takes {w_shape[1]} channels, "
+                                 f"the previous layer gives {layers[-1][2]}")
+            layers.append((w_start, b_start, w_shape[0], w_shape[1]))
+        return layers
+
+    @property
+    def is_mlp(self) -> bool:
+        """Whether the spec is an :func:`mlp` (no convolution layers)."""
+        return not self.conv_layers()
+
+    def linear_layers(self) -> list[tuple[int, int, int, int]]:
+        """(weight start, bias start, out, in) per Linear layer, in order: an :func:`mlp` spec's layers, or a
+        CNN's head behind its :meth:`conv_layers`.
+
+        Raises ``ValueError`` if they are not an alternating weight/bias chain with matching sizes.
+        """
+        entries = self.offsets()[2 * len(self.conv_layers()):]
         if len(entries) % 2 or not entries:
             raise ValueError("spec is not an MLP: expected (weight, bias) pairs")
         layers = []
@@ -114,9 +181,15 @@ class ParamSpec:
             layers.append((w_start, b_start, w_shape[0], w_shape[1]))
         return layers
 
+    def activation_width(self, features: int) -> int:
+        """Floats of the widest activation one network makes per input of ``features`` numbers: the widest
+        hidden layer of an MLP, the first convolution's feature maps (channels × ``features``) of a CNN."""
+        convs = self.conv_layers()
+        return convs[0][2] * features if convs else max(out for _, _, out, _ in self.linear_layers())
+
     @property
     def layer_sizes(self) -> list[int]:
-        """``[in, hidden…, out]`` of an :func:`mlp` spec."""
+        """``[in, hidden…, out]`` of an :func:`mlp` spec (of a CNN's head)."""
         layers = self.linear_layers()
         return [layers[0][3]] + [out for _, _, out, _ in layers]
 
@@ -145,40 +218,46 @@ def predict_logits(
     chunk: int | None = None,
     compute_dtype: torch.dtype | None = None,
 ) -> Tensor:
-    """Logits f(x; θ_k) of an MLP for K weight vectors: weights [K, D], x [N, ...] → [K, N, C].
+    """Logits f(x; θ_k) of a :func:`network` for K weight vectors: weights [K, D], x [N, ...] → [K, N, C].
 
-    For many inputs the first layer of a chunk of k networks is one matmul x · [W₁⁽¹⁾ … W₁⁽ᵏ⁾]ᵀ
-    ([N, k·h]); for few, a broadcast batched matmul; later layers are batched ``baddbmm``. Chunks of
-    ``chunk`` networks (default :func:`auto_chunk`) bound peak memory. Computes on
-    ``weights.device``; ``compute_dtype`` (e.g. ``torch.bfloat16``) casts weights and inputs for the
-    matmuls; the result is float32. Differentiable in ``x`` and ``weights``;
-    never writes into a module.
+    MLP: for many inputs the first layer of a chunk of k networks is one matmul x · [W₁⁽¹⁾ … W₁⁽ᵏ⁾]ᵀ
+    ([N, k·h]); for few, a broadcast batched matmul; later layers are batched ``baddbmm``. CNN: the first
+    convolution of a chunk is one convolution with the k networks' filters side by side, later ones grouped
+    convolutions (k groups), and the head batched ``baddbmm``. Chunks of ``chunk`` networks (default
+    :func:`auto_chunk`) bound peak memory. Computes on ``weights.device``; ``compute_dtype`` (e.g.
+    ``torch.bfloat16``) casts weights and inputs for the matmuls; the result is float32. Differentiable in
+    ``x`` and ``weights``; never writes into a module.
     """
     spec = spec_or_module if isinstance(spec_or_module, ParamSpec) else ParamSpec.from_module(spec_or_module)
     if weights.dim() == 1:
         weights = weights.unsqueeze(0)
     if weights.dim() != 2 or weights.shape[1] != spec.numel:
         raise ValueError(f"weights must be [K, {spec.numel}], got {list(weights.shape)}")
-    layers = spec.linear_layers()
+    convs, layers = spec.conv_layers(), spec.linear_layers()
     x = x.reshape(x.shape[0], -1).to(device=weights.device)
-    if x.shape[1] != layers[0][3]:
+    if convs:
+        features = x.shape[1]
+        if conv_output_features(features, [c for _, _, c, _ in convs]) != layers[0][3]:
+            raise ValueError(f"inputs have {features} pixels, the network's head takes {layers[0][3]} features")
+    elif x.shape[1] != layers[0][3]:
         raise ValueError(f"inputs have {x.shape[1]} features, the network takes {layers[0][3]}")
     dtype = compute_dtype or weights.dtype
     x = x.to(dtype)
     n_nets, n_inputs = weights.shape[0], x.shape[0]
     if chunk is None:
-        chunk = auto_chunk(n_inputs, max(out for _, _, out, _ in layers), n_nets)
+        chunk = auto_chunk(n_inputs, spec.activation_width(x.shape[1]), n_nets)
     elif chunk < 1:
         raise ValueError(f"chunk must be positive, got {chunk}")
     outputs = []
     for start in range(0, n_nets, chunk):
         block = weights[start:start + chunk].to(dtype)
-        outputs.append(_mlp_forward(layers, block, x).float())
+        logits = _cnn_forward(convs, layers, block, x) if convs else _mlp_forward(layers, block, x)
+        outputs.append(logits.float())
     return torch.cat(outputs)
 
 
 def _mlp_forward(layers: list[tuple[int, int, int, int]], block: Tensor, x: Tensor) -> Tensor:
-    """Forward pass of k networks (rows of ``block``) on shared inputs x [N, in] → [k, N, C]."""
+    """Forward pass of k MLPs (rows of ``block``) on shared inputs x [N, in] → [k, N, C]."""
     k, n_inputs = block.shape[0], x.shape[0]
     w_start, b_start, n_out, n_in = layers[0]
     w1 = block[:, w_start:w_start + n_out * n_in].view(k, n_out, n_in)
@@ -188,12 +267,37 @@ def _mlp_forward(layers: list[tuple[int, int, int, int]], block: Tensor, x: Tens
         h = h.view(n_inputs, k, n_out).transpose(0, 1)  # [k, N, h]
     else:
         h = torch.matmul(x, w1.transpose(1, 2)) + b1.unsqueeze(1)
-    for w_start, b_start, n_out, n_in in layers[1:]:
-        h = h.relu_()  # in place: h is our own intermediate, and addmm/baddbmm backward never read it
+    if len(layers) == 1:
+        return h
+    return _linear_stack(layers[1:], block, h.relu_())  # in place: our own intermediate, not read by backward
+
+
+def _linear_stack(layers: list[tuple[int, int, int, int]], block: Tensor, h: Tensor) -> Tensor:
+    """Linear layers of k networks on their own inputs h [k, N, in], ReLU between them → [k, N, out]."""
+    k = block.shape[0]
+    for i, (w_start, b_start, n_out, n_in) in enumerate(layers):
+        if i:
+            h = h.relu_()  # in place: h is our own intermediate, and baddbmm's backward never reads it
         w = block[:, w_start:w_start + n_out * n_in].view(k, n_out, n_in)
         b = block[:, b_start:b_start + n_out].view(k, 1, n_out)
         h = torch.baddbmm(b, h, w.transpose(1, 2))
     return h
+
+
+def _cnn_forward(convs: list[tuple[int, int, int, int]], layers: list[tuple[int, int, int, int]], block: Tensor,
+                 x: Tensor) -> Tensor:
+    """Forward pass of k CNNs (rows of ``block``) on shared flat images x [N, side²] → [k, N, C]: the k
+    networks' feature maps side by side in one tensor [N, k·c, s, s], convolved in k groups."""
+    k, n_inputs = block.shape[0], x.shape[0]
+    side = math.isqrt(x.shape[1])
+    h = x.view(n_inputs, 1, side, side)
+    for i, (w_start, b_start, n_out, n_in) in enumerate(convs):
+        w = block[:, w_start:w_start + n_out * n_in * KERNEL * KERNEL].reshape(k * n_out, n_in, KERNEL, KERNEL)
+        b = block[:, b_start:b_start + n_out].reshape(k * n_out)
+        h = F.conv2d(h, w, b, padding=_padding(i), groups=1 if i == 0 else k)
+        h = F.max_pool2d(F.relu(h), POOL)
+    h = h.reshape(n_inputs, k, -1).transpose(0, 1)  # [k, N, c·s·s], each network's maps flattened as nn.Flatten
+    return _linear_stack(layers, block, h)
 
 
 def predict_probs(

@@ -51,6 +51,12 @@ def test_defaults_fill_missing_sections():
         ({"distill": {"standardize": 1}}, "'distill.standardize' must be true or false"),
         ({"distill": {"align": "sort"}}, "'distill.align' must be one of"),
         ({"distill": {"align": "permutation", "mode": "online"}}, "'distill.align' = 'permutation' needs"),
+        ({"net": {"conv": [6, 0]}}, "'net.conv' must be a list of positive integers"),
+        ({"net": {"conv": [6]}, "data": {"dataset": "toy2d"}, "evaluate": {"adversarial": {"enabled": False}}},
+         "'net.conv' needs images"),
+        ({"net": {"conv": [6]}, "distill": {"align": "permutation"}}, "'distill.align' = 'permutation' permutes"),
+        ({"net": {"conv": [6]}, "distill": {"residual": {"model": "kronecker"}}}, "factors an MLP's layers"),
+        ({"net": {"conv": [6]}}, "'evaluate.methods' has 'modes', defined for MLPs only"),
     ],
 )
 def test_invalid_values_name_key_and_file(raw, message):
@@ -83,6 +89,19 @@ def test_hash_is_stable_and_sensitive():
     aligned = from_dict({"name": "x", "sgld": {"lr": 0.1}, "distill": {"align": "permutation"}})
     assert config_hash(a, "distill") != config_hash(aligned, "distill")
     assert config_hash(a, "sample") == config_hash(aligned, "sample")
+
+
+def test_an_mlp_pipeline_hashes_as_before_net_conv_existed():
+    """``net.conv`` at its default (an MLP) leaves the hashes as they were before the field existed (the values
+    below are those of commit 32a8d45), so sample stores made then stay reusable; convolution layers change
+    every stage's hash. A deliberate change of the sampling defaults changes the pinned value too."""
+    mlp = from_dict({"name": "x"})
+    assert (config_hash(mlp), config_hash(mlp, "sample")) == ("4633817ac88bc863", "51b0978d77b79856")
+    methods = ["sgld", "apd", "kept"]
+    cnn = from_dict({"name": "x", "net": {"conv": [4]}, "evaluate": {"methods": methods}})
+    plain = from_dict({"name": "x", "evaluate": {"methods": methods}})
+    for stage in ("sample", "distill", "evaluate"):
+        assert config_hash(cnn, stage) != config_hash(plain, stage)
 
 
 def test_evaluation_threads_say_how_it_runs_not_what_it_makes():

@@ -5,7 +5,8 @@ import torch
 from torch.nn.utils import vector_to_parameters
 
 from apd.errors import ArtifactError
-from apd.nets import ParamSpec, mlp, predict_logits, predict_probs
+from apd.nets import ParamSpec, conv_output_features, mlp, network, predict_logits, predict_probs
+from apd.posteriors.mcdropout import MCDropout
 
 
 def test_mlp_layout():
@@ -127,3 +128,54 @@ def test_predict_probs_on_cuda_matches_cpu():
     gpu = predict_probs(spec, weights.cuda(), x.cuda())
     assert gpu.device.type == "cuda"
     torch.testing.assert_close(gpu.cpu(), cpu, atol=1e-4, rtol=1e-3)
+
+
+def test_lenet5_layout():
+    net = network([784, 120, 84, 10], [6, 16], dropout=0.5)
+    spec = ParamSpec.from_module(net)
+    # LeNet-5: 6·25+6, 16·6·25+16 (the first layer padded, 28 → 28 → 14 → 10 → 5), 400·120+120, 120·84+84, 84·10+10
+    assert spec.numel == 156 + 2_416 + 48_120 + 10_164 + 850 == 61_706
+    assert spec.conv_layers() == [(0, 150, 6, 1), (156, 2_556, 16, 6)]
+    assert spec.layer_sizes == [400, 120, 84, 10] and not spec.is_mlp
+    assert ParamSpec.from_module(network([784, 100, 10])).is_mlp  # no conv: the MLP
+    assert spec.activation_width(784) == 6 * 784
+    assert [type(m).__name__ for m in net][-7:] == ["Linear", "ReLU", "Dropout", "Linear", "ReLU", "Dropout",
+                                                    "Linear"]  # dropout on the head's hidden units only
+    assert net(torch.randn(3, 784)).shape == (3, 10)
+    assert conv_output_features(64, [4]) == 4 * 4 * 4  # digits: 8 → 8 → 4
+
+
+def test_network_rejects_images_it_cannot_take():
+    with pytest.raises(ValueError, match="square"):
+        network([780, 10], [6])
+    with pytest.raises(ValueError, match="does not divide evenly"):
+        network([64, 10], [6, 16])  # 8 → 8 → 4 → 0
+    with pytest.raises(ValueError, match="positive"):
+        network([784, 10], [0])
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 2])
+def test_predict_logits_of_cnns_matches_their_modules(chunk):
+    torch.manual_seed(0)
+    nets = [network([784, 12, 10], [3, 4]) for _ in range(3)]
+    spec = ParamSpec.from_module(nets[0])
+    weights = torch.stack([spec.flatten(n) for n in nets])
+    x = torch.randn(9, 784, requires_grad=True)
+    logits = predict_logits(spec, weights, x, chunk=chunk)
+    expected = torch.stack([n(x) for n in nets])
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-4)
+    grad, = torch.autograd.grad(logits.square().sum(), x)  # differentiable in the inputs, as attacks need
+    expected_grad, = torch.autograd.grad(expected.square().sum(), x)
+    torch.testing.assert_close(grad, expected_grad, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="inputs have 144 pixels"):
+        predict_logits(spec, weights, torch.zeros(2, 144))  # 12 → 12 → 6 → 2 → 1: 4 features, not 100
+
+
+def test_mc_dropout_members_of_a_cnn_drop_head_units_only():
+    torch.manual_seed(0)
+    net = network([64, 16, 10], [4], dropout=0.5)
+    member = MCDropout(net, 0.5).sample_weights(1, torch.Generator().manual_seed(0))[0]
+    base = ParamSpec.from_module(net).flatten(net)
+    conv_and_first = ParamSpec.from_module(net).linear_layers()[1][0]  # where the head's second layer starts
+    assert torch.equal(member[:conv_and_first], base[:conv_and_first])
+    assert not torch.equal(member, base)

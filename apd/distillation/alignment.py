@@ -35,6 +35,8 @@ _CHUNK_ELEMENTS = 2**24  # floats of samples handled at once
 
 def hidden_widths(spec: ParamSpec) -> list[int]:
     """Units per hidden layer of an :func:`~apd.nets.mlp` spec; a permutation array has their sum columns."""
+    if not spec.is_mlp:
+        raise ValueError("unit alignment permutes an MLP's hidden units; this network has convolution layers")
     return spec.layer_sizes[1:-1]
 
 

@@ -49,7 +49,7 @@ from apd.experiments.active_models import ActivePlan, BatchTimes, fit_models, pl
 from apd.experiments.active_report import draw_figure, render_markdown, write_csv
 from apd.io import read_json, write_json_atomic
 from apd.metrics import accuracy
-from apd.nets import ParamSpec, mlp
+from apd.nets import ParamSpec
 from apd.pipeline.runtime import RunContext
 
 log = logging.getLogger(__name__)
@@ -310,7 +310,7 @@ def summarise(ctx: RunContext, plan: ActivePlan, state: dict) -> dict:
     """Curves per model × acquisition (per seed, mean and std over seeds with ddof 0), labels needed to
     reach the target accuracy, timings per round and APD's storage."""
     target = default_target(ctx, plan)
-    dim = ParamSpec.from_module(mlp(ctx.net_sizes)).numel
+    dim = ParamSpec.from_module(ctx.network()).numel
     curves = []
     for model, acquisition in trajectories(plan):
         runs = [state["runs"][run_name(model, acquisition, seed)] for seed in range(plan.seeds)]

@@ -325,7 +325,7 @@ def mc_dropout_member_probs(params: list[Tensor], x: Tensor, passes: int, p: flo
 def fit_models(ctx: RunContext, plan: ActivePlan, model: str, x: Tensor, y: Tensor, seed: int,
                times: BatchTimes) -> list[Fitted]:
     """Model ``model`` trained on each labelled set x[t], y[t]; one :class:`Fitted` per set."""
-    spec = ParamSpec.from_module(mlp(ctx.net_sizes))
+    spec = ParamSpec.from_module(ctx.network())
     if model == "sgld":
         started = time.perf_counter()
         samples = run_sgld(ctx, plan, x, y, seed)

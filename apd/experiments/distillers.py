@@ -43,7 +43,7 @@ from apd.evaluation.protocol import judge as judge_draw
 from apd.experiments.outputs import run_study
 from apd.io import read_json
 from apd.metrics import mean_std
-from apd.nets import ParamSpec, mlp
+from apd.nets import ParamSpec
 from apd.pipeline.distill import REFERENCE_SAMPLES, TrainingSamples, codec_for, training_samples, validation_monitor
 from apd.pipeline.evaluate import evaluation_inputs
 from apd.pipeline.figures import new_figure, save_figure
@@ -287,7 +287,7 @@ def compare_distillers(ctx: RunContext, plan: DistillerPlan) -> dict:
     inputs = evaluation_inputs(ctx, role="tuning")
     generator = torch.Generator().manual_seed(ctx.seed("experiment", "distillers", "draws"))
     rows = []
-    with SampleStore.open(source, expect_spec=ParamSpec.from_module(mlp(ctx.net_sizes))) as store:
+    with SampleStore.open(source, expect_spec=ParamSpec.from_module(ctx.network())) as store:
         sgld = SGLDSamples(store, ctx.device)
         limit = min(len(store), cfg.distill.fit_samples, store.spec.numel)
         if any(r > limit for r in (*plan.ranks, *plan.residual_ranks, *plan.fitted_residual_ranks,

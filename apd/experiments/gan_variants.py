@@ -27,7 +27,7 @@ from apd.distillation.training import evenly_spaced, make_trainer
 from apd.errors import DivergenceError
 from apd.evaluation.protocol import Judgement, judge
 from apd.experiments.outputs import run_study
-from apd.nets import ParamSpec, mlp
+from apd.nets import ParamSpec
 from apd.pipeline.distill import REFERENCE_SAMPLES, codec_for, training_samples, validation_monitor
 from apd.pipeline.evaluate import evaluation_inputs, mean_auroc
 from apd.pipeline.figures import new_figure, save_figure
@@ -110,7 +110,7 @@ def run_variant(ctx: RunContext, loss: str, plan: VariantsPlan, store: SampleSto
 
 def compare(ctx: RunContext, plan: VariantsPlan) -> dict:
     require_input(ctx, ctx.layout.samples, "sample")
-    spec = ParamSpec.from_module(mlp(ctx.net_sizes))
+    spec = ParamSpec.from_module(ctx.network())
     with SampleStore.open(ctx.layout.samples, expect_spec=spec) as store:
         sgld = judge_reference(ctx, store, spec, plan)
         runs = [run_variant(ctx, loss, plan, store, spec) for loss in LOSSES]

@@ -31,7 +31,7 @@ from apd.distillation.training import evenly_spaced
 from apd.experiments.outputs import run_study
 from apd.io import read_json
 from apd.metrics import accuracy, nll
-from apd.nets import ParamSpec, mlp, predict_probs
+from apd.nets import ParamSpec, predict_probs
 from apd.pipeline.distill import training_images
 from apd.pipeline.figures import new_figure, save_figure
 from apd.pipeline.layout import manifest_of
@@ -87,7 +87,7 @@ def mode_path(spec: ParamSpec, start: Tensor, end: Tensor, x: Tensor, y: Tensor,
 def measure(ctx: RunContext, plan: ModesPlan) -> dict:
     """The measurements of the module docstring, as JSON-able data."""
     started = time.perf_counter()
-    spec = ParamSpec.from_module(mlp(ctx.net_sizes))
+    spec = ParamSpec.from_module(ctx.network())
     x, y = ctx.data.x_val.to(ctx.device), ctx.data.y_val.to(ctx.device)
     require_input(ctx, ctx.layout.samples, "sample")
     with SampleStore.open(ctx.layout.samples, expect_spec=spec) as store:

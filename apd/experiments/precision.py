@@ -70,7 +70,7 @@ from apd.evaluation.yardstick import Reference, kept_samples, margins_over_kept
 from apd.experiments.distillers import DistillerPlan, Variant, build
 from apd.experiments.outputs import run_study
 from apd.experiments.storage import judge_runs, sgld_reference
-from apd.nets import ParamSpec, mlp
+from apd.nets import ParamSpec
 from apd.pipeline.distill import TrainingSamples, codec_for, training_samples
 from apd.pipeline.evaluate import evaluation_inputs
 from apd.pipeline.figures import new_figure, save_figure
@@ -258,7 +258,7 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
     started = time.perf_counter()
     inputs = evaluation_inputs(ctx, role="tuning")
     rows = []
-    with SampleStore.open(source, expect_spec=ParamSpec.from_module(mlp(ctx.net_sizes))) as store:
+    with SampleStore.open(source, expect_spec=ParamSpec.from_module(ctx.network())) as store:
         spec, dim, n = store.spec, store.spec.numel, len(store)
         sgld, reference = sgld_reference(ctx, store, inputs)
         data = training_samples(ctx, store, cfg.distill)

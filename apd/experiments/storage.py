@@ -34,7 +34,7 @@ from apd.evaluation.protocol import EvaluationInputs, judge
 from apd.evaluation.yardstick import SCORES, Reference, kept_curve, reference_predictive, spread, summarise
 from apd.experiments.distillers import train_generator
 from apd.experiments.outputs import run_study
-from apd.nets import ParamSpec, mlp
+from apd.nets import ParamSpec
 from apd.pipeline.distill import codec_for, training_samples
 from apd.pipeline.evaluate import evaluation_inputs
 from apd.pipeline.figures import new_figure, plot_growth, plot_kept_curve, save_figure, storage_axes
@@ -164,7 +164,7 @@ def study(ctx: RunContext, plan: StoragePlan) -> dict:
     rows = []
     with ExitStack() as stack:
         store = stack.enter_context(SampleStore.open(ctx.layout.samples,
-                                                     expect_spec=ParamSpec.from_module(mlp(ctx.net_sizes))))
+                                                     expect_spec=ParamSpec.from_module(ctx.network())))
         sgld, reference = sgld_reference(ctx, store, inputs)
         generator = torch.Generator().manual_seed(ctx.seed("experiment", "storage", "kept"))
         kept = kept_curve(store, plan.kept_sizes, inputs, reference, e.yardstick_subsets, generator, ctx.device)

@@ -44,7 +44,7 @@ from apd.distillation.training import (
 )
 from apd.errors import ConfigError, DivergenceError
 from apd.io import nonfinite_tensor, save_torch_atomic
-from apd.nets import ParamSpec, mlp
+from apd.nets import ParamSpec
 from apd.pipeline.layout import checkpoint_of, manifest_of, partial_of
 from apd.pipeline.manifests import load_checkpoint, manifest_record
 from apd.pipeline.runtime import RunContext, machine
@@ -123,7 +123,7 @@ def distill_offline(ctx: RunContext) -> Path:
     inputs = {"samples": require_input(ctx, source, "sample")}
     if reusable(ctx, path, "distill", inputs) and weights_load(ctx.layout.generator, ctx.layout.generator_last):
         return path
-    spec = ParamSpec.from_module(mlp(ctx.net_sizes))
+    spec = ParamSpec.from_module(ctx.network())
     started = time.perf_counter()
     with SampleStore.open(source, expect_spec=spec) as store:
         if len(store) < 2:
@@ -336,7 +336,7 @@ def distill_online(ctx: RunContext) -> Path:
     if reusable(ctx, path, "distill", {}) and weights_load(ctx.layout.generator, ctx.layout.generator_last):
         return path
     started = time.perf_counter()
-    spec = ParamSpec.from_module(mlp(ctx.net_sizes))
+    spec = ParamSpec.from_module(ctx.network())
     x, y = ctx.data.x_train.to(ctx.device), ctx.data.y_train.to(ctx.device)
     chains = [make_chain(ctx, i, x, y) for i in range(s.chains)]
     buffer = torch.empty(d.buffer_size, spec.numel, device=ctx.device)

@@ -199,8 +199,11 @@ def _storage(ctx: RunContext, name: str, method: Posterior) -> dict:
 
 
 def _first_layer_images(store: SampleStore, shape: tuple[int, int], count: int = 16) -> np.ndarray:
-    """The first ``count`` hidden units' input weights of the last SGLD sample, as images."""
+    """The first ``count`` hidden units' input weights of the last SGLD sample, as images of ``shape``; for a
+    CNN, its first convolution layer's filters."""
     first = store.spec.unflatten(store.read([len(store) - 1])[0])[store.spec.names[0]]
+    if first.dim() == 4:  # [channels out, 1, kernel, kernel]
+        shape = first.shape[-2:]
     return first[:count].reshape(-1, *shape).numpy()
 
 

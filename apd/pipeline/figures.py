@@ -121,7 +121,7 @@ def _reliability_figure(scores: h5py.File, results: dict) -> Figure | None:
 
 
 def _first_layer_figure(scores: h5py.File) -> Figure | None:
-    """First-layer weight rows of one SGLD sample shown as images (the input's shape)."""
+    """First-layer weight rows of one SGLD sample shown as images (the input's shape; a CNN's filters)."""
     if "sgld_first_layer" not in scores:
         return None
     images = scores["sgld_first_layer"][()]

@@ -23,7 +23,7 @@ from apd.distillation.generator import load_generator
 from apd.distillation.training import evenly_spaced
 from apd.errors import ArtifactError, ConfigError
 from apd.io import load_torch, read_json
-from apd.nets import ParamSpec, mlp
+from apd.nets import ParamSpec
 from apd.pipeline.distill import REFERENCE_SAMPLES, laplace_terms, validation_monitor
 from apd.pipeline.layout import Layout, manifest_of
 from apd.pipeline.runtime import RunContext, stopwatch
@@ -86,7 +86,7 @@ class Method:
 
 def _baseline(sources: Sources, name: str, dropout: float) -> torch.nn.Module:
     ctx = sources.ctx
-    net = mlp(ctx.net_sizes, dropout=dropout)
+    net = ctx.network(dropout)
     path = ctx.layout.baseline(name)
     try:
         net.load_state_dict(load_torch(path))
@@ -319,7 +319,7 @@ def load_methods(ctx: RunContext, stack: ExitStack, details: dict[str, dict] | N
     into ``loading``."""
     loading = {} if loading is None else loading
     inputs = method_inputs(ctx)
-    sources = Sources(ctx, stack, ParamSpec.from_module(mlp(ctx.net_sizes)))
+    sources = Sources(ctx, stack, ParamSpec.from_module(ctx.network()))
     if len(sources.store) < ctx.cfg.evaluate.sgld_samples:
         raise ArtifactError(f"{ctx.layout.samples}: {len(sources.store)} samples, evaluation draws "
                             f"{ctx.cfg.evaluate.sgld_samples}; lower evaluate.sgld_samples or sample more")

@@ -24,7 +24,6 @@ import torch
 
 from apd.config import config_hash
 from apd.io import load_torch, save_torch_atomic
-from apd.nets import mlp
 from apd.pipeline.layout import manifest_of, partial_of
 from apd.pipeline.manifests import manifest_digest, manifest_record
 from apd.pipeline.runtime import RunContext
@@ -56,12 +55,13 @@ def train_ensemble(ctx: RunContext) -> Path:
     seeds = [(ctx.seed("ensemble", m, "init"), ctx.seed("ensemble", m, "batches")) for m in range(members)]
     started = time.perf_counter()
     vectors = train_deep_ensemble(ctx.net_sizes, cfg.baselines, data.x_train.to(device), data.y_train.to(device),
-                                  data.x_val.to(device), data.y_val.to(device), seeds)
+                                  data.x_val.to(device), data.y_val.to(device), seeds,
+                                  conv=cfg.net.conv)
     seconds = time.perf_counter() - started
     built = partial_of(path)
     save_torch_atomic(built, {"members": torch.stack(vectors).cpu()})
     record = manifest_record(STAGE, config_hash(cfg, STAGE), {}, method="ensemble", members=members,
-                             sizes=ctx.net_sizes, seconds=round(seconds, 2))
+                             **ctx.net_record, seconds=round(seconds, 2))
     publish({built: path}, manifest_of(path), record)
     log.info("deep ensemble: %d networks (%.0f s) → %s", members, seconds, path)
     return path
@@ -74,7 +74,7 @@ def train_swag(ctx: RunContext) -> Path:
     if reusable(ctx, path, STAGE, inputs):
         return path
     cfg, p, data, device = ctx.cfg, ctx.cfg.peers, ctx.data, ctx.device
-    net = mlp(ctx.net_sizes)
+    net = ctx.network()
     net.load_state_dict(load_torch(sgd))
     net = net.to(device)
     started = time.perf_counter()
@@ -91,7 +91,7 @@ def train_swag(ctx: RunContext) -> Path:
     val_nll = {f"{lr:g}": (nll if nll != float("inf") else None) for lr, nll in choice.val_nll.items()}
     record = manifest_record(STAGE, config_hash(cfg, STAGE), inputs, method="swag", lr=choice.lr,
                              val_nll=val_nll, rank=post.rank, scale=p.swag_scale, epochs=p.swag_epochs,
-                             sizes=ctx.net_sizes, seconds=round(seconds, 2))
+                             **ctx.net_record, seconds=round(seconds, 2))
     publish({built: path}, manifest_of(path), record)
     grid = ", ".join(f"{lr} → {'diverged' if nll is None else f'{nll:.4f}'}" for lr, nll in val_nll.items())
     log.info("SWAG: learning rate %g of %s by validation NLL (%s), rank %d (%.0f s) → %s", choice.lr,

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch import nn
 from tqdm import tqdm
 
 from apd.config import DEVICE_PATTERN, PipelineConfig
 from apd.data import Dataset, load_dataset
 from apd.errors import ConfigError
+from apd.nets import network
 from apd.pipeline import seeds
 from apd.pipeline.layout import Layout
 
@@ -99,6 +101,18 @@ class RunContext:
     def net_sizes(self) -> list[int]:
         """Layer sizes of the target MLP: ``[features, *hidden, classes]``."""
         return [self.data.num_features, *self.cfg.net.hidden, self.data.num_classes]
+
+    def network(self, dropout: float = 0.0) -> nn.Sequential:
+        """A fresh target network (:func:`apd.nets.network` of :attr:`net_sizes` and ``net.conv``)."""
+        try:
+            return network(self.net_sizes, self.cfg.net.conv, dropout)
+        except ValueError as exc:
+            raise ConfigError(f"{self.cfg.source}: 'net.conv' does not fit {self.data.name}'s images: {exc}") from None
+
+    @property
+    def net_record(self) -> dict:
+        """The target network as a manifest records it (:func:`apd.api.load_network` rebuilds it)."""
+        return {"sizes": self.net_sizes, "conv": list(self.cfg.net.conv)}
 
     @property
     def data(self) -> Dataset:

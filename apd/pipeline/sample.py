@@ -39,7 +39,7 @@ import torch
 from apd.config import config_hash
 from apd.errors import ArtifactError, ConfigError, DivergenceError
 from apd.io import nonfinite_tensor, save_torch_atomic
-from apd.nets import ParamSpec, mlp
+from apd.nets import ParamSpec
 from apd.pipeline.distributed import process_group, spawn, torchrun_env, worker_device
 from apd.pipeline.layout import checkpoint_of, manifest_of, partial_of
 from apd.pipeline.manifests import manifest_record
@@ -94,7 +94,7 @@ def sample_sgld(ctx: RunContext) -> Path:
     path = ctx.layout.samples
     if reusable(ctx, path, "sample", {}) and _store_is_sound(path):
         return path
-    spec = ParamSpec.from_module(mlp(ctx.net_sizes))
+    spec = ParamSpec.from_module(ctx.network())
     check_sampling_fits(ctx, spec)
     if s.chains > 1 and s.init == "default":
         log.info("the %d chains start from PyTorch's initialisation, not over-dispersed: R-hat may look better "
@@ -149,7 +149,7 @@ def train_and_save_baseline(ctx: RunContext, name: str) -> Path:
     data, device = ctx.data, ctx.device
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(ctx.seed("baseline", name, "init"))
-        net = mlp(ctx.net_sizes, dropout=dropout).to(device)
+        net = ctx.network(dropout).to(device)
         torch.manual_seed(ctx.seed("baseline", name, "dropout"))
         mc_passes = b.mc_passes if dropout > 0 else 0
         result = train_baseline(
@@ -164,7 +164,7 @@ def train_and_save_baseline(ctx: RunContext, name: str) -> Path:
     save_torch_atomic(built, result.state_dict)
     record = manifest_record("baselines", config_hash(cfg, "baselines"), {}, method=name, dropout=dropout,
                              best_epoch=result.best_epoch, val_accuracy=result.val_accuracy,
-                             seconds=round(result.seconds, 2), sizes=ctx.net_sizes)
+                             seconds=round(result.seconds, 2), **ctx.net_record)
     publish({built: path}, manifest_of(path), record)
     log.info("%s baseline: best validation accuracy %.4f at epoch %d (%.0f s) → %s", name,
              result.val_accuracy, result.best_epoch + 1, result.seconds, path)

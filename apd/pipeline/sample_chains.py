@@ -43,7 +43,8 @@ def make_chain(ctx: RunContext, chain: int, x_train: Tensor, y_train: Tensor, pr
     prefetch = PREFETCH_SETTINGS[ctx.cfg.prefetch_noise]
     if prefetch is None:
         prefetch = prefetch_pays(ctx.device, processes)
-    return SGLDChain(ctx.net_sizes, ctx.cfg.sgld, chain, x_train, y_train, chain_seeds(ctx, chain), prefetch)
+    return SGLDChain(ctx.net_sizes, ctx.cfg.sgld, chain, x_train, y_train, chain_seeds(ctx, chain), prefetch,
+                     conv=ctx.cfg.net.conv)
 
 
 @torch.no_grad()

@@ -15,7 +15,7 @@ import torch
 from tqdm import tqdm
 
 from apd.errors import ArtifactError
-from apd.nets import ParamSpec, mlp
+from apd.nets import ParamSpec
 from apd.pipeline.distributed import Group, process_group, worker_device
 from apd.pipeline.layout import checkpoint_of, partial_of
 from apd.pipeline.runtime import RunContext, setup_logging
@@ -42,7 +42,7 @@ def spawned_worker(rank: int, size: int, init_method: str, portable: dict) -> No
     torch.set_num_threads(1)
     ctx = RunContext(**portable)
     ctx = dataclasses.replace(ctx, device_name=str(worker_device(ctx.device, rank)))
-    spec = ParamSpec.from_module(mlp(ctx.net_sizes))
+    spec = ParamSpec.from_module(ctx.network())
     with process_group(rank, size, ctx.device, init_method) as group:
         sample_shard(ctx, spec, group, size)
 

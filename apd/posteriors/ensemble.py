@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from apd.config import BaselineConfig
-from apd.nets import ParamSpec, mlp
+from apd.nets import ParamSpec, network
 from apd.posteriors.kept import FixedEnsemble
 from apd.samplers.baselines import train_baseline
 
@@ -35,8 +35,8 @@ class DeepEnsemble(FixedEnsemble):
 
 
 def train_deep_ensemble(sizes: list[int], cfg: BaselineConfig, x_train: Tensor, y_train: Tensor, x_val: Tensor,
-                        y_val: Tensor, seeds: Sequence[tuple[int, int]]) -> list[Tensor]:
-    """Train one network ``apd.nets.mlp(sizes)`` (no dropout) per entry of ``seeds`` and return their flat
+                        y_val: Tensor, seeds: Sequence[tuple[int, int]], conv: Sequence[int] = ()) -> list[Tensor]:
+    """Train one network ``apd.nets.network(sizes, conv)`` (no dropout) per entry of ``seeds`` and return their flat
     weights.
 
     Member m is initialised under ``torch.manual_seed(seeds[m][0])`` (the global RNG is restored
@@ -51,7 +51,7 @@ def train_deep_ensemble(sizes: list[int], cfg: BaselineConfig, x_train: Tensor, 
     for init_seed, batch_seed in seeds:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(init_seed)
-            net = mlp(sizes)
+            net = network(sizes, conv)
         net = net.to(x_train.device)
         trained = train_baseline(net, cfg, x_train, y_train, x_val, y_val, seed=batch_seed)
         net.load_state_dict(trained.state_dict)

@@ -305,7 +305,9 @@ def fit_laplace(net: nn.Module, x_train: Tensor, y_train: Tensor, x_val: Tensor,
     for p in model.parameters():
         p.requires_grad_(True)
     spec = ParamSpec.from_module(model)
-    spec.linear_layers()  # raises unless the network is an MLP of (weight, bias) Linear layers
+    if not spec.is_mlp:  # (weight, bias) Linear layers only; linear_layers() raises for other modules
+        raise ValueError("the Laplace approximations here are defined for an MLP, not a convolutional network")
+    spec.linear_layers()
     base = spec.flatten(model)
     device = base.device
     x_train = x_train.reshape(x_train.shape[0], -1).to(device=device, dtype=base.dtype)

@@ -69,7 +69,7 @@ def log_posterior_gradients(spec: ParamSpec, weights: Tensor, x: Tensor, y: Tens
     x = x.reshape(x.shape[0], -1).to(device)
     y = y.to(device)
     batch = min(len(y), data_batch)
-    width = max(spec.layer_sizes[1:])
+    width = spec.activation_width(x.shape[1])
     # autograd keeps a few activation tensors per layer: a quarter of predict_probs' budget per tensor
     chunk = max(1, auto_chunk(batch, width, len(weights)) // 4)
     out = torch.empty(weights.shape, dtype=torch.float32, device=device)

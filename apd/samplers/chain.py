@@ -4,6 +4,7 @@ seeded from its own stream (initialisation, minibatch order and Langevin noise a
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -13,7 +14,7 @@ from torch import Tensor
 from apd.config import SGLDConfig
 from apd.data import MinibatchOrder
 from apd.errors import DivergenceError
-from apd.nets import ParamSpec, mlp
+from apd.nets import ParamSpec, network
 from apd.samplers.sgld import SGLD, StepSchedule, make_schedule
 
 
@@ -27,19 +28,20 @@ class ChainSeeds:
 
 
 class SGLDChain:
-    """Chain ``index``: an MLP of ``sizes`` initialised from ``seeds.init``, SGLD steps (:class:`SGLD`)
-    on minibatches of (x_train, y_train) in the order of ``seeds.batches``, noise from ``seeds.noise``.
+    """Chain ``index``: a network of ``sizes`` and ``conv`` (:func:`apd.nets.network`) initialised from
+    ``seeds.init``, SGLD steps (:class:`SGLD`) on minibatches of (x_train, y_train) in the order of
+    ``seeds.batches``, noise from ``seeds.noise``.
     The initial weights are ``cfg.init`` (``default``: PyTorch's layer initialisation; ``prior``: a draw
     of N(0, prior_var·I), every weight and bias) times ``cfg.init_scale``; both draw from ``seeds.init``
     on the CPU, so a chain starts from the same weights on every device."""
 
     def __init__(self, sizes: list[int], cfg: SGLDConfig, index: int, x_train: Tensor, y_train: Tensor,
-                 seeds: ChainSeeds, prefetch_noise: bool | None = None) -> None:
+                 seeds: ChainSeeds, prefetch_noise: bool | None = None, conv: Sequence[int] = ()) -> None:
         self.index, self.x_train, self.y_train = index, x_train, y_train
         device = x_train.device
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seeds.init)
-            net = mlp(sizes)
+            net = network(sizes, conv)
             if cfg.init == "prior":
                 with torch.no_grad():
                     for parameter in net.parameters():

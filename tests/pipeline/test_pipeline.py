@@ -379,6 +379,31 @@ def test_tiny_pipeline_runs_on_cuda(tmp_path):
     assert results["device"].startswith("cuda") and results["accuracy"]["apd"]["acc"]["mean"] > 0.8
 
 
+def test_a_convolutional_pipeline_runs_every_stage(tmp_path, capsys):
+    """``net.conv``: SGLD, the baselines, the peers, APD and the evaluation (attacks included) on a LeNet-style
+    CNN; every artifact holds the CNN's weights, and the API rebuilds its baselines from their manifests."""
+    from apd.api import load
+
+    raw = json.loads(json.dumps(TINY))
+    raw["net"] = {"conv": [4], "hidden": [32]}  # 8 × 8 digits → 4 maps of 4 × 4 → 32 → 10
+    raw["evaluate"]["methods"] = ["sgd", "mcdropout", "sgld", "apd", "mog", "kept", "stein", "swag", "ensemble"]
+    raw["evaluate"]["adversarial"] = {"enabled": True, "examples": 20, "samples": 10, "whitebox_examples": 10}
+    config = tmp_path / "tiny.toml"
+    config.write_text(toml(raw))
+    for stage in ("sample", "distill", "evaluate"):
+        assert main([stage, "--config", str(config), "--artifacts", str(tmp_path), "--quiet"]) == 0
+    with SampleStore.open(tmp_path / "tiny" / "samples.h5") as store:
+        assert store.spec.conv_layers() == [(0, 100, 4, 1)] and store.spec.numel == 104 + 64 * 32 + 32 + 330
+    results = json.loads((tmp_path / "tiny" / "eval" / "results.json").read_text())
+    accuracy = {m: results["accuracy"][m]["acc"]["mean"] for m in ("sgld", "apd", "sgd", "swag", "ensemble")}
+    assert min(accuracy.values()) > 0.8, accuracy
+    sgd = load(tmp_path / "tiny", "sgd")
+    assert not sgd.spec.is_mlp and sgd.predict_probs(torch.zeros(3, 64), 1).shape == (1, 3, 10)
+    # the studies that build MLPs of their own say so in one line
+    assert main(["experiment", "modes", "--config", str(config), "--artifacts", str(tmp_path), "--quiet"]) == 2
+    assert "`apd experiment modes` is for MLPs" in capsys.readouterr().err
+
+
 def test_other_libraries_info_stays_quiet_and_ours_is_shown(capsys):
     """A library's INFO note (laplace-torch logs one on the root logger when imported) never reaches the user;
     our INFO does, and --quiet keeps our warnings only."""
