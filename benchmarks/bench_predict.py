@@ -16,8 +16,7 @@ import resource
 import sys
 
 import torch
-from timing import best_time
-from torch.nn.utils import vector_to_parameters
+from timing import best_time, loop_predict
 
 from apd.nets import ParamSpec, mlp, predict_probs
 
@@ -28,15 +27,6 @@ CASES = [(100, 10_000), (1_000, 1), (1_000, 10), (1_000, 100)]
 def matmul_gflops() -> float:
     a, b = torch.randn(4096, 4096), torch.randn(4096, 4096)
     return 2 * 4096**3 / best_time(lambda: a @ b, 5) / 1e9
-
-
-def loop_predict(net: torch.nn.Module, weights: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    out = torch.empty(len(weights), len(x), SIZES[-1])
-    with torch.no_grad():
-        for i, w in enumerate(weights):
-            vector_to_parameters(w, net.parameters())
-            out[i] = torch.softmax(net(x), dim=-1)
-    return out
 
 
 def main() -> None:

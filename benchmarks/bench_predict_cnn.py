@@ -14,22 +14,12 @@ from __future__ import annotations
 import sys
 
 import torch
-from timing import best_time
-from torch.nn.utils import vector_to_parameters
+from timing import best_time, loop_predict
 
 from apd.nets import ParamSpec, network, predict_probs
 
 SIZES, CONV = [784, 120, 84, 10], [6, 16]
 CASES = [(20, 2_000), (200, 1), (200, 10), (200, 100)]
-
-
-def loop_predict(net: torch.nn.Module, weights: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    out = torch.empty(len(weights), len(x), SIZES[-1])
-    with torch.no_grad():
-        for i, w in enumerate(weights):
-            vector_to_parameters(w, net.parameters())
-            out[i] = torch.softmax(net(x), dim=-1)
-    return out
 
 
 def main() -> None:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import torch
+from torch.nn.utils import vector_to_parameters
+
 
 def best_time(fn: Callable[[], object], repeats: int) -> float:
     """Fastest of ``repeats`` calls of ``fn`` in seconds, after one warm-up call: the one least disturbed
@@ -16,3 +19,14 @@ def best_time(fn: Callable[[], object], repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return min(times)
+
+
+def loop_predict(net: torch.nn.Module, weights: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The obvious per-network loop the batched prediction is timed against: each row of ``weights`` copied
+    into ``net`` (``vector_to_parameters``) and run on ``x``; class probabilities [K, N, C]."""
+    with torch.no_grad():
+        out = []
+        for w in weights:
+            vector_to_parameters(w, net.parameters())
+            out.append(torch.softmax(net(x), dim=-1))
+    return torch.stack(out)
