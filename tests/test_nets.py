@@ -160,7 +160,11 @@ def test_predict_logits_of_cnns_matches_their_modules(chunk):
     nets = [network([784, 12, 10], [3, 4]) for _ in range(3)]
     spec = ParamSpec.from_module(nets[0])
     weights = torch.stack([spec.flatten(n) for n in nets])
-    x = torch.randn(9, 784, requires_grad=True)
+    x = torch.randn(9, 784)
+    with torch.no_grad():  # prediction pools by strided maxima, attacks (autograd) by F.max_pool2d
+        torch.testing.assert_close(predict_logits(spec, weights, x, chunk=chunk), torch.stack([n(x) for n in nets]),
+                                   atol=1e-5, rtol=1e-4)
+    x.requires_grad_()
     logits = predict_logits(spec, weights, x, chunk=chunk)
     expected = torch.stack([n(x) for n in nets])
     torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-4)
