@@ -3,7 +3,7 @@
 `predict_probs` on a CNN (`apd.nets.network(..., conv=[6, 16])`, 61,706 weights) runs the first convolution
 of a chunk of networks as one convolution with all their filters, the later ones grouped on channels-last
 maps, and pools by elementwise maxima of strided views; the loop copies each vector into the module
-(`vector_to_parameters`) and runs it, with its `nn.MaxPool2d`. Much of the gain is the pooling, whose
+(`vector_to_parameters`) and runs it, with its `nn.MaxPool2d`. From N = 100 on most of the gain is the pooling, whose
 `F.max_pool2d` forward is the slowest step of the module on this CPU. Shapes: K = 20 networks on
 N = 2,000 inputs (evaluation), K = 200 on N = 1, 10, 100 (attacks, active learning). Prints time per
 network for both, and their ratio. An optional argument sets torch's thread count.
