@@ -41,6 +41,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -331,6 +332,19 @@ def _method_rows(row: dict) -> list[tuple[str, str, dict | None, dict | None]]:
             ("kept, random subsets", f"k={row['k']}", None if kept is None else kept["random"], None)]
 
 
+def wins_over_float32_kept(summary: dict, results: dict) -> dict | None:
+    """A stored method's margins (:func:`~apd.evaluation.yardstick.margins_over_kept`) over ⌈S⌉ kept samples
+    stored at float32 (issue 20's yardstick), S its storage: the float32 row's kept samples when there are
+    ⌈S⌉ of them; None otherwise."""
+    float32 = next((row for row in results["rows"] if row["precision"] == "float32"), None)
+    kept = None if float32 is None else float32["kept"]
+    if kept is None or kept["k"] != math.ceil(summary["in_sgld_samples"]):
+        return None
+    own = {score: {name: value["mean"] for name, value in by_set.items()}
+           for score, by_set in summary["auroc"].items()}
+    return margins_over_kept(own, summary["nll"]["mean"], kept)
+
+
 def render_table(results: dict) -> str:
     """The Markdown of ``precision.md``: a note on the protocol and, per precision, APD, the SGLD coordinates
     and the kept samples on each yardstick quantity."""
@@ -347,10 +361,12 @@ def render_table(results: dict) -> str:
             f"validation images and the OOD tuning pool ({' / '.join(results['ood_sets'])}). Gaps to SGLD: "
             "worst per-set AUROC gap in points (positive: below SGLD), NLL gap in nats; KL to SGLD's predictive. "
             "Wins over kept: margins over both the evenly spaced and the random kept samples larger than the "
-            "random subsets' std, of the per-set BALD and max-prob AUROCs and the NLL. Storage shift: mean total "
+            "random subsets' std, of the per-set BALD and max-prob AUROCs and the NLL; over kept at the row's "
+            "precision, and over ⌈S⌉ samples kept at float32 (the float32 row's). Storage shift: mean total "
             "variation between the predictive stored at float32 and at the precision (the same members), on "
             "validation images.\n\n")
-    header = ["precision", "method", "rank / k", "storage", *GAPS.values(), "KL", "wins over kept", "storage shift"]
+    header = ["precision", "method", "rank / k", "storage", *GAPS.values(), "KL", "wins over kept",
+              "wins over ⌈S⌉ float32 kept", "storage shift"]
     body = []
     for row in results["rows"]:
         for method, size, summary, margins in _method_rows(row):
@@ -362,11 +378,13 @@ def render_table(results: dict) -> str:
             storage = (row["kept"]["in_sgld_samples"] if method.startswith("kept") and row["kept"] is not None
                        else None if summary is None else summary["in_sgld_samples"])
             kl = None if summary is None else summary["kl"]
+            over_float32 = None if margins is None else wins_over_float32_kept(summary, results)
             body.append([row["precision"], method, size, format_sample_count(storage),
                          *(MISSING if summary is None else format_gap(summary[key], 3 if key == "nll_gap" else 1)
                            for key in GAPS),
                          (mean_std(kl, 4) if isinstance(kl, dict) else format_number(kl, 4)),
                          "—" if margins is None else f"{margins['wins']} of {margins['compared']}",
+                         "—" if over_float32 is None else f"{over_float32['wins']} of {over_float32['compared']}",
                          format_number(shift, 4)])
     return note + markdown_table(header, body) + "\n"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from apd.experiments.precision import (
     largest_rank,
     most_kept,
     stored_apd,
+    wins_over_float32_kept,
 )
 from apd.nets import ParamSpec, mlp
 from apd.posteriors import APDGenerator
@@ -87,8 +89,15 @@ def test_the_study_compares_apd_with_its_kept_samples_at_each_precision(tiny_pip
     assert rows["float32"]["coordinates"]["storage_shift"] == 0
     assert rows["float32"]["apd"]["storage_shift"] == 0 == rows["float32"]["kept"]["storage_shift"]
     assert 0 < rows["int8"]["kept"]["storage_shift"] < 0.05  # rounding moves the predictive, a little
+    for row in rows.values():  # issue 20's yardstick: ⌈S⌉ samples kept at float32, the float32 row's k = 4
+        for method in (row["apd"], row["per_chain"]):
+            over = wins_over_float32_kept(method, results)
+            assert (over is None) == (math.ceil(method["in_sgld_samples"]) != 4)
+            if over is not None and row["precision"] == "float32":
+                assert over == (row["margins"] if method is row["apd"] else method["margins"])
     table = (out / "precision.md").read_text()
     assert "| int8 | SGLD coordinates |" in table and "none fits" not in table
+    assert "wins over ⌈S⌉ float32 kept" in table
     assert (out / "precision.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
