@@ -220,6 +220,11 @@ def _means(auroc: dict) -> dict:
             for score, by_set in auroc.items()}
 
 
+def _margins(summary: dict, kept: dict) -> dict:
+    """:func:`~apd.evaluation.yardstick.margins_over_kept` of a judged method (its mean AUROCs and NLL)."""
+    return margins_over_kept(_means(summary["auroc"]), summary["nll"]["mean"], kept)
+
+
 def kept_row(ctx: RunContext, store: SampleStore, k: int, inputs: EvaluationInputs, reference: Reference,
              plan: PrecisionPlan, precision: str, seed: int) -> dict:
     """The k kept samples stored at ``precision`` (:func:`~apd.evaluation.yardstick.kept_samples`) and the
@@ -242,7 +247,7 @@ def judged(ctx: RunContext, exact: Posterior, stored: Posterior, nbytes: int, in
     out = {"in_sgld_samples": in_samples(nbytes, stored.spec.numel),
            **judge_runs(stored, e.networks, inputs, reference, e.runs, seed),
            "storage_shift": storage_shift(exact, stored, ctx.data.x_val, e.networks, seed)}
-    out["margins"] = None if kept is None else margins_over_kept(_means(out["auroc"]), out["nll"]["mean"], kept)
+    out["margins"] = None if kept is None else _margins(out, kept)
     return out
 
 
@@ -332,17 +337,13 @@ def _method_rows(row: dict) -> list[tuple[str, str, dict | None, dict | None]]:
             ("kept, random subsets", f"k={row['k']}", None if kept is None else kept["random"], None)]
 
 
-def wins_over_float32_kept(summary: dict, results: dict) -> dict | None:
-    """A stored method's margins (:func:`~apd.evaluation.yardstick.margins_over_kept`) over ⌈S⌉ kept samples
-    stored at float32 (issue 20's yardstick), S its storage: the float32 row's kept samples when there are
-    ⌈S⌉ of them; None otherwise."""
-    float32 = next((row for row in results["rows"] if row["precision"] == "float32"), None)
-    kept = None if float32 is None else float32["kept"]
-    if kept is None or kept["k"] != math.ceil(summary["in_sgld_samples"]):
+def wins_over_float32_kept(summary: dict, float32_kept: dict | None) -> dict | None:
+    """A judged method's margins over ⌈S⌉ kept samples stored at float32 (issue 20's yardstick), S its
+    storage: over ``float32_kept`` (the float32 row's kept samples) when there are ⌈S⌉ of them; None
+    otherwise."""
+    if float32_kept is None or float32_kept["k"] != math.ceil(summary["in_sgld_samples"]):
         return None
-    own = {score: {name: value["mean"] for name, value in by_set.items()}
-           for score, by_set in summary["auroc"].items()}
-    return margins_over_kept(own, summary["nll"]["mean"], kept)
+    return _margins(summary, float32_kept)
 
 
 def render_table(results: dict) -> str:
@@ -367,6 +368,7 @@ def render_table(results: dict) -> str:
             "validation images.\n\n")
     header = ["precision", "method", "rank / k", "storage", *GAPS.values(), "KL", "wins over kept",
               "wins over ⌈S⌉ float32 kept", "storage shift"]
+    float32_kept = next((row["kept"] for row in results["rows"] if row["precision"] == "float32"), None)
     body = []
     for row in results["rows"]:
         for method, size, summary, margins in _method_rows(row):
@@ -378,7 +380,7 @@ def render_table(results: dict) -> str:
             storage = (row["kept"]["in_sgld_samples"] if method.startswith("kept") and row["kept"] is not None
                        else None if summary is None else summary["in_sgld_samples"])
             kl = None if summary is None else summary["kl"]
-            over_float32 = None if margins is None else wins_over_float32_kept(summary, results)
+            over_float32 = None if margins is None else wins_over_float32_kept(summary, float32_kept)
             body.append([row["precision"], method, size, format_sample_count(storage),
                          *(MISSING if summary is None else format_gap(summary[key], 3 if key == "nll_gap" else 1)
                            for key in GAPS),

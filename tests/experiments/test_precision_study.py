@@ -89,12 +89,15 @@ def test_the_study_compares_apd_with_its_kept_samples_at_each_precision(tiny_pip
     assert rows["float32"]["coordinates"]["storage_shift"] == 0
     assert rows["float32"]["apd"]["storage_shift"] == 0 == rows["float32"]["kept"]["storage_shift"]
     assert 0 < rows["int8"]["kept"]["storage_shift"] < 0.05  # rounding moves the predictive, a little
-    for row in rows.values():  # issue 20's yardstick: ⌈S⌉ samples kept at float32, the float32 row's k = 4
+    float32_kept = rows["float32"]["kept"]  # issue 20's yardstick: ⌈S⌉ = 4 samples kept at float32
+    for row in rows.values():
         for method in (row["apd"], row["per_chain"]):
-            over = wins_over_float32_kept(method, results)
-            assert (over is None) == (math.ceil(method["in_sgld_samples"]) != 4)
-            if over is not None and row["precision"] == "float32":
+            assert math.ceil(method["in_sgld_samples"]) == 4
+            over = wins_over_float32_kept(method, float32_kept)
+            assert over["compared"] == 5
+            if row["precision"] == "float32":  # the same kept samples as the row's own margins
                 assert over == (row["margins"] if method is row["apd"] else method["margins"])
+    assert wins_over_float32_kept(rows["int8"]["apd"] | {"in_sgld_samples": 2.5}, float32_kept) is None  # 3 ≠ 4
     table = (out / "precision.md").read_text()
     assert "| int8 | SGLD coordinates |" in table and "none fits" not in table
     assert "wins over ⌈S⌉ float32 kept" in table
