@@ -1,11 +1,11 @@
 """Batched prediction over many LeNet-5 weight vectors vs a per-network loop, side by side in one run.
 
-`predict_probs` on a CNN (`apd.nets.network(..., conv=[6, 16])`, 61,706 weights) runs the first convolution
-of a chunk of networks as one convolution with all their filters, the later ones grouped on channels-last
-maps, and pools by elementwise maxima of strided views; the loop copies each vector into the module
-(`vector_to_parameters`) and runs it, with its `nn.MaxPool2d`. From N = 100 on most of the gain is the pooling, whose
-`F.max_pool2d` forward is the slowest step of the module on this CPU. Shapes: K = 20 networks on
-N = 2,000 inputs (evaluation), K = 200 on N = 1, 10, 100 (attacks, active learning). Prints time per
+`predict_probs` on a CNN (`apd.nets.network(..., conv=[6, 16])`, 61,706 weights) runs the first convolution of
+a chunk of networks as one convolution with all their filters, the later ones grouped on channels-last maps,
+and pools by elementwise maxima of strided views; the loop copies each vector into the module
+(`vector_to_parameters`) and runs it, with its `nn.MaxPool2d`. From N = 100 on most of the gain is the
+pooling, whose `F.max_pool2d` forward is the slowest step of the module on this CPU. Shapes: K = 20 networks
+on N = 2,000 inputs (evaluation), K = 200 on N = 1, 10, 100 (attacks, active learning). Prints time per
 network for both, and their ratio. An optional argument sets torch's thread count.
 
 Targets on a 2-core CPU: no slower than the loop at N = 2,000 (≥ 1×); ≥ 2× at N = 1 and 10.
