@@ -102,14 +102,13 @@ def info(ctx: RunContext) -> None:
 
     cfg, data = ctx.cfg, ctx.data
     spec = ParamSpec.from_module(ctx.network())
-    convs = "".join(f"conv{c}-" for c in cfg.net.conv)
     print(f"pipeline   {cfg.name}  ({cfg.source}, config hash {config_hash(cfg)})")
     print(f"device     {ctx.device}")
     print(f"dataset    {data.name}: " + ", ".join(f"{k} {v:,}" for k, v in data.sizes().items())
           + (f"; images {data.image_shape[0]}×{data.image_shape[1]}" if data.image_shape else
              f"; {data.num_features} features") + f", {data.num_classes} classes, "
           f"fingerprint {data.fingerprint()}")
-    print(f"network    {convs}{'-'.join(map(str, ctx.net_sizes))}: {spec.numel:,} parameters")
+    print(f"network    {spec.describe()}: {spec.numel:,} parameters")
     present = sorted(p for p in ctx.out_dir.rglob("*") if p.is_file()) if ctx.out_dir.is_dir() else []
     print(f"artifacts  {ctx.out_dir}: " + ("none yet" if not present else f"{len(present)} files"))
     for path in present:

@@ -194,6 +194,11 @@ class ParamSpec:
         layers = self.linear_layers()
         return [layers[0][3]] + [out for _, _, out, _ in layers]
 
+    def describe(self) -> str:
+        """The network in one line: the channels of each convolution, then the layer sizes of the MLP (of a
+        CNN's head), e.g. ``conv6-conv16-784-120-84-10``."""
+        return "".join(f"conv{out}-" for _, _, out, _ in self.conv_layers()) + "-".join(map(str, self.layer_sizes))
+
     def to_json(self) -> str:
         return json.dumps({"names": list(self.names), "shapes": [list(s) for s in self.shapes]})
 

@@ -34,7 +34,7 @@ def test_paramspec_round_trip():
     spec.load_into(other, vec)
     assert torch.equal(spec.flatten(other), vec)
     assert ParamSpec.from_json(spec.to_json()) == spec
-    assert spec.layer_sizes == [6, 5, 4, 3]
+    assert spec.layer_sizes == [6, 5, 4, 3] and spec.describe() == "6-5-4-3"
     batch = torch.randn(7, spec.numel)
     assert spec.unflatten(batch)["0.weight"].shape == (7, 5, 6)
     with pytest.raises(ValueError, match="entries"):
@@ -137,6 +137,7 @@ def test_lenet5_layout():
     assert spec.numel == 156 + 2_416 + 48_120 + 10_164 + 850 == 61_706
     assert spec.conv_layers() == [(0, 150, 6, 1), (156, 2_556, 16, 6)]
     assert spec.layer_sizes == [400, 120, 84, 10] and not spec.is_mlp
+    assert spec.describe() == "conv6-conv16-400-120-84-10"
     assert ParamSpec.from_module(network([784, 100, 10])).is_mlp  # no conv: the MLP
     assert spec.activation_width(784) == 6 * 784
     assert [type(m).__name__ for m in net][-7:] == ["Linear", "ReLU", "Dropout", "Linear", "ReLU", "Dropout",

@@ -59,7 +59,8 @@ def codec_kind(cfg: DistillConfig) -> str:
 
 def architecture(cfg: DistillConfig, dim: int, layer_sizes: list[int], chains: int = 1) -> dict:
     """What :func:`build_generator` needs to rebuild the modules (stored in the generator's manifest);
-    ``chains``: the store's chains, one generator each when ``cfg.per_chain``."""
+    ``layer_sizes``: the MLP's (a CNN's head's) sizes, read by a Kronecker residual; ``chains``: the store's
+    chains, one generator each when ``cfg.per_chain``."""
     kronecker = cfg.uses_kronecker()
     return {"codec": codec_kind(cfg), "dim": dim, "rank": cfg.subspace_rank,
             "residual": cfg.generator == "subspace" and cfg.residual.model == "diagonal",
@@ -92,8 +93,8 @@ def load_generator(weights: Path, manifest: dict, expect_spec: ParamSpec | None 
     except KeyError as exc:
         raise ArtifactError(f"{weights}: its manifest is not a generator's (no {exc})") from None
     if expect_spec is not None and spec != expect_spec:
-        raise ArtifactError(f"{weights}: generator makes weights for a {spec.layer_sizes} network, the pipeline's "
-                            f"network is {expect_spec.layer_sizes}; run `apd distill --force`")
+        raise ArtifactError(f"{weights}: generator makes weights for a {spec.describe()} network, the pipeline's "
+                            f"network is {expect_spec.describe()}; run `apd distill --force`")
     model = build_generator(arch)
     try:
         model.load_state_dict(unpack_state(load_torch(weights), model.state_dict(), model.precision))

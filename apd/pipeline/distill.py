@@ -312,7 +312,7 @@ def _finish(ctx: RunContext, spec: ParamSpec, summary: dict, inputs: dict, n_sam
     worth = in_samples(summary.pop("stored_bytes"), spec.numel)
     record = manifest_record("distill", config_hash(ctx.cfg, "distill"), inputs, spec=spec.to_json(),
                              machine=machine(ctx.device),
-                             architecture=architecture(d, spec.numel, ctx.net_sizes, chains), mode=d.mode,
+                             architecture=architecture(d, spec.numel, spec.layer_sizes, chains), mode=d.mode,
                              storage={"generator_parameters": parameters, "precision": d.precision,
                                       "generator_bytes": partial_of(layout.generator).stat().st_size,
                                       "in_sgld_samples": round(worth, 2),

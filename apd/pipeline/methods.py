@@ -84,6 +84,11 @@ class Method:
     load: Callable[[Sources], Posterior]
 
 
+def _not_for(path: Path, what: str, spec: ParamSpec) -> ArtifactError:
+    """A baseline file that is not for the pipeline's network: made again by ``apd sample --force``."""
+    return ArtifactError(f"{path}: {what} the {spec.describe()} network; run `apd sample --force`")
+
+
 def _baseline(sources: Sources, name: str, dropout: float) -> torch.nn.Module:
     ctx = sources.ctx
     net = ctx.network(dropout)
@@ -91,7 +96,7 @@ def _baseline(sources: Sources, name: str, dropout: float) -> torch.nn.Module:
     try:
         net.load_state_dict(load_torch(path))
     except RuntimeError:
-        raise ArtifactError(f"{path}: does not fit the {ctx.net_sizes} network; run `apd sample --force`") from None
+        raise _not_for(path, "does not fit", sources.spec) from None
     return net.to(ctx.device).eval()
 
 
@@ -153,8 +158,7 @@ def _load_swag(sources: Sources) -> Posterior:
         post = SWAGPosterior(sources.spec, moments["mean"], moments["variance"], moments["deviations"],
                              scale=ctx.cfg.peers.swag_scale, device=ctx.device)
     except (KeyError, ValueError):
-        raise ArtifactError(f"{path}: not SWAG moments of the {ctx.net_sizes} network; run `apd sample --force`") \
-            from None
+        raise _not_for(path, "not SWAG moments of", sources.spec) from None
     record = read_json(manifest_of(path))
     sources.details["swag"] = {"lr": record.get("lr"), "val_nll": record.get("val_nll"), "rank": post.rank,
                                "scale": post.scale}
@@ -166,7 +170,7 @@ def _load_ensemble(sources: Sources) -> Posterior:
     path = ctx.layout.baseline("ensemble")
     members = load_torch(path).get("members")
     if not isinstance(members, torch.Tensor) or members.dim() != 2 or members.shape[1] != sources.spec.numel:
-        raise ArtifactError(f"{path}: not an ensemble of the {ctx.net_sizes} network; run `apd sample --force`")
+        raise _not_for(path, "not an ensemble of", sources.spec)
     return DeepEnsemble(members, sources.spec, ctx.device)
 
 

@@ -32,6 +32,7 @@ import pytest
 import torch
 
 from apd.cli import main
+from apd.nets import mlp
 from tests.tiny_pipeline import toml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -405,6 +406,12 @@ def test_nan_weights_under_a_forged_manifest(art, target):
     torch.save(state, art.path(target))
     forge(art.path(str(Path(target).with_suffix(".json"))))
     art.fails("evaluate", match="NaN")
+
+
+def test_a_baseline_of_another_network(art):
+    torch.save(mlp([64, 8, 10]).state_dict(), art.path("baselines/sgd.pt"))
+    forge(art.path("baselines/sgd.json"))
+    art.fails("evaluate", match="sgd.pt: does not fit the 64-16-10 network")
 
 
 def test_pickles_are_never_unpickled(art, tmp_path):

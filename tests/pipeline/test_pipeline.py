@@ -82,7 +82,7 @@ def test_generator_round_trip_and_spec_mismatch(pipeline):
     again = _load_apd(path).sample_weights(5, torch.Generator().manual_seed(0))
     torch.testing.assert_close(weights, again)
     assert apd.predict_probs(torch.zeros(3, 64), 4).shape == (4, 3, 10)
-    with pytest.raises(ArtifactError, match=r"\[64, 32, 10\] network, the pipeline.s network is \[64, 16, 10\]"):
+    with pytest.raises(ArtifactError, match=r"64-32-10 network, the pipeline.s network is 64-16-10"):
         load_generator(path, manifest, expect_spec=ParamSpec.from_module(mlp([64, 16, 10])))
 
 
