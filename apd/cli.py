@@ -54,12 +54,14 @@ EXPERIMENTS = {
               "single networks at the chains' means, between them and from APD: do the chains sit in separate modes?"),
     "precision": ("apd.experiments.precision", "run_precision",
                   "APD and kept samples at float32, float16 and int8 storage, at one storage budget"),
+    "frontier": ("apd.experiments.frontier", "run_frontier",
+                 "APD with one generator per chain against as many kept samples, at several storage budgets"),
     "active-learning": ("apd.experiments.active_learning", "run_active_learning",
                         "active learning with SGLD, APD, MC dropout and a deterministic net: accuracy per label"),
 }
 # The experiments that run on a convolutional network (``net.conv``); the others build MLPs of their own, or
 # use the MLP-only options (unit alignment, Kronecker factors, Laplace)
-CNN_EXPERIMENTS = ("precision",)
+CNN_EXPERIMENTS = ("precision", "frontier")
 
 
 def build_parser() -> argparse.ArgumentParser:

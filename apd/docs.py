@@ -56,6 +56,7 @@ EXPERIMENT_TABLES: dict[str, Callable[[Path], str]] = {
     "storage-study": _experiment("apd.experiments.storage", "render_table", "storage.json"),
     "modes": _experiment("apd.experiments.modes", "render_table", "modes.json"),
     "precision": _experiment("apd.experiments.precision", "render_table", "precision.json"),
+    "frontier": _experiment("apd.experiments.frontier", "render_table", "frontier.json"),
     "active-learning": _experiment("apd.experiments.active_report", "render_table", "active_learning.json"),
     "active-learning-report": _experiment("apd.experiments.active_report", "render_summary", "active_learning.json"),
 }

@@ -220,7 +220,7 @@ def _means(auroc: dict) -> dict:
             for score, by_set in auroc.items()}
 
 
-def _margins(summary: dict, kept: dict) -> dict:
+def judged_margins(summary: dict, kept: dict) -> dict:
     """:func:`~apd.evaluation.yardstick.margins_over_kept` of a judged method (its mean AUROCs and NLL)."""
     return margins_over_kept(_means(summary["auroc"]), summary["nll"]["mean"], kept)
 
@@ -247,7 +247,7 @@ def judged(ctx: RunContext, exact: Posterior, stored: Posterior, nbytes: int, in
     out = {"in_sgld_samples": in_samples(nbytes, stored.spec.numel),
            **judge_runs(stored, e.networks, inputs, reference, e.runs, seed),
            "storage_shift": storage_shift(exact, stored, ctx.data.x_val, e.networks, seed)}
-    out["margins"] = None if kept is None else _margins(out, kept)
+    out["margins"] = None if kept is None else judged_margins(out, kept)
     return out
 
 
@@ -343,7 +343,7 @@ def wins_over_float32_kept(summary: dict, float32_kept: dict | None) -> dict | N
     otherwise."""
     if float32_kept is None or float32_kept["k"] != math.ceil(summary["in_sgld_samples"]):
         return None
-    return _margins(summary, float32_kept)
+    return judged_margins(summary, float32_kept)
 
 
 def render_table(results: dict) -> str:

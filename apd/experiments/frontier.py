@@ -1,0 +1,188 @@
+"""``apd experiment frontier``: APD's storage-versus-quality curve against the kept samples' curve.
+
+For each budget S of ``budgets`` (SGLD samples' worth, bytes / (4·D)):
+
+- **APD**: one WGAN-GP per chain of the store (the pipeline's ``[distill]`` GAN, as ``[distill] per_chain``
+  trains it; :func:`~apd.experiments.precision.train_chain_generators`) over every sample's coordinates in
+  one shared principal subspace, at the largest rank r whose codec and generators fit S when stored at
+  ``precision`` (:func:`~apd.experiments.precision.chain_generators_storage`), trained on float32
+  coordinates and then stored at the precision;
+- **kept samples**: S SGLD samples stored at float32, evenly spaced over the store (across chains) and
+  ``subsets`` random subsets (:func:`~apd.evaluation.yardstick.kept_samples`).
+
+Both are scored by the kept-samples yardstick (:mod:`apd.evaluation.yardstick`): worst per-set BALD and
+max-prob AUROC gap to SGLD, NLL gap, KL(SGLD's predictive ‖ the method's) on the judged images; and APD's
+margins over the kept samples (:func:`~apd.evaluation.yardstick.margins_over_kept`: a win is a margin over
+both the evenly spaced and the random subsets larger than the subsets' std). APD's curve crosses the kept
+samples' at the budgets where its gap falls below theirs. APD's storage is at most S, so every comparison
+gives the kept samples at least APD's bytes.
+
+It is a tuning study: everything is judged on validation images and the OOD *tuning* pool
+(:func:`apd.pipeline.evaluate.evaluation_inputs` with ``role="tuning"``), never on the test split or the
+OOD sets ``apd evaluate`` reports. Outputs: ``artifacts/NAME/experiments/frontier.{json,md,png}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from apd.config import bounded
+from apd.distillation.chain_generators import chain_partition
+from apd.distillation.precision import Precision, in_samples, module_bytes
+from apd.errors import ConfigError
+from apd.evaluation.yardstick import kept_samples
+from apd.experiments.outputs import run_study
+from apd.experiments.precision import (
+    GAPS,
+    chain_generators_storage,
+    judged_margins,
+    largest_rank,
+    sgld_coordinates,
+    stored_apd,
+    train_chain_generators,
+)
+from apd.experiments.storage import judge_runs, sgld_reference
+from apd.nets import ParamSpec
+from apd.pipeline.distill import training_samples
+from apd.pipeline.evaluate import evaluation_inputs
+from apd.pipeline.figures import new_figure, save_figure
+from apd.pipeline.runtime import RunContext
+from apd.pipeline.stage import require_input
+from apd.pipeline.table_format import MISSING, format_gap, format_number, format_sample_count, markdown_table, mean_std
+from apd.samplers.store import SampleStore
+
+log = logging.getLogger(__name__)
+
+KEPT = {"evenly_spaced": "kept, evenly spaced", "random": "kept, random subsets"}
+
+
+@dataclass
+class FrontierPlan:
+    """The budgets and APD's storage precision (``--option KEY=VALUE``, e.g. ``--option budgets=[2,4,8]``)."""
+
+    budgets: list[int] = bounded([2, 4, 8, 16])  # SGLD samples' worth; S kept samples at each
+    precision: Precision = "int8"  # APD's stored tensors; the kept samples stay float32
+    subsets: int = bounded(5, ge=1)  # random kept subsets per budget: the spread a win must exceed
+    steps: int = bounded(0, ge=0)  # generator steps per chain; 0: the pipeline's distill.steps
+
+
+def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
+    """APD and S kept samples at each budget S of ``plan``, judged on validation images and the OOD tuning
+    pool; the results as JSON-able data."""
+    cfg, e = ctx.cfg, ctx.cfg.evaluate
+    if cfg.distill.generator != "subspace":
+        raise ConfigError(f"{cfg.source}: the frontier study needs [distill] generator = \"subspace\" "
+                          "(its rank is what the budget buys)")
+    if not plan.budgets:
+        raise ConfigError("--option budgets: expected at least one budget")
+    require_input(ctx, ctx.layout.samples, "sample")
+    started = time.perf_counter()
+    inputs = evaluation_inputs(ctx, role="tuning")
+    points = []
+    with SampleStore.open(ctx.layout.samples, expect_spec=ParamSpec.from_module(ctx.network())) as store:
+        spec, n = store.spec, len(store)
+        if max(plan.budgets) > n:
+            raise ConfigError(f"--option budgets: the store holds {n} samples, fewer than {max(plan.budgets)}")
+        sgld, reference = sgld_reference(ctx, store, inputs)
+        data = training_samples(ctx, store, cfg.distill)
+        chains = len(chain_partition(store.chains)[0])
+        limit = min(n, cfg.distill.fit_samples, spec.numel)
+        for budget in sorted(set(plan.budgets)):
+            seed = ctx.seed("experiment", "frontier", budget)
+            kept = kept_samples(store, budget, inputs, reference, plan.subsets, torch.Generator().manual_seed(seed),
+                                ctx.device)
+            rank = largest_rank(lambda r: chain_generators_storage(cfg.distill, r, spec, chains, plan.precision),
+                                budget, limit)
+            apd = None
+            if rank:
+                t0 = time.perf_counter()
+                exact = train_chain_generators(ctx, store, sgld_coordinates(ctx, store, data, rank),
+                                               plan.steps or cfg.distill.steps)
+                stored = stored_apd(exact, plan.precision)
+                apd = {"rank": rank, "chains": chains, "seconds": round(time.perf_counter() - t0, 2),
+                       "in_sgld_samples": in_samples(module_bytes(stored.model, plan.precision), spec.numel),
+                       **judge_runs(stored, e.networks, inputs, reference, e.runs, seed)}
+                apd["margins"] = judged_margins(apd, kept)
+            points.append({"budget": budget, "kept": kept, "apd": apd})
+            log.info("budget %d: APD rank %d%s", budget, rank,
+                     "" if apd is None else f", wins {apd['margins']['wins']} of {apd['margins']['compared']}")
+    return {"pipeline": cfg.name, "dataset": ctx.data.name, "dim": spec.numel, "sgld_samples": n, "runs": e.runs,
+            "networks": e.networks, "ood_sets": list(inputs.ood),
+            "judged_on": "validation images and the OOD tuning pool (never the test split or evaluate's OOD sets)",
+            "plan": dataclasses.asdict(plan), "sgld": sgld, "points": points,
+            "seconds": round(time.perf_counter() - started, 2)}
+
+
+def _rows(point: dict) -> list[tuple[str, str, dict | None]]:
+    """(method, rank or k, its yardstick summary) at one budget: APD, then the kept samples twice."""
+    apd, kept = point["apd"], point["kept"]
+    return [("APD per chain", "none fits" if apd is None else f"r={apd['rank']}", apd),
+            *((label, f"k={kept['k']}", {**kept[key], "in_sgld_samples": kept["in_sgld_samples"]})
+              for key, label in KEPT.items())]
+
+
+def render_table(results: dict) -> str:
+    """The Markdown of ``frontier.md``: a note on the protocol and, per budget, APD and the kept samples on
+    each yardstick quantity, with APD's wins over the kept samples."""
+    plan = results["plan"]
+    note = (f"# Storage frontier on {results['pipeline']}\n\nAt each budget S (SGLD samples' worth; D = "
+            f"{results['dim']:,} weights, {results['sgld_samples']:,} stored samples): APD with one generator "
+            f"per chain in the largest shared principal subspace whose codec and generators fit S at "
+            f"{plan['precision']}, and S SGLD samples kept at float32, evenly spaced and the mean ± std of "
+            f"{plan['subsets']} random subsets. {results['runs']} runs × {results['networks']} networks per APD "
+            f"draw (mean ± std over runs); judged on validation images and the OOD tuning pool "
+            f"({' / '.join(results['ood_sets'])}). Gaps to SGLD: worst per-set AUROC gap in points (positive: "
+            "below SGLD), NLL gap in nats; KL to SGLD's predictive. Wins: APD's margins over both the evenly "
+            "spaced and the random kept samples larger than the random subsets' std, of the per-set BALD and "
+            "max-prob AUROCs and the NLL.\n\n")
+    header = ["budget", "method", "rank / k", "storage", *GAPS.values(), "KL", "wins over kept"]
+    body = []
+    for point in results["points"]:
+        for method, size, summary in _rows(point):
+            margins = summary.get("margins") if summary else None
+            kl = None if summary is None else summary["kl"]
+            body.append([f"{point['budget']:g}", method, size,
+                         format_sample_count(None if summary is None else summary["in_sgld_samples"]),
+                         *(MISSING if summary is None else format_gap(summary[key], 3 if key == "nll_gap" else 1)
+                           for key in GAPS),
+                         mean_std(kl, 4) if isinstance(kl, dict) else format_number(kl, 4),
+                         "—" if margins is None else f"{margins['wins']} of {margins['compared']}"])
+    return note + markdown_table(header, body) + "\n"
+
+
+def draw_figure(results: dict, path: Path) -> None:
+    """One panel per yardstick gap against storage (log scale): APD's curve (mean ± std over runs) and the
+    kept samples' (evenly spaced; the random subsets' mean ± std), where the gap is defined."""
+    figure, axes = new_figure(1, 3, panel=(5.2, 3.9))
+    for ax, (key, label) in zip(axes[0], GAPS.items(), strict=True):
+        for i, method in enumerate(["APD per chain", *KEPT.values()]):
+            xs, ys, errors = [], [], []
+            for point in results["points"]:
+                summary = next(s for name, _, s in _rows(point) if name == method)
+                value = None if summary is None else summary[key]
+                if value is not None:  # one kept sample has no BALD
+                    xs.append(summary["in_sgld_samples"])
+                    ys.append(value["mean"] if isinstance(value, dict) else value)
+                    errors.append(value["std"] if isinstance(value, dict) else 0.0)
+            if xs:
+                ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, color=f"C{i}", label=method,
+                            linestyle="-" if i < 2 else "--")
+        ax.axhline(0, color="grey", linewidth=0.8)
+        ax.set_xscale("log")
+        unit = "nats" if key == "nll_gap" else "AUROC points"
+        ax.set(xlabel="storage (SGLD samples' worth)", ylabel=f"{label} to SGLD ({unit})",
+               title=f"{results['pipeline']}: APD at {results['plan']['precision']} against kept samples")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    save_figure(figure, path)
+
+
+def run_frontier(ctx: RunContext, options: list[str]) -> dict:
+    """``apd experiment frontier``: compare, write ``experiments/frontier.{json,md,png}``, print the table."""
+    return run_study(ctx, options, FrontierPlan, frontier, "frontier", render_table, draw_figure)

@@ -1,0 +1,69 @@
+"""``apd experiment frontier``: APD with one generator per chain against as many kept samples, per budget."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import pytest
+
+from apd.cli import main
+from apd.config_load import from_dict
+from apd.experiments.precision import chain_generators_storage
+from apd.nets import ParamSpec, mlp
+from tests.tiny_pipeline import TINY, copy_samples_as_two_chains
+
+SPEC = ParamSpec.from_module(mlp([64, 32, 10]))  # the tiny pipeline's network: D = 2,410
+
+
+def _frontier(tiny_pipeline, target, *options: str) -> tuple[int, str]:
+    """``apd experiment frontier`` on the tiny pipeline's samples split into two chains: (exit code, stderr)."""
+    root, config = tiny_pipeline
+    copy_samples_as_two_chains(root, target)
+    args = ["experiment", "frontier", "--config", str(config), "--artifacts", str(target), "--quiet"]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main([*args, *(arg for option in options for arg in ("--option", option))])
+    return rc, err.getvalue()
+
+
+def test_each_budget_buys_apd_its_largest_rank_and_the_kept_samples_as_many_samples(tiny_pipeline, tmp_path):
+    rc, err = _frontier(tiny_pipeline, tmp_path, "budgets=[4, 1, 2]", "steps=20", "subsets=2")
+    assert rc == 0, err
+    out = tmp_path / "tiny" / "experiments"
+    results = json.loads((out / "frontier.json").read_text())
+    points = results["points"]
+    assert [p["budget"] for p in points] == [1, 2, 4]  # in increasing order
+    d = from_dict(TINY).distill
+    storage = lambda r: chain_generators_storage(d, r, SPEC, 2, "int8")  # noqa: E731
+    for point in points:
+        apd, kept = point["apd"], point["kept"]
+        assert kept["k"] == point["budget"] == kept["in_sgld_samples"] and kept["subsets"] == 2
+        assert apd["chains"] == 2
+        assert storage(apd["rank"]) <= point["budget"] < storage(apd["rank"] + 1)
+        assert apd["in_sgld_samples"] == pytest.approx(storage(apd["rank"]))  # the trained model's own bytes
+        # BALD and max-prob on 2 tuning sets, and the NLL; one kept network has no BALD to beat
+        assert apd["margins"]["compared"] == (5 if point["budget"] > 1 else 3)
+        assert 0 <= apd["margins"]["wins"] <= 5
+    assert points[0]["apd"]["rank"] < points[1]["apd"]["rank"] < points[2]["apd"]["rank"]
+    table = (out / "frontier.md").read_text()
+    assert f"| 4 | APD per chain | r={points[2]['apd']['rank']} |" in table
+    assert "| 4 | kept, random subsets | k=4 |" in table
+    assert (out / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_budget_too_small_for_the_generators_still_scores_the_kept_samples(tiny_pipeline, tmp_path):
+    rc, err = _frontier(tiny_pipeline, tmp_path, "budgets=[1]", 'precision="float32"', "subsets=1")
+    assert rc == 0, err
+    out = tmp_path / "tiny" / "experiments"
+    point = json.loads((out / "frontier.json").read_text())["points"][0]
+    assert point["apd"] is None and point["kept"]["k"] == 1  # the codec's mean alone is one sample at float32
+    assert "none fits" in (out / "frontier.md").read_text()
+
+
+@pytest.mark.parametrize(("budgets", "message"), [("[]", "at least one budget"), ("[0, 2]", "positive integers"),
+                                                  ("[100000]", "holds 200 samples")])
+def test_budgets_that_cannot_be_kept_are_one_line_errors(tiny_pipeline, tmp_path, budgets, message):
+    rc, err = _frontier(tiny_pipeline, tmp_path, f"budgets={budgets}")
+    assert rc == 2 and message in err and len(err.strip().splitlines()) == 1, err
