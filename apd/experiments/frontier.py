@@ -175,11 +175,15 @@ def draw_figure(results: dict, path: Path) -> None:
                             linestyle="-" if i < 2 else "--")
         ax.axhline(0, color="grey", linewidth=0.8)
         ax.set_xscale("log")
+        budgets = [point["budget"] for point in results["points"]]
+        ax.set_xticks(budgets, [f"{b:g}" for b in budgets])
+        ax.minorticks_off()
         unit = "nats" if key == "nll_gap" else "AUROC points"
-        ax.set(xlabel="storage (SGLD samples' worth)", ylabel=f"{label} to SGLD ({unit})",
-               title=f"{results['pipeline']}: APD at {results['plan']['precision']} against kept samples")
+        ax.set(xlabel="storage (SGLD samples' worth)", ylabel=f"{label} to SGLD ({unit})")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
+    figure.suptitle(f"{results['pipeline']}: APD, one generator per chain at {results['plan']['precision']}, "
+                    "against as many kept SGLD samples")
     save_figure(figure, path)
 
 
