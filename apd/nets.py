@@ -196,7 +196,7 @@ class ParamSpec:
 
     def describe(self) -> str:
         """The network in one line: the channels of each convolution, then the layer sizes of the MLP (of a
-        CNN's head), e.g. ``conv6-conv16-784-120-84-10``."""
+        CNN's head), e.g. ``conv6-conv16-400-120-84-10`` (LeNet-5)."""
         return "".join(f"conv{out}-" for _, _, out, _ in self.conv_layers()) + "-".join(map(str, self.layer_sizes))
 
     def to_json(self) -> str:
