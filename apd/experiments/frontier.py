@@ -34,20 +34,21 @@ import torch
 
 from apd.config import bounded
 from apd.distillation.chain_generators import chain_partition
-from apd.distillation.precision import Precision, in_samples, module_bytes
+from apd.distillation.precision import Precision, module_bytes
 from apd.errors import ConfigError
 from apd.evaluation.yardstick import kept_samples
 from apd.experiments.outputs import run_study
 from apd.experiments.precision import (
     GAPS,
     chain_generators_storage,
-    judged_margins,
     largest_rank,
+    require_subspace,
+    scored,
     sgld_coordinates,
     stored_apd,
     train_chain_generators,
 )
-from apd.experiments.storage import judge_runs, sgld_reference
+from apd.experiments.storage import sgld_reference
 from apd.nets import ParamSpec
 from apd.pipeline.distill import training_samples
 from apd.pipeline.evaluate import evaluation_inputs
@@ -76,9 +77,7 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
     """APD and S kept samples at each budget S of ``plan``, judged on validation images and the OOD tuning
     pool; the results as JSON-able data."""
     cfg, e = ctx.cfg, ctx.cfg.evaluate
-    if cfg.distill.generator != "subspace":
-        raise ConfigError(f"{cfg.source}: the frontier study needs [distill] generator = \"subspace\" "
-                          "(its rank is what the budget buys)")
+    require_subspace(ctx, "frontier")
     if not plan.budgets:
         raise ConfigError("--option budgets: expected at least one budget")
     require_input(ctx, ctx.layout.samples, "sample")
@@ -106,9 +105,8 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
                                                plan.steps or cfg.distill.steps)
                 stored = stored_apd(exact, plan.precision)
                 apd = {"rank": rank, "chains": chains, "seconds": round(time.perf_counter() - t0, 2),
-                       "in_sgld_samples": in_samples(module_bytes(stored.model, plan.precision), spec.numel),
-                       **judge_runs(stored, e.networks, inputs, reference, e.runs, seed)}
-                apd["margins"] = judged_margins(apd, kept)
+                       **scored(ctx, stored, module_bytes(stored.model, plan.precision), inputs, reference, kept,
+                                seed)}
             points.append({"budget": budget, "kept": kept, "apd": apd})
             log.info("budget %d: APD rank %d%s", budget, rank,
                      "" if apd is None else f", wins {apd['margins']['wins']} of {apd['margins']['compared']}")

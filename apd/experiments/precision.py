@@ -239,16 +239,29 @@ def kept_row(ctx: RunContext, store: SampleStore, k: int, inputs: EvaluationInpu
     return row
 
 
-def judged(ctx: RunContext, exact: Posterior, stored: Posterior, nbytes: int, inputs: EvaluationInputs,
-           reference: Reference, kept: dict | None, seed: int) -> dict:
-    """A method stored in ``nbytes``: its storage, the yardstick over ``runs`` draws, its storage shift (against
-    ``exact``, the same method at float32) and its margins over ``kept`` (None without kept samples)."""
+def scored(ctx: RunContext, stored: Posterior, nbytes: int, inputs: EvaluationInputs, reference: Reference,
+           kept: dict | None, seed: int) -> dict:
+    """A method stored in ``nbytes``: its storage, the yardstick over ``runs`` draws of ``networks`` members
+    and its margins over ``kept`` (None without kept samples)."""
     e = ctx.cfg.evaluate
     out = {"in_sgld_samples": in_samples(nbytes, stored.spec.numel),
-           **judge_runs(stored, e.networks, inputs, reference, e.runs, seed),
-           "storage_shift": storage_shift(exact, stored, ctx.data.x_val, e.networks, seed)}
+           **judge_runs(stored, e.networks, inputs, reference, e.runs, seed)}
     out["margins"] = None if kept is None else judged_margins(out, kept)
     return out
+
+
+def judged(ctx: RunContext, exact: Posterior, stored: Posterior, nbytes: int, inputs: EvaluationInputs,
+           reference: Reference, kept: dict | None, seed: int) -> dict:
+    """:func:`scored`, and the storage shift of ``stored`` against ``exact`` (the same method at float32)."""
+    return {**scored(ctx, stored, nbytes, inputs, reference, kept, seed),
+            "storage_shift": storage_shift(exact, stored, ctx.data.x_val, ctx.cfg.evaluate.networks, seed)}
+
+
+def require_subspace(ctx: RunContext, study: str) -> None:
+    """A budget study searches the subspace rank a budget buys: the pipeline's distiller must have one."""
+    if ctx.cfg.distill.generator != "subspace":
+        raise ConfigError(f"{ctx.cfg.source}: the {study} study needs [distill] generator = \"subspace\" "
+                          "(its rank is what the budget buys)")
 
 
 def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
@@ -256,9 +269,7 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
     the most kept samples the budget buys, judged on validation images and the OOD tuning pool; the results
     as JSON-able data."""
     cfg, e = ctx.cfg, ctx.cfg.evaluate
-    if cfg.distill.generator != "subspace":
-        raise ConfigError(f"{cfg.source}: the precision study needs [distill] generator = \"subspace\" "
-                          "(its rank is what the budget buys)")
+    require_subspace(ctx, "precision")
     source = ctx.layout.samples
     require_input(ctx, source, "sample")
     started = time.perf_counter()

@@ -45,7 +45,6 @@ def test_each_budget_buys_apd_its_largest_rank_and_the_kept_samples_as_many_samp
         assert apd["in_sgld_samples"] == pytest.approx(storage(apd["rank"]))  # the trained model's own bytes
         # BALD and max-prob on 2 tuning sets, and the NLL; one kept network has no BALD to beat
         assert apd["margins"]["compared"] == (5 if point["budget"] > 1 else 3)
-        assert 0 <= apd["margins"]["wins"] <= 5
     assert points[0]["apd"]["rank"] < points[1]["apd"]["rank"] < points[2]["apd"]["rank"]
     table = (out / "frontier.md").read_text()
     assert f"| 4 | APD per chain | r={points[2]['apd']['rank']} |" in table
