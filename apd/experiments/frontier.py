@@ -17,9 +17,8 @@ both the evenly spaced and the random subsets larger than the subsets' std). APD
 samples' at the budgets where its gap falls below theirs. APD's storage is at most S, so every comparison
 gives the kept samples at least APD's bytes.
 
-It is a tuning study: everything is judged on validation images and the OOD *tuning* pool
-(:func:`apd.pipeline.evaluate.evaluation_inputs` with ``role="tuning"``), never on the test split or the
-OOD sets ``apd evaluate`` reports. Outputs: ``artifacts/NAME/experiments/frontier.{json,md,png}``.
+Judged, as the precision study is, on validation images and the OOD tuning pool only; writes
+``artifacts/NAME/experiments/frontier.{json,md,png}``.
 """
 
 from __future__ import annotations
