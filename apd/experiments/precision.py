@@ -152,8 +152,11 @@ def train_chain_generators(ctx: RunContext, store: SampleStore, coordinates: Sto
     trainers = ChainTrainers([make_trainer(d, coordinates.coordinates.shape[1], seed, ctx.device) for seed in seeds],
                              shares.to(coordinates.device))
     batches = [random_batches(part, d.batch_size, seed) for part, seed in zip(codes, seeds, strict=True)]
-    while trainers.generator_steps < steps:
-        trainers.step(batches, d.n_critic)
+    with ctx.progress(total=steps, desc=f"{len(ids)} chain generators, r={coordinates.coordinates.shape[1]}",
+                      unit="step") as bar:
+        while trainers.generator_steps < steps:
+            trainers.step(batches, d.n_critic)
+            bar.update()
     model = DistilledGenerator(trainers.generator.eval(), coordinates.codec)
     return APDGenerator(model, store.spec, f"APD per chain r={coordinates.coordinates.shape[1]}")
 
