@@ -60,6 +60,7 @@ from apd.samplers.store import SampleStore
 log = logging.getLogger(__name__)
 
 KEPT = {"evenly_spaced": "kept, evenly spaced", "random": "kept, random subsets"}
+SUMMARIES = {"bald_gap": "BALD", "max_prob_gap": "max-prob", "nll_gap": "NLL", "kl": "KL"}
 
 
 @dataclass
@@ -116,6 +117,33 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
             "seconds": round(time.perf_counter() - started, 2)}
 
 
+def _mean(value: dict | float | None) -> float | None:
+    """A yardstick value's mean over runs or subsets, or the value itself where it has no spread."""
+    return value["mean"] if isinstance(value, dict) else value
+
+
+def below_kept(point: dict) -> list[str]:
+    """The yardstick summaries of :data:`SUMMARIES` on which APD at one budget is below both kept rows:
+    its mean worst BALD or max-prob AUROC gap, NLL gap or KL smaller than the evenly spaced samples' value
+    and the random subsets' mean. Gaps are signed, so an NLL below SGLD's is below any NLL above it. A
+    summary a kept row lacks (one kept sample has no BALD) is not below. APD's curve crosses the kept
+    samples' at the budgets where it is below on all four."""
+    apd = point["apd"]
+    if apd is None:
+        return []
+    below = []
+    for key, label in SUMMARIES.items():
+        ours, theirs = _mean(apd[key]), [_mean(point["kept"][kind][key]) for kind in KEPT]
+        if ours is not None and None not in theirs and all(ours < value for value in theirs):
+            below.append(label)
+    return below
+
+
+def crossings(results: dict) -> list[float]:
+    """The budgets at which APD is below both kept rows on every summary (:func:`below_kept`)."""
+    return [point["budget"] for point in results["points"] if len(below_kept(point)) == len(SUMMARIES)]
+
+
 def _rows(point: dict) -> list[tuple[str, str, dict | None]]:
     """(method, rank or k, its yardstick summary) at one budget: APD, then the kept samples twice."""
     apd, kept = point["apd"], point["kept"]
@@ -137,8 +165,11 @@ def render_table(results: dict) -> str:
             f"({' / '.join(results['ood_sets'])}). Gaps to SGLD: worst per-set AUROC gap in points (positive: "
             "below SGLD), NLL gap in nats; KL to SGLD's predictive. Wins: APD's margins over both the evenly "
             "spaced and the random kept samples larger than the random subsets' std, of the per-set BALD and "
-            "max-prob AUROCs and the NLL.\n\n")
-    header = ["budget", "method", "rank / k", "storage", *GAPS.values(), "KL", "wins over kept"]
+            "max-prob AUROCs and the NLL. Below both kept: the summaries on which APD's mean is smaller than "
+            "both the evenly spaced samples' value and the random subsets' mean (signed: an NLL below SGLD's "
+            "counts as below); APD's curve crosses the kept samples' where it is below on all four.\n\n")
+    header = ["budget", "method", "rank / k", "storage", *GAPS.values(), "KL", "wins over kept",
+              "below both kept"]
     body = []
     for point in results["points"]:
         for method, size, summary in _rows(point):
@@ -149,8 +180,13 @@ def render_table(results: dict) -> str:
                          *(MISSING if summary is None else format_gap(summary[key], 3 if key == "nll_gap" else 1)
                            for key in GAPS),
                          mean_std(kl, 4) if isinstance(kl, dict) else format_number(kl, 4),
-                         "—" if margins is None else f"{margins['wins']} of {margins['compared']}"])
-    return note + markdown_table(header, body) + "\n"
+                         "—" if margins is None else f"{margins['wins']} of {margins['compared']}",
+                         "—" if method in KEPT.values() else ", ".join(below_kept(point)) or "none"])
+    crossed = [f"{budget:g}" for budget in crossings(results)]
+    at = " and ".join(filter(None, [", ".join(crossed[:-1]), *crossed[-1:]]))
+    where = f"{at} samples' worth" if at else "no budget"
+    verdict = f"\nAPD is below both kept rows on all four summaries at {where}.\n"
+    return note + markdown_table(header, body) + "\n" + verdict
 
 
 def draw_figure(results: dict, path: Path) -> None:
@@ -165,7 +201,7 @@ def draw_figure(results: dict, path: Path) -> None:
                 value = None if summary is None else summary[key]
                 if value is not None:  # one kept sample has no BALD
                     xs.append(summary["in_sgld_samples"])
-                    ys.append(value["mean"] if isinstance(value, dict) else value)
+                    ys.append(_mean(value))
                     errors.append(value["std"] if isinstance(value, dict) else 0.0)
             if xs:
                 ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, color=f"C{i}", label=method,

@@ -10,6 +10,7 @@ import pytest
 
 from apd.cli import main
 from apd.config_load import from_dict
+from apd.experiments.frontier import below_kept, crossings, render_table
 from apd.experiments.precision import chain_generators_storage
 from apd.nets import ParamSpec, mlp
 from tests.tiny_pipeline import TINY, copy_samples_as_two_chains
@@ -66,3 +67,36 @@ def test_a_budget_too_small_for_the_generators_still_scores_the_kept_samples(tin
 def test_budgets_that_cannot_be_kept_are_one_line_errors(tiny_pipeline, tmp_path, budgets, message):
     rc, err = _frontier(tiny_pipeline, tmp_path, f"budgets={budgets}")
     assert rc == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def _point(budget: float, apd: dict | None, evenly: dict, random: dict) -> dict:
+    """A frontier point with the yardstick summaries (bald_gap, max_prob_gap, nll_gap, kl) given."""
+    spread = lambda values: {key: None if v is None else {"mean": v, "std": 0.1}  # noqa: E731
+                             for key, v in values.items()}
+    return {"budget": budget, "apd": None if apd is None else {**spread(apd), "rank": 3, "in_sgld_samples": budget,
+                                                               "margins": {"wins": 0, "compared": 9}},
+            "kept": {"k": budget, "in_sgld_samples": budget, "evenly_spaced": evenly, "random": spread(random)}}
+
+
+def test_apd_is_below_the_kept_samples_where_each_summary_is_smaller_than_both_kept_rows():
+    kept = {"bald_gap": 3.0, "max_prob_gap": 2.0, "nll_gap": 0.010, "kl": 0.02}
+    random = {"bald_gap": 2.5, "max_prob_gap": 1.0, "nll_gap": 0.001, "kl": 0.01}
+    crossing = _point(4, {"bald_gap": 1.0, "max_prob_gap": 0.5, "nll_gap": -0.002, "kl": 0.005}, kept, random)
+    # BALD below both; max-prob below the evenly spaced (2.0) but not the random mean (1.0); an NLL gap of
+    # +0.005 above the random subsets' +0.001; KL equal to the random mean, so not below it
+    partial = _point(8, {"bald_gap": 2.0, "max_prob_gap": 1.5, "nll_gap": 0.005, "kl": 0.01}, kept, random)
+    one_sample = _point(1, {"bald_gap": 1.0, "max_prob_gap": 0.5, "nll_gap": -0.002, "kl": 0.005},
+                        {**kept, "bald_gap": None}, {**random, "bald_gap": None})
+    assert below_kept(crossing) == ["BALD", "max-prob", "NLL", "KL"]  # -0.002 < +0.001: signed gaps
+    assert below_kept(partial) == ["BALD"]
+    assert below_kept(one_sample) == ["max-prob", "NLL", "KL"]  # one kept network has no BALD to be below
+    assert below_kept(_point(2, None, kept, random)) == []
+    results = {"pipeline": "p", "dim": 10, "sgld_samples": 100, "runs": 2, "networks": 5, "ood_sets": ["a"],
+               "plan": {"precision": "int8", "subsets": 3}, "points": [one_sample, crossing, partial]}
+    assert crossings(results) == [4]
+    table = render_table(results)
+    assert "| 8 | APD per chain | r=3 | 8 |" in table and table.rstrip().endswith("at 4 samples' worth.")
+    twice = {**results, "points": [crossing, {**crossing, "budget": 8}, {**crossing, "budget": 16}]}
+    assert render_table(twice).rstrip().endswith("at 4, 8 and 16 samples' worth.")
+    assert crossings({**results, "points": [partial]}) == []
+    assert render_table({**results, "points": [partial]}).rstrip().endswith("at no budget.")
