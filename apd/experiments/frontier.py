@@ -14,8 +14,8 @@ Both are scored by the kept-samples yardstick (:mod:`apd.evaluation.yardstick`):
 max-prob AUROC gap to SGLD, NLL gap, KL(SGLD's predictive ‖ the method's) on the judged images; and APD's
 margins over the kept samples (:func:`~apd.evaluation.yardstick.margins_over_kept`: a win is a margin over
 both the evenly spaced and the random subsets larger than the subsets' std). APD's curve crosses the kept
-samples' at the budgets where its gap falls below theirs. APD's storage is at most S, so every comparison
-gives the kept samples at least APD's bytes.
+samples' at the budgets where all four summaries are below both kept rows' (:func:`below_kept`). APD's
+storage is at most S, so every comparison gives the kept samples at least APD's bytes.
 
 Judged, as the precision study is, on validation images and the OOD tuning pool only; writes
 ``artifacts/NAME/experiments/frontier.{json,md,png}``.
