@@ -12,7 +12,8 @@ from ``apd evaluate``, the stage manifests, the experiments' JSON) or, for PIPEL
 ``ood-SCORE`` (one score's OOD block), ``machine`` (what the numbers were measured on), ``diagnostics``
 (SGLD's convergence, from the sample manifest), ``end-to-end`` (the stages timed by
 ``benchmarks/time_pipeline.py``), ``samplers`` (several pipelines' SGLD runs side by side:
-PIPELINE is then a comma-separated list) or an experiment (:data:`EXPERIMENT_TABLES`). ``--check``
+PIPELINE is then a comma-separated list), ``frontiers`` (several pipelines' storage frontiers, likewise)
+or an experiment (:data:`EXPERIMENT_TABLES`). ``--check``
 renders without writing and fails on any difference.
 
 ``apd report --publish`` fills ``docs/results/NAME/`` from a finished pipeline's artifacts (:func:`publish`):
@@ -78,6 +79,11 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
     if table == "samplers":  # PIPELINE is a comma-separated list: one row per pipeline's sample manifest
         return render_samplers({name: read_json(root / RESULTS_DIR / name / "samples.json")
                                 for name in pipeline.split(",")})
+    if table == "frontiers":  # PIPELINE is a comma-separated list: one row per pipeline's frontier study
+        from apd.experiments.frontier import render_summary
+
+        return render_summary({name: read_json(root / RESULTS_DIR / name / "frontier.json")
+                               for name in pipeline.split(",")}).strip()
     results = read_json(results_dir / "results.json")
     if table == "machine":
         return render_machine(results)
@@ -88,7 +94,8 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
         built = RESULT_TABLES[table](results)
     else:
         raise ArtifactError(f"unknown results table {table!r} (known: {', '.join(RESULT_TABLES)}, ood-SCORE, "
-                            f"machine, diagnostics, samplers, end-to-end, {', '.join(EXPERIMENT_TABLES)})")
+                            f"machine, diagnostics, samplers, frontiers, end-to-end, "
+                            f"{', '.join(EXPERIMENT_TABLES)})")
     if built is None:
         raise ArtifactError(f"{results_dir}: has no data for table {table!r}")
     return built.markdown.strip()

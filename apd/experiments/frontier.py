@@ -189,6 +189,26 @@ def render_table(results: dict) -> str:
     return note + markdown_table(header, body) + "\n" + verdict
 
 
+def render_summary(results_by_pipeline: dict[str, dict]) -> str:
+    """One row per pipeline's frontier: its weights, chains (one generator each), budgets and APD's ranks,
+    the budgets at which APD is below both kept rows on all four summaries (:func:`crossings`) and its
+    set-by-set wins at each."""
+    body = []
+    for name, results in results_by_pipeline.items():
+        points = results["points"]
+        crossed = crossings(results)
+        chains = next((str(p["apd"]["chains"]) for p in points if p["apd"] is not None), "–")
+        body.append([f"`{name}`", f"{results['dim']:,}", chains, ", ".join(f"{p['budget']:g}" for p in points),
+                     ", ".join("–" if p["apd"] is None else str(p["apd"]["rank"]) for p in points),
+                     ", ".join(f"{budget:g}" for budget in crossed) or "none",
+                     ", ".join("–" if p["apd"] is None else f"{p['apd']['margins']['wins']}/"
+                               f"{p['apd']['margins']['compared']}" for p in points)])
+    header = ["pipeline", "weights", "chains", "budgets (samples' worth)", "APD's ranks",
+              "below both kept on all four at",
+              "set-by-set wins"]
+    return markdown_table(header, body)
+
+
 def draw_figure(results: dict, path: Path) -> None:
     """One panel per yardstick gap against storage (log scale): APD's curve (mean ± std over runs) and the
     kept samples' (evenly spaced; the random subsets' mean ± std), where the gap is defined."""

@@ -10,6 +10,7 @@ import pytest
 
 from apd.cli import main
 from apd.config_load import from_dict
+from apd.docs import render_document
 from apd.experiments.frontier import below_kept, crossings, render_table
 from apd.experiments.precision import chain_generators_storage
 from apd.nets import ParamSpec, mlp
@@ -100,3 +101,22 @@ def test_apd_is_below_the_kept_samples_where_each_summary_is_smaller_than_both_k
     assert render_table(twice).rstrip().endswith("at 4, 8 and 16 samples' worth.")
     assert crossings({**results, "points": [partial]}) == []
     assert render_table({**results, "points": [partial]}).rstrip().endswith("at no budget.")
+
+
+def test_the_frontiers_region_puts_several_pipelines_frontiers_side_by_side(tmp_path):
+    """One row per pipeline named in the region, each from its committed frontier.json alone."""
+    kept = {"bald_gap": 3.0, "max_prob_gap": 2.0, "nll_gap": 0.010, "kl": 0.02}
+    below = {"bald_gap": 1.0, "max_prob_gap": 0.5, "nll_gap": 0.001, "kl": 0.005}
+    above = {**below, "kl": 0.05}
+    frontiers = {"small": [_point(1, None, kept, kept), _point(4, below, kept, kept)],
+                 "large": [_point(2, above, kept, kept), _point(4, above, kept, kept)]}
+    for name, points in frontiers.items():
+        for point in points:
+            if point["apd"] is not None:
+                point["apd"].update(chains=2, margins={"wins": point["budget"], "compared": 9})
+        (tmp_path / "docs" / "results" / name).mkdir(parents=True)
+        (tmp_path / "docs" / "results" / name / "frontier.json").write_text(json.dumps({"dim": 2410, "points": points}))
+    document = "<!-- results:small,large:frontiers -->\nold\n<!-- end -->\n"
+    rows = [line for line in render_document(document, tmp_path).splitlines() if line.startswith("| `")]
+    assert rows == ["| `small` | 2,410 | 2 | 1, 4 | –, 3 | 4 | –, 4/9 |",
+                    "| `large` | 2,410 | 2 | 2, 4 | 3, 3 | none | 2/9, 4/9 |"]
