@@ -108,8 +108,8 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
                        **scored(ctx, stored, module_bytes(stored.model, plan.precision), inputs, reference, kept,
                                 seed)}
             points.append({"budget": budget, "kept": kept, "apd": apd})
-            log.info("budget %d: APD rank %d%s", budget, rank,
-                     "" if apd is None else f", wins {apd['margins']['wins']} of {apd['margins']['compared']}")
+            log.info("budget %d: %s", budget, "no generator fits" if apd is None else
+                     f"APD rank {rank}, wins {apd['margins']['wins']} of {apd['margins']['compared']}")
     return {"pipeline": cfg.name, "dataset": ctx.data.name, "dim": spec.numel, "sgld_samples": n, "runs": e.runs,
             "networks": e.networks, "ood_sets": list(inputs.ood),
             "judged_on": "validation images and the OOD tuning pool (never the test split or evaluate's OOD sets)",
