@@ -239,8 +239,10 @@ def peers_table(results: dict) -> Table | None:
             f"greedy kernel Stein discrepancy, full-training-set gradients ({st['seconds']:.1f} s)")
     if "modes" in peers:
         mo = peers["modes"]
+        aligned = (f"; each chain's mean over its samples aligned as APD's are ({mo['align']})"
+                   if mo.get("align", "none") != "none" else "")
         add("modes", "modes, shares", f"{mo['modes']}: " + ", ".join(f"{w:g}" for w in mo["shares"]),
-            "one per SGLD chain, weighted by its share of the stored samples")
+            "one per SGLD chain, weighted by its share of the stored samples" + aligned)
         add("modes", "spread scale α", f"{mo['scale']:g}",
             f"{mo['scale_rule']} (Kronecker factors with {mo['kronecker_rank']} input directions per layer)")
     if "swag" in peers:

@@ -24,7 +24,7 @@ from apd.distillation.training import evenly_spaced
 from apd.errors import ArtifactError, ConfigError
 from apd.io import load_torch, read_json
 from apd.nets import ParamSpec
-from apd.pipeline.distill import REFERENCE_SAMPLES, laplace_terms, validation_monitor
+from apd.pipeline.distill import REFERENCE_SAMPLES, laplace_terms, training_samples, validation_monitor
 from apd.pipeline.layout import Layout, manifest_of
 from apd.pipeline.runtime import RunContext, stopwatch
 from apd.pipeline.stage import require_input
@@ -242,17 +242,21 @@ def fit_mixture(store: SampleStore, components: int, fit_samples: int, seed: int
 
 
 def _load_modes(sources: Sources) -> Posterior:
-    """The chains' modes with Kronecker spreads (:mod:`apd.posteriors.modes`), α matched on validation inputs
-    to the disagreement of SGLD's evenly spaced reference samples, as APD's residual is."""
-    ctx, store = sources.ctx, sources.store
+    """The chains' modes with Kronecker spreads (:mod:`apd.posteriors.modes`), each chain's mean taken over its
+    samples aligned as ``apd distill`` aligns them (``[distill] align``), α matched on validation inputs to the
+    disagreement of SGLD's evenly spaced reference samples, as APD's residual is."""
+    ctx, store, align = sources.ctx, sources.store, sources.ctx.cfg.distill.align
     terms, rank = laplace_terms(ctx, "evaluate", "modes", "fisher"), ctx.cfg.distill.residual.kronecker_rank
-    log.info("mode mixture: one mean per chain and a Kronecker spread at each (%d input directions per layer)", rank)
+    log.info("mode mixture: one mean per chain (samples aligned: %s) and a Kronecker spread at each (%d input "
+             "directions per layer)", align, rank)
+    perms = training_samples(ctx, store, ctx.cfg.distill).perms
     mixture = ModeMixture.fit(store, ctx.net_sizes, rank, terms.x_fisher, terms.data_size, terms.prior_precision,
-                              torch.Generator().manual_seed(ctx.seed("evaluate", "modes", "labels")), ctx.device)
+                              torch.Generator().manual_seed(ctx.seed("evaluate", "modes", "labels")), ctx.device,
+                              perms)
     monitor = validation_monitor(ctx, sources.spec, store.read(evenly_spaced(len(store), REFERENCE_SAMPLES)))
     alpha = mixture.match_disagreement(monitor.x, monitor.reference.mean_information, monitor.networks, monitor.rng)
     sources.details["modes"] = {"modes": len(mixture.means), "shares": [round(float(w), 4) for w in mixture.weights],
-                                "kronecker_rank": rank, "scale": round(alpha, 4),
+                                "kronecker_rank": rank, "scale": round(alpha, 4), "align": align,
                                 "scale_rule": "mean mutual information on validation inputs equal to SGLD's"}
     return mixture
 

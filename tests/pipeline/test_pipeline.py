@@ -484,3 +484,15 @@ def test_a_method_stored_at_int8_meets_float32_kept_samples_and_the_int8_ones_it
     line = next(text for text in margins.splitlines()
                 if text.startswith("| APD | ") and f"| {k_int8} int8 | BALD" in text)
     assert line.rstrip(" |").endswith(f"| {found['wins']}/{found['compared']}")
+
+
+def test_the_mode_mixture_takes_each_chains_mean_over_samples_aligned_as_apds(pipeline, tmp_path):
+    root, config = pipeline
+    out = tmp_path / "aligned"
+    copy_samples(root, out)
+    assert main(["evaluate", "--config", str(config), "--artifacts", str(out), "--quiet",
+                 "--set", 'evaluate.methods=["sgld", "modes"]', "--set", 'distill.align="permutation"']) == 0
+    results = json.loads((out / "tiny" / "eval" / "results.json").read_text())
+    assert results["peers"]["modes"]["align"] == "permutation"
+    tables = (out / "tiny" / "eval" / "tables.md").read_text()
+    assert "each chain's mean over its samples aligned as APD's are (permutation)" in tables

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from apd.distillation.alignment import permute
 from apd.distillation.kronecker import KroneckerResidual
 from apd.distillation.residual import mean_mutual_information
 from apd.nets import ParamSpec, mlp
@@ -36,6 +37,22 @@ def test_chain_means_are_each_chains_own_mean_and_share(store):
     torch.testing.assert_close(means[0], rows[torch.from_numpy(chains == 0)].mean(0))
     torch.testing.assert_close(means[1], rows[torch.from_numpy(chains == 1)].mean(0))
     torch.testing.assert_close(shares, torch.tensor([0.3, 0.7]))
+
+
+def test_chain_means_of_permuted_copies_undo_each_rows_permutation(tmp_path):
+    """Rows of one chain are permuted copies of one network: the plain mean is no copy of it, the mean
+    of the rows each permuted back (the inverse permutations) is the network itself."""
+    g = torch.Generator().manual_seed(5)
+    centre = torch.randn(D, generator=g)
+    forward = torch.stack([torch.randperm(SIZES[1], generator=g) for _ in range(6)])
+    rows = permute(centre.expand(6, D), SPEC, forward)
+    with SampleStore.create(tmp_path / "samples.h5", SPEC, {"test": True}) as s:
+        s.append_many(rows, steps=np.arange(6), chains=np.zeros(6, dtype=int))
+    with SampleStore.open(tmp_path / "samples.h5") as s:
+        plain, _ = chain_means(s)
+        aligned, _ = chain_means(s, forward.argsort(dim=1))
+    torch.testing.assert_close(aligned[0], centre)
+    assert (plain[0] - centre).norm() > 0.3 * centre.norm()
 
 
 def _spreads(n: int, seed: int = 0) -> list[KroneckerResidual]:
