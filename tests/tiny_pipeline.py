@@ -74,13 +74,16 @@ def copy_samples_as_two_chains(root: Path, target: Path) -> None:
     manifest.write_text(json.dumps(record))
 
 
-def run_experiment_on_copy(tiny_pipeline: tuple[Path, Path], target: Path, name: str, *options: str) -> Path:
-    """``apd experiment NAME --option …`` on a copy of the tiny pipeline's samples under ``target`` (so that
-    nothing else the pipeline built is there); checks that it exits 0 and returns its experiments folder."""
+def run_experiment_on_copy(tiny_pipeline: tuple[Path, Path], target: Path, name: str, *options: str,
+                           overrides: tuple[str, ...] = ()) -> Path:
+    """``apd experiment NAME --option … --set …`` on a copy of the tiny pipeline's samples under ``target``
+    (so that nothing else the pipeline built is there); checks that it exits 0 and returns its experiments
+    folder."""
     from apd.cli import main
 
     root, config = tiny_pipeline
     copy_samples(root, target)
     args = ["experiment", name, "--config", str(config), "--artifacts", str(target), "--quiet"]
-    assert main([*args, *(arg for option in options for arg in ("--option", option))]) == 0
+    assert main([*args, *(arg for option in options for arg in ("--option", option)),
+                 *(arg for value in overrides for arg in ("--set", value))]) == 0
     return target / "tiny" / "experiments"

@@ -3,7 +3,9 @@
 A distiller built around the mean of all stored samples (the subspace codec) assumes the samples share
 one mode. Measured here on validation images only, one network at a time (accuracy and NLL of p(y|x, θ)):
 
-- θ = the mean of all stored samples, and each chain's own mean μ_m;
+- θ = the mean of all stored samples, and each chain's own mean μ_m, also over the chain's samples aligned
+  as ``apd distill`` aligns them when the pipeline does (``[distill] align``; a chain that visits permuted
+  copies of its mode has a poor plain mean and a good aligned one);
 - the straight path θ(t) = (1 − t)·μ_a + t·μ_b between the first two chains' means, t ∈ {0, ¼, ½, ¾, 1},
   as stored and with μ_b's hidden units permuted to μ_a's order by weight matching
   (:func:`apd.distillation.alignment.match`) or by activation matching on training images
@@ -32,7 +34,7 @@ from apd.experiments.outputs import run_study
 from apd.io import read_json
 from apd.metrics import accuracy, nll
 from apd.nets import ParamSpec, predict_probs
-from apd.pipeline.distill import training_images
+from apd.pipeline.distill import training_images, training_samples
 from apd.pipeline.figures import new_figure, save_figure
 from apd.pipeline.layout import manifest_of
 from apd.pipeline.runtime import RunContext
@@ -92,13 +94,17 @@ def measure(ctx: RunContext, plan: ModesPlan) -> dict:
     require_input(ctx, ctx.layout.samples, "sample")
     with SampleStore.open(ctx.layout.samples, expect_spec=spec) as store:
         means, shares = chain_means(store)
+        aligned = None
+        if ctx.cfg.distill.align != "none":
+            aligned = chain_means(store, training_samples(ctx, store, ctx.cfg.distill).perms)[0].to(ctx.device)
         chains = [int(c) for c in np.unique(store.chains)]
         overall = (shares[:, None] * means).sum(0)  # the mean of all rows
         sgld = single_networks(spec, store.read(evenly_spaced(len(store), plan.networks)).to(ctx.device), x, y)
     means = means.to(ctx.device)
     results = {"pipeline": ctx.cfg.name, "dataset": ctx.data.name, "validation_images": len(y), "chains": chains,
                "store_mean": single_networks(spec, overall[None].to(ctx.device), x, y),
-               "chain_means": single_networks(spec, means, x, y), "path": None,
+               "chain_means": single_networks(spec, means, x, y), "path": None, "align": ctx.cfg.distill.align,
+               "aligned_chain_means": None if aligned is None else single_networks(spec, aligned, x, y),
                "sgld": {**_summary(sgld["accuracy"]), "values": sgld["accuracy"]}, "apd": None}
     if len(chains) >= 2:
         x_match = training_images(ctx, MATCH_INPUTS, "experiment", "modes", "match")
@@ -120,6 +126,11 @@ def render_table(results: dict) -> str:
              format_number(results["store_mean"]["nll"][0], 3)]]
     rows += [[f"mean of chain {c}", format_number(acc, 4), format_number(loss, 3)] for c, acc, loss in
              zip(results["chains"], results["chain_means"]["accuracy"], results["chain_means"]["nll"], strict=True)]
+    aligned = results.get("aligned_chain_means")
+    if aligned:
+        rows += [[f"mean of chain {c}, samples aligned ({results['align']})", format_number(acc, 4),
+                  format_number(loss, 3)]
+                 for c, acc, loss in zip(results["chains"], aligned["accuracy"], aligned["nll"], strict=True)]
     path = results["path"]
     if path:
         a, b = results["chains"][:2]

@@ -52,3 +52,11 @@ def test_the_experiment_writes_its_table_and_figure(tiny_pipeline, tmp_path):
     assert results["sgld"]["min"] <= results["sgld"]["p05"] <= results["sgld"]["mean"] <= results["sgld"]["max"]
     assert "| mean of chain 0 |" in (out / "modes.md").read_text()
     assert (out / "modes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_chains_means_over_aligned_samples_are_reported_when_the_pipeline_aligns(tiny_pipeline, tmp_path):
+    out = run_experiment_on_copy(tiny_pipeline, tmp_path, "modes", "networks=10",
+                                 overrides=('distill.align="permutation"',))
+    results = json.loads((out / "modes.json").read_text())
+    assert results["align"] == "permutation" and len(results["aligned_chain_means"]["accuracy"]) == 1
+    assert "| mean of chain 0, samples aligned (permutation) |" in (out / "modes.md").read_text()
