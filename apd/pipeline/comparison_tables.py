@@ -239,10 +239,15 @@ def peers_table(results: dict) -> Table | None:
             f"greedy kernel Stein discrepancy, full-training-set gradients ({st['seconds']:.1f} s)")
     if "modes" in peers:
         mo = peers["modes"]
-        aligned = (f"; each chain's mean over its samples aligned as APD's are ({mo['align']})"
-                   if mo.get("align", "none") != "none" else "")
         add("modes", "modes, shares", f"{mo['modes']}: " + ", ".join(f"{w:g}" for w in mo["shares"]),
-            "one per SGLD chain, weighted by its share of the stored samples" + aligned)
+            "one per SGLD chain, weighted by its share of the stored samples")
+        if "aligned" in mo:
+            losses = mo["val_nll"]
+            add("modes", "each chain's mean", ", ".join("aligned" if a else "as stored" for a in mo["aligned"]),
+                f"as stored or over the chain's samples aligned as APD's are ({mo['align']}), whichever network "
+                "has the lower validation NLL (" + "; ".join(
+                    f"chain {m}: {s:.3f} as stored, {a:.3f} aligned"
+                    for m, (s, a) in enumerate(zip(losses["as_stored"], losses["aligned"], strict=True))) + ")")
         add("modes", "spread scale α", f"{mo['scale']:g}",
             f"{mo['scale_rule']} (Kronecker factors with {mo['kronecker_rank']} input directions per layer)")
     if "swag" in peers:

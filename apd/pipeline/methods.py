@@ -42,7 +42,7 @@ from apd.posteriors import (
 from apd.posteriors.kept import evenly_spaced_rows
 from apd.posteriors.laplace import LaplaceGLM, LaplacePosterior, fit_kfac, fit_last_layer
 from apd.posteriors.mixture import MAX_EM_ITERATIONS
-from apd.posteriors.modes import ModeMixture
+from apd.posteriors.modes import ModeMixture, chain_means, prefer_aligned
 from apd.posteriors.stein import stein_rows
 from apd.samplers.store import SampleStore
 
@@ -242,21 +242,28 @@ def fit_mixture(store: SampleStore, components: int, fit_samples: int, seed: int
 
 
 def _load_modes(sources: Sources) -> Posterior:
-    """The chains' modes with Kronecker spreads (:mod:`apd.posteriors.modes`), each chain's mean taken over its
-    samples aligned as ``apd distill`` aligns them (``[distill] align``), α matched on validation inputs to the
-    disagreement of SGLD's evenly spaced reference samples, as APD's residual is."""
+    """The chains' modes with Kronecker spreads (:mod:`apd.posteriors.modes`): each chain's mean as stored or
+    over its samples aligned as ``apd distill`` aligns them (``[distill] align``), whichever network has the
+    lower validation NLL; α matched on validation inputs to the disagreement of SGLD's evenly spaced
+    reference samples, as APD's residual is."""
     ctx, store, align = sources.ctx, sources.store, sources.ctx.cfg.distill.align
     terms, rank = laplace_terms(ctx, "evaluate", "modes", "fisher"), ctx.cfg.distill.residual.kronecker_rank
-    log.info("mode mixture: one mean per chain (samples aligned: %s) and a Kronecker spread at each (%d input "
-             "directions per layer)", align, rank)
-    perms = training_samples(ctx, store, ctx.cfg.distill).perms
-    mixture = ModeMixture.fit(store, ctx.net_sizes, rank, terms.x_fisher, terms.data_size, terms.prior_precision,
-                              torch.Generator().manual_seed(ctx.seed("evaluate", "modes", "labels")), ctx.device,
-                              perms)
+    log.info("mode mixture: one mean per chain and a Kronecker spread at each (%d input directions per layer)", rank)
+    means, shares = chain_means(store)
+    chosen: dict[str, Any] = {"align": align}
+    if align != "none":
+        aligned = chain_means(store, training_samples(ctx, store, ctx.cfg.distill).perms)[0]
+        use, losses = prefer_aligned(means, aligned, sources.spec, ctx.data.x_val.to(ctx.device),
+                                     ctx.data.y_val.to(ctx.device))
+        means = torch.where(use[:, None], aligned, means)
+        chosen |= {"aligned": use.tolist(), "val_nll": {k: [round(v, 4) for v in vs] for k, vs in losses.items()}}
+    mixture = ModeMixture.fit(means, shares, sources.spec, ctx.net_sizes, rank, terms.x_fisher, terms.data_size,
+                              terms.prior_precision,
+                              torch.Generator().manual_seed(ctx.seed("evaluate", "modes", "labels")), ctx.device)
     monitor = validation_monitor(ctx, sources.spec, store.read(evenly_spaced(len(store), REFERENCE_SAMPLES)))
     alpha = mixture.match_disagreement(monitor.x, monitor.reference.mean_information, monitor.networks, monitor.rng)
     sources.details["modes"] = {"modes": len(mixture.means), "shares": [round(float(w), 4) for w in mixture.weights],
-                                "kronecker_rank": rank, "scale": round(alpha, 4), "align": align,
+                                "kronecker_rank": rank, "scale": round(alpha, 4), **chosen,
                                 "scale_rule": "mean mutual information on validation inputs equal to SGLD's"}
     return mixture
 

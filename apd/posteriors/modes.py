@@ -12,14 +12,16 @@ with μ_m the mean of chain m's stored samples, π_m its share of them, Σ_m the
 covariance at μ_m (Ritter, Botev & Barber, 2018; :class:`~apd.distillation.kronecker.KroneckerResidual`)
 and one factor α for all modes, chosen on validation inputs alone so that the mixture's networks disagree
 there as much as SGLD's do (mean mutual information; :func:`apd.distillation.residual.matched_scale`).
-Where a chain visits differently permuted copies of its mode (hidden units relabelled, the same function),
-the plain mean of its samples averages the copies into a poor network (on digits each chain's mean
-classifies 67–82 % of the validation images, a single sample 92 %: ``apd experiment modes``); the
-samples are then aligned first, as ``apd distill`` aligns them for the generator
-(:mod:`apd.distillation.alignment`), and μ_m is the mean of chain m's aligned samples. It has no
-generator: it measures what a few stored modes with a local Gaussian spread keep of SGLD's behaviour, at
-M·(1 + the factors' share) samples' worth of storage. Members are assigned to modes in proportion to π
-(systematic allocation, no sampling noise in the counts).
+A chain's mode is estimated two ways where the pipeline aligns its samples: the plain mean of the
+chain's samples, and the mean over them aligned as ``apd distill`` aligns them for the generator
+(:mod:`apd.distillation.alignment`). A chain that visits differently permuted copies of its mode (hidden
+units relabelled, the same function) blurs the plain mean (on digits each chain's plain mean classifies
+67–82 % of the validation images, its aligned mean 95–97 %: ``apd experiment modes``); alignment to a
+reference shared by every chain adds permutation noise to a chain that does not (on fcNN1 it made the
+mixture worse). Each chain keeps the estimate whose single network has the lower validation NLL
+(:func:`prefer_aligned`). It has no generator: it measures what a few stored modes with a local Gaussian
+spread keep of SGLD's behaviour, at M·(1 + the factors' share) samples' worth of storage. Members are
+assigned to modes in proportion to π (systematic allocation, no sampling noise in the counts).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from apd.distillation.alignment import permute
 from apd.distillation.chain_generators import systematic_allocation
 from apd.distillation.kronecker import KroneckerResidual
 from apd.distillation.residual import matched_scale
-from apd.nets import ParamSpec
+from apd.metrics import nll
+from apd.nets import ParamSpec, predict_probs
 from apd.posteriors.base import Posterior
 from apd.samplers.store import SampleStore
 
@@ -58,6 +61,15 @@ def chain_means(store: SampleStore, perms: Tensor | None = None) -> tuple[Tensor
     return (totals / counts[:, None]).float(), (counts / counts.sum()).float()
 
 
+def prefer_aligned(plain: Tensor, aligned: Tensor, spec: ParamSpec, x: Tensor, y: Tensor) -> tuple[Tensor, dict]:
+    """Per chain, whether the aligned mean estimates its mode better than the plain one: True where the
+    single network at ``aligned[m]`` has a lower NLL, −(1/N) Σ_n log p(y_n | x_n, θ), on (x, y) (validation
+    images) than the network at ``plain[m]``; and both NLLs per chain."""
+    losses = {name: [nll(p, y) for p in predict_probs(spec, means.to(x.device), x)]
+              for name, means in (("as_stored", plain), ("aligned", aligned))}
+    return torch.tensor([a < b for a, b in zip(losses["aligned"], losses["as_stored"], strict=True)]), losses
+
+
 class ModeMixture(Posterior):
     """Σ_m π_m N(μ_m, α² Σ_m) (module docstring) for means [M, D], weights [M] and one Kronecker spread per
     mode (their ``scale`` is α)."""
@@ -72,16 +84,15 @@ class ModeMixture(Posterior):
         self.spreads = [spread.to(self.device) for spread in spreads]
 
     @classmethod
-    def fit(cls, store: SampleStore, layer_sizes: list[int], rank: int, x_fisher: Tensor, data_size: float,
-            prior_precision: float, generator: torch.Generator, device: torch.device | str = "cpu",
-            perms: Tensor | None = None) -> ModeMixture:
-        """Means and shares of the store's chains (:func:`chain_means`, of the rows permuted by ``perms`` when
-        given), a spread with the top-``rank`` input directions per layer fit at each mean on ``x_fisher``,
-        N = ``data_size``, λ = ``prior_precision`` (α = 1 until :meth:`match_disagreement`)."""
-        means, weights = chain_means(store, perms)
+    def fit(cls, means: Tensor, weights: Tensor, spec: ParamSpec, layer_sizes: list[int], rank: int,
+            x_fisher: Tensor, data_size: float, prior_precision: float, generator: torch.Generator,
+            device: torch.device | str = "cpu") -> ModeMixture:
+        """Modes at ``means`` [M, D] with shares ``weights`` [M] (e.g. :func:`chain_means`), a spread with the
+        top-``rank`` input directions per layer fit at each mean on ``x_fisher``, N = ``data_size``,
+        λ = ``prior_precision`` (α = 1 until :meth:`match_disagreement`)."""
         spreads = [KroneckerResidual.fit(layer_sizes, rank, mean, x_fisher, data_size, prior_precision, generator)
                    for mean in means]
-        return cls(means, weights, spreads, store.spec, device)
+        return cls(means, weights, spreads, spec, device)
 
     def modes_of(self, k: int) -> Tensor:
         """The mode of each of k members (:func:`systematic_allocation` by the modes' shares)."""

@@ -486,13 +486,17 @@ def test_a_method_stored_at_int8_meets_float32_kept_samples_and_the_int8_ones_it
     assert line.rstrip(" |").endswith(f"| {found['wins']}/{found['compared']}")
 
 
-def test_the_mode_mixture_takes_each_chains_mean_over_samples_aligned_as_apds(pipeline, tmp_path):
+def test_the_mode_mixture_weighs_each_chains_aligned_mean_against_its_plain_one(pipeline, tmp_path):
     root, config = pipeline
     out = tmp_path / "aligned"
     copy_samples(root, out)
     assert main(["evaluate", "--config", str(config), "--artifacts", str(out), "--quiet",
                  "--set", 'evaluate.methods=["sgld", "modes"]', "--set", 'distill.align="permutation"']) == 0
     results = json.loads((out / "tiny" / "eval" / "results.json").read_text())
-    assert results["peers"]["modes"]["align"] == "permutation"
+    modes = results["peers"]["modes"]
+    assert modes["align"] == "permutation" and len(modes["aligned"]) == 1  # the tiny store's one chain
+    as_stored, aligned = modes["val_nll"]["as_stored"][0], modes["val_nll"]["aligned"][0]
+    assert modes["aligned"][0] == (aligned < as_stored) or aligned == as_stored  # (rounded to 4 places)
     tables = (out / "tiny" / "eval" / "tables.md").read_text()
-    assert "each chain's mean over its samples aligned as APD's are (permutation)" in tables
+    assert "| mode mixture | each chain's mean |" in tables
+    assert f"chain 0: {as_stored:.3f} as stored, {aligned:.3f} aligned" in tables

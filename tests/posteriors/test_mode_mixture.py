@@ -9,8 +9,8 @@ import torch
 from apd.distillation.alignment import permute
 from apd.distillation.kronecker import KroneckerResidual
 from apd.distillation.residual import mean_mutual_information
-from apd.nets import ParamSpec, mlp
-from apd.posteriors.modes import ModeMixture, chain_means
+from apd.nets import ParamSpec, mlp, predict_probs
+from apd.posteriors.modes import ModeMixture, chain_means, prefer_aligned
 from apd.samplers.store import SampleStore
 
 SIZES = [4, 8, 3]
@@ -55,6 +55,19 @@ def test_chain_means_of_permuted_copies_undo_each_rows_permutation(tmp_path):
     assert (plain[0] - centre).norm() > 0.3 * centre.norm()
 
 
+def test_each_chain_keeps_the_mean_whose_network_has_the_lower_validation_nll():
+    """Chain 0's aligned mean is a network that predicts the labels, its plain mean all zeros (uniform
+    predictive, NLL log 3); chain 1 the other way round."""
+    g = torch.Generator().manual_seed(6)
+    good, x = torch.randn(D, generator=g), torch.randn(100, SIZES[0], generator=g)
+    y = predict_probs(SPEC, good[None], x)[0].argmax(-1)  # the good network's own labels
+    zeros = torch.zeros(D)
+    use, losses = prefer_aligned(torch.stack([zeros, good]), torch.stack([good, zeros]), SPEC, x, y)
+    assert use.tolist() == [True, False]
+    assert losses["as_stored"][0] == pytest.approx(np.log(3)) == losses["aligned"][1]
+    assert losses["aligned"][0] < np.log(3) and losses["as_stored"][1] == losses["aligned"][0]
+
+
 def _spreads(n: int, seed: int = 0) -> list[KroneckerResidual]:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(64, SIZES[0], generator=g)
@@ -96,7 +109,9 @@ def test_the_matched_scale_recovers_the_scale_that_set_the_target():
 
 def test_storage_counts_the_means_the_shares_and_every_factor(store):
     s, _, _ = store
-    mixture = ModeMixture.fit(s, SIZES, 3, torch.randn(32, SIZES[0]), 32.0, 1.0, torch.Generator().manual_seed(0))
+    means, shares = chain_means(s)
+    mixture = ModeMixture.fit(means, shares, SPEC, SIZES, 3, torch.randn(32, SIZES[0]), 32.0, 1.0,
+                              torch.Generator().manual_seed(0))
     factors = sum(b.numel() for spread in mixture.spreads for b in spread.buffers())
     assert mixture.stored_parameters() == 2 * D + 2 + factors
     assert len(mixture.spreads) == 2
