@@ -104,6 +104,17 @@ def _mean_std(values: list[float | None]) -> dict[str, float] | None:
     return None if any(v is None for v in values) else {"mean": float(np.mean(values)), "std": float(np.std(values))}
 
 
+def mean_of(value: dict | float | None) -> float | None:
+    """A yardstick value's mean: that of a summary over runs or subsets (:func:`spread`'s ``mean``), or
+    the value itself where it has no spread (one evenly spaced set)."""
+    return value["mean"] if isinstance(value, dict) else value
+
+
+def std_of(value: dict | float | None) -> float:
+    """A yardstick value's std over runs or subsets, 0 where it has no spread."""
+    return value["std"] if isinstance(value, dict) else 0.0
+
+
 def spread(summaries: list[dict]) -> dict:
     """Mean and population std over ``summaries`` of each :data:`SUMMARY_KEYS` value and of each per-set
     AUROC (``auroc``: score → set → mean and std), None where undefined."""

@@ -35,7 +35,7 @@ from apd.config import bounded
 from apd.distillation.chain_generators import chain_partition
 from apd.distillation.precision import Precision, module_bytes
 from apd.errors import ConfigError
-from apd.evaluation.yardstick import kept_samples
+from apd.evaluation.yardstick import kept_samples, mean_of, std_of
 from apd.experiments.outputs import run_study
 from apd.experiments.precision import (
     GAPS,
@@ -117,11 +117,6 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
             "seconds": round(time.perf_counter() - started, 2)}
 
 
-def _mean(value: dict | float | None) -> float | None:
-    """A yardstick value's mean over runs or subsets, or the value itself where it has no spread."""
-    return value["mean"] if isinstance(value, dict) else value
-
-
 def below_kept(point: dict) -> list[str]:
     """The yardstick summaries of :data:`SUMMARIES` on which APD at one budget is below both kept rows:
     its mean worst BALD or max-prob AUROC gap, NLL gap or KL smaller than the evenly spaced samples' value
@@ -133,7 +128,7 @@ def below_kept(point: dict) -> list[str]:
         return []
     below = []
     for key, label in SUMMARIES.items():
-        ours, theirs = _mean(apd[key]), [_mean(point["kept"][kind][key]) for kind in KEPT]
+        ours, theirs = mean_of(apd[key]), [mean_of(point["kept"][kind][key]) for kind in KEPT]
         if ours is not None and None not in theirs and all(ours < value for value in theirs):
             below.append(label)
     return below
@@ -221,8 +216,8 @@ def draw_figure(results: dict, path: Path) -> None:
                 value = None if summary is None else summary[key]
                 if value is not None:  # one kept sample has no BALD
                     xs.append(summary["in_sgld_samples"])
-                    ys.append(_mean(value))
-                    errors.append(value["std"] if isinstance(value, dict) else 0.0)
+                    ys.append(mean_of(value))
+                    errors.append(std_of(value))
             if xs:
                 ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, color=f"C{i}", label=method,
                             linestyle="-" if i < 2 else "--")

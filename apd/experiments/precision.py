@@ -67,7 +67,7 @@ from apd.distillation.precision import (
 from apd.distillation.training import encode_store, make_trainer
 from apd.errors import ConfigError
 from apd.evaluation.protocol import EvaluationInputs
-from apd.evaluation.yardstick import Reference, kept_samples, margins_over_kept
+from apd.evaluation.yardstick import Reference, kept_samples, margins_over_kept, mean_of, std_of
 from apd.experiments.distillers import DistillerPlan, Variant, build
 from apd.experiments.outputs import run_study
 from apd.experiments.storage import judge_runs, sgld_reference
@@ -419,8 +419,8 @@ def draw_figure(results: dict, path: Path) -> None:
         for i, method in enumerate(methods):
             stats = [next(summary for name, _, summary, _ in _method_rows(row) if name == method) for row in rows]
             values = [None if s is None else s[key] for s in stats]
-            heights = [np.nan if v is None else v["mean"] if isinstance(v, dict) else v for v in values]
-            errors = [v["std"] if isinstance(v, dict) else 0.0 for v in values]
+            heights = [np.nan if v is None else mean_of(v) for v in values]
+            errors = [std_of(v) for v in values]
             ax.bar(x + (i - (len(methods) - 1) / 2) * width, heights, width=width, yerr=errors, label=method,
                    color=f"C{i}", capsize=3)
         ax.axhline(0, color="grey", linewidth=0.8)

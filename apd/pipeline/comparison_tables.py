@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from apd.evaluation.yardstick import margins_over_kept
+from apd.evaluation.yardstick import margins_over_kept, mean_of
 from apd.pipeline.table_format import (
     MISSING,
     UNDEFINED,
@@ -32,7 +32,7 @@ ADVERSARIAL_SCORE_ORDER = ("entropy", "bald", "model_variance")  # the scores of
 def _plain(value: float | dict | None, digits: int) -> str:
     if value is None:
         return UNDEFINED
-    return format_number(value["mean"] if isinstance(value, dict) else value, digits)
+    return format_number(mean_of(value), digits)
 
 
 QUALITY_NOTE = ("Gaps to SGLD (the yardstick, `apd/evaluation/yardstick.py`): worst per-set AUROC gap = max over the "

@@ -16,8 +16,11 @@ from apd.evaluation.yardstick import (
     kept_samples,
     kl_to_reference,
     margins_over_kept,
+    mean_of,
     quality,
     reference_predictive,
+    spread,
+    std_of,
     summarise,
     worst_gap,
 )
@@ -113,3 +116,13 @@ def test_every_sample_kept_is_the_reference_itself(store):
     assert [r["k"] for r in curve] == [1, 2, 5]  # distinct, sorted, at most the store's size
     assert curve[0]["evenly_spaced"]["bald_gap"] is None  # one network: no BALD
     assert all(r["evenly_spaced"]["kl"] > 0 for r in curve)
+
+
+def test_a_values_mean_and_std_are_its_spreads_or_itself_and_zero():
+    keys = ("acc", "nll", "mean_bald_auroc", "max_prob_gap", "nll_gap", "kl")
+    summaries = [{**dict.fromkeys(keys, 0.5), "bald_gap": 1.0, "auroc": {}},
+                 {**dict.fromkeys(keys, 0.5), "bald_gap": 3.0, "auroc": {}}]
+    drawn = spread(summaries)["bald_gap"]
+    assert (mean_of(drawn), std_of(drawn)) == (2.0, 1.0)
+    assert (mean_of(4.5), std_of(4.5)) == (4.5, 0.0)
+    assert mean_of(None) is None
