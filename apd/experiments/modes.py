@@ -34,7 +34,7 @@ from apd.experiments.outputs import run_study
 from apd.io import read_json
 from apd.metrics import accuracy, nll
 from apd.nets import ParamSpec, predict_probs
-from apd.pipeline.distill import training_images, training_samples
+from apd.pipeline.distill import aligned_chain_means, training_images
 from apd.pipeline.figures import new_figure, save_figure
 from apd.pipeline.layout import manifest_of
 from apd.pipeline.runtime import RunContext
@@ -94,9 +94,7 @@ def measure(ctx: RunContext, plan: ModesPlan) -> dict:
     require_input(ctx, ctx.layout.samples, "sample")
     with SampleStore.open(ctx.layout.samples, expect_spec=spec) as store:
         means, shares = chain_means(store)
-        aligned = None
-        if ctx.cfg.distill.align != "none":
-            aligned = chain_means(store, training_samples(ctx, store, ctx.cfg.distill).perms)[0].to(ctx.device)
+        aligned = aligned_chain_means(ctx, store)
         chains = [int(c) for c in np.unique(store.chains)]
         overall = (shares[:, None] * means).sum(0)  # the mean of all rows
         sgld = single_networks(spec, store.read(evenly_spaced(len(store), plan.networks)).to(ctx.device), x, y)
@@ -104,7 +102,7 @@ def measure(ctx: RunContext, plan: ModesPlan) -> dict:
     results = {"pipeline": ctx.cfg.name, "dataset": ctx.data.name, "validation_images": len(y), "chains": chains,
                "store_mean": single_networks(spec, overall[None].to(ctx.device), x, y),
                "chain_means": single_networks(spec, means, x, y), "path": None, "align": ctx.cfg.distill.align,
-               "aligned_chain_means": None if aligned is None else single_networks(spec, aligned, x, y),
+               "aligned_chain_means": None if aligned is None else single_networks(spec, aligned.to(ctx.device), x, y),
                "sgld": {**_summary(sgld["accuracy"]), "values": sgld["accuracy"]}, "apd": None}
     if len(chains) >= 2:
         x_match = training_images(ctx, MATCH_INPUTS, "experiment", "modes", "match")

@@ -188,6 +188,15 @@ def training_samples(ctx: RunContext, store: SampleStore, d: DistillConfig) -> T
     return TrainingSamples(permute(fit, store.spec, perms[rows]), perms, alignment)
 
 
+def aligned_chain_means(ctx: RunContext, store: SampleStore) -> Tensor | None:
+    """Each chain's mean [M, D] over its samples aligned as :func:`training_samples` aligns them for the
+    generator (:func:`~apd.posteriors.modes.chain_means` of the permuted rows), or None where ``[distill]
+    align = "none"``."""
+    if ctx.cfg.distill.align == "none":
+        return None
+    return chain_means(store, training_samples(ctx, store, ctx.cfg.distill).perms)[0]
+
+
 def _align_chains(ctx: RunContext, store: SampleStore, spec: ParamSpec) -> tuple[Tensor, dict]:
     """Permutations [len(store), H]: every row of a chain takes its chain's, which matches the activations
     of the chain's mean to those of the first chain's mean on :data:`FISHER_INPUTS` training images

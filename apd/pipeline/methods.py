@@ -24,7 +24,7 @@ from apd.distillation.training import evenly_spaced
 from apd.errors import ArtifactError, ConfigError
 from apd.io import load_torch, read_json
 from apd.nets import ParamSpec
-from apd.pipeline.distill import REFERENCE_SAMPLES, laplace_terms, training_samples, validation_monitor
+from apd.pipeline.distill import REFERENCE_SAMPLES, aligned_chain_means, laplace_terms, validation_monitor
 from apd.pipeline.layout import Layout, manifest_of
 from apd.pipeline.runtime import RunContext, stopwatch
 from apd.pipeline.stage import require_input
@@ -251,8 +251,8 @@ def _load_modes(sources: Sources) -> Posterior:
     log.info("mode mixture: one mean per chain and a Kronecker spread at each (%d input directions per layer)", rank)
     means, shares = chain_means(store)
     chosen: dict[str, Any] = {"align": align}
-    if align != "none":
-        aligned = chain_means(store, training_samples(ctx, store, ctx.cfg.distill).perms)[0]
+    aligned = aligned_chain_means(ctx, store)
+    if aligned is not None:
         use, losses = prefer_aligned(means, aligned, sources.spec, ctx.data.x_val.to(ctx.device),
                                      ctx.data.y_val.to(ctx.device))
         means = torch.where(use[:, None], aligned, means)
