@@ -11,7 +11,8 @@ from ``apd evaluate``, the stage manifests, the experiments' JSON) or, for PIPEL
 ``docs/paper-numbers.json``. TABLE names one of :data:`RESULT_TABLES` (a table of ``tables.md``),
 ``ood-SCORE`` (one score's OOD block), ``machine`` (what the numbers were measured on), ``diagnostics``
 (SGLD's convergence, from the sample manifest), ``end-to-end`` (the stages timed by
-``benchmarks/time_pipeline.py``), ``samplers`` (several pipelines' SGLD runs side by side:
+``benchmarks/time_pipeline.py``), ``performance`` (every benchmark record in ``docs/results/PIPELINE/``,
+written by the ``benchmarks/bench_*.py`` scripts' ``--out``), ``samplers`` (several pipelines' SGLD runs side by side:
 PIPELINE is then a comma-separated list), ``frontiers`` (several pipelines' storage frontiers, likewise)
 or an experiment (:data:`EXPERIMENT_TABLES`). ``--check``
 renders without writing and fails on any difference.
@@ -76,6 +77,8 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
         return render_diagnostics(read_json(results_dir / "samples.json")["diagnostics"])
     if table == "end-to-end":  # benchmarks/time_pipeline.py's record
         return render_end_to_end(read_json(results_dir / "end_to_end.json"))
+    if table == "performance":  # the benchmark scripts' records
+        return render_performance([read_json(path) for path in sorted(results_dir.glob("*.json"))])
     if table == "samplers":  # PIPELINE is a comma-separated list: one row per pipeline's sample manifest
         return render_samplers({name: read_json(root / RESULTS_DIR / name / "samples.json")
                                 for name in pipeline.split(",")})
@@ -94,7 +97,7 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
         built = RESULT_TABLES[table](results)
     else:
         raise ArtifactError(f"unknown results table {table!r} (known: {', '.join(RESULT_TABLES)}, ood-SCORE, "
-                            f"machine, diagnostics, samplers, frontiers, end-to-end, "
+                            f"machine, diagnostics, samplers, frontiers, end-to-end, performance, "
                             f"{', '.join(EXPERIMENT_TABLES)})")
     if built is None:
         raise ArtifactError(f"{results_dir}: has no data for table {table!r}")
@@ -130,6 +133,11 @@ def render_diagnostics(diagnostics: dict) -> str:
             + markdown_table(header, body))
 
 
+def short_commit(commit: str) -> str:
+    """A recorded commit (a hash, ``+changes`` when the tree differed from it) cut to 12 hex digits."""
+    return commit.split("+")[0][:12] + ("+changes" if commit.endswith("+changes") else "")
+
+
 def render_end_to_end(record: dict) -> str:
     """A pipeline's stages timed end to end (``benchmarks/time_pipeline.py``): each stage's wall clock, the
     parts its manifests record, the total, and where it was measured."""
@@ -139,10 +147,26 @@ def render_end_to_end(record: dict) -> str:
     machine = record["machine"]
     load = ", ".join(f"{x:.2f}" for x in machine["load_average_before"])
     detail = "; ".join(f"{name} {format_duration(seconds)}" for name, seconds in parts.items())
-    commit = record["commit"].split("+")[0][:12] + ("+changes" if record["commit"].endswith("+changes") else "")
-    return (f"`{record['config']}` at commit `{commit}` on {machine['cpu']} ({machine['cores']} "
-            f"cores; load average before the run {load}), each stage its own process, imports included. "
+    return (f"`{record['config']}` at commit `{short_commit(record['commit'])}` on {machine['cpu']} "
+            f"({machine['cores']} cores; load average before the run {load}), each stage its own process, "
+            f"imports included. "
             f"Recorded by the stages: {detail}.\n\n" + markdown_table(["stage", "wall clock"], body))
+
+
+def render_performance(records: list[dict]) -> str:
+    """The benchmark scripts' rows (what was timed, what this run measured, the target), then where and when
+    each script ran."""
+    if not records:
+        raise ArtifactError("no benchmark records to render (run `make bench`, then publish its records)")
+    body = [[row["what"], row["measured"], row["target"]] for record in records for row in record["rows"]]
+    runs = []
+    for record in records:
+        machine = record["machine"]
+        runs.append([f"`{record['command']}`", f"`{short_commit(record['commit'])}`",
+                     f"{machine['cpu']} ({machine['cores']} cores)",
+                     ", ".join(f"{x:.2f}" for x in machine["load_average_before"]), record["started"][:10]])
+    return (markdown_table(["what", "measured", "target"], body) + "\n\n"
+            + markdown_table(["run", "commit", "machine", "load average before", "date"], runs))
 
 
 def render_samplers(manifests: dict[str, dict]) -> str:

@@ -15,6 +15,7 @@ stored sets (scoring only). The sets are written to a temporary directory, never
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import tempfile
 import time
@@ -24,6 +25,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from record import BenchmarkRecord, add_out_argument
 
 from apd.config_load import load_config
 from apd.evaluation.attacks import craft, module_fn, weight_sample_fn
@@ -53,7 +55,7 @@ def best_time(fn: Callable[[], object], budget: float = 1.0, min_repeats: int = 
     return min(times)
 
 
-def attack_throughput() -> None:
+def attack_throughput(record: BenchmarkRecord) -> None:
     torch.set_num_threads(1)  # one thread: the steadiest timings on a small shared CPU
     torch.manual_seed(0)
     net = mlp(SIZES)
@@ -68,6 +70,7 @@ def attack_throughput() -> None:
                       eps=0.1))  # the first autograd call of a process pays a one-off set-up
     print(f"{'attack':<16} {'batch':>5} | {'vector ex/s':>11} {'module ex/s':>11} {'ratio':>5} | "
           f"{'time / FGSM':>11} {'success':>7}")
+    rates = {}
     for batch in BATCHES:
         generator = torch.Generator().manual_seed(batch)
         x = torch.rand(batch, SIZES[0], generator=generator) * 2 - 1
@@ -79,11 +82,15 @@ def attack_throughput() -> None:
             module = best_time(partial(craft, name, by_module, x, y, **arguments))
             fgsm_time = fgsm_time or vector
             success = craft(name, by_vector, x, y, **arguments).success.float().mean().item()
+            rates[label, batch] = batch / vector
             print(f"{label:<16} {batch:>5} | {batch / vector:>11,.0f} {batch / module:>11,.0f} "
                   f"{module / vector:>5.2f} | {vector / fgsm_time:>10.1f}× {success:>7.1%}")
+    batch = BATCHES[-1]
+    record.add(f"FGSM (ε = 0.1) / PGD-40 crafting, fcNN1, batch {batch:,}, gray-box, 1 thread (`bench_attacks.py`)",
+               f"{rates['FGSM ε=0.1', batch]:,.0f} / {rates['PGD-40', batch]:,.0f} examples per second")
 
 
-def digits_evaluate() -> None:
+def digits_evaluate(record: BenchmarkRecord) -> None:
     missing = [name for name in DIGITS_ARTIFACTS if not (DIGITS / name).exists()]
     if missing or not all((DIGITS / "baselines" / f"{m}.json").is_file() for m in ("sgd", "mcdropout")):
         print(f"\n(skipped the digits timing: {DIGITS} is incomplete; run `make sample distill` first)")
@@ -95,19 +102,21 @@ def digits_evaluate() -> None:
 
     cfg = load_config("pipelines/digits.toml")
     # a 1-component MoG keeps the fit quick: its column is MoG-1, not the pipeline's MoG-60
-    cfg.evaluate = dataclasses.replace(cfg.evaluate, adversarial=True, mog_components=[1])
+    cfg.evaluate = dataclasses.replace(cfg.evaluate, mog_components=[1],
+                                       adversarial=dataclasses.replace(cfg.evaluate.adversarial, enabled=True))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         root = Path(tmp)
         (root / cfg.name).mkdir()
-        for name in DIGITS_ARTIFACTS:
-            (root / cfg.name / name).symlink_to((DIGITS / name).resolve())
+        for path in DIGITS.iterdir():  # every stage's output (the store's shards included), not its evaluation
+            if path.name not in ("eval", "experiments") and not path.name.startswith("."):
+                (root / cfg.name / path.name).symlink_to(path.resolve())
         ctx = RunContext(cfg=cfg, artifacts_root=root, quiet=True)
         methods, _ = load_methods(ctx, stack)
-        e = cfg.evaluate
-        print(f"\ndigits, evaluate_adversarial: sources {', '.join(e.adv_sources)}; up to {e.adv_examples:,} "
-              f"examples (validation split {len(ctx.data.y_val)}); {e.adv_samples:,} members per target "
+        a = cfg.evaluate.adversarial
+        print(f"\ndigits, evaluate_adversarial: sources {', '.join(a.sources)}; up to {a.examples:,} "
+              f"examples (validation split {len(ctx.data.y_val)}); {a.samples:,} members per target "
               f"(torch threads {torch.get_num_threads()})")
         timings = {}
         for run in ("craft + score", "reuse + score"):
@@ -118,12 +127,20 @@ def digits_evaluate() -> None:
         for run, seconds in timings.items():
             print(f"{run:<14} {seconds:>8.1f}")
         print(f"crafting share: {1 - timings['reuse + score'] / timings['craft + score']:.0%}\n")
+        record.add(f"the adversarial part of `apd evaluate` on digits (sources {', '.join(a.sources)}, "
+                   f"{a.samples:,} members per target), crafting and scoring / scoring stored sets",
+                   f"{timings['craft + score']:.1f} s / {timings['reuse + score']:.1f} s")
         print(adversarial_table(results).markdown)
 
 
 def main() -> None:
-    attack_throughput()
-    digits_evaluate()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_out_argument(parser)
+    args = parser.parse_args()
+    record = BenchmarkRecord()
+    attack_throughput(record)
+    digits_evaluate(record)
+    record.write(args.out)
 
 
 if __name__ == "__main__":

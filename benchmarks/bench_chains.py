@@ -14,7 +14,7 @@ repetitions, so drift on a shared machine hits all alike):
 Reading: a store of R rows written as one file, and the same rows as two shards joined by
 :func:`apd.samplers.store.join_stores` (an HDF5 virtual dataset); 100 random rows (``read``), and all rows
 in order (``read_all``), from the page cache; time joined / one file.
-Run: .venv/bin/python benchmarks/bench_chains.py [--reps 5] [--steps 300] [--rows 400]
+Run: .venv/bin/python benchmarks/bench_chains.py [--reps 5] [--steps 300] [--rows 400] [--out FILE]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.multiprocessing as mp
+from record import BenchmarkRecord, add_out_argument
 
 from apd.config import SGLDConfig
 from apd.nets import ParamSpec, mlp
@@ -150,23 +151,35 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300, help="SGLD iterations per timed block")
     parser.add_argument("--rows", type=int, default=400, help="rows of the stores read")
     parser.add_argument("--nets", default="fcNN1,fcNN2")
+    add_out_argument(parser)
     args = parser.parse_args()
+    record = BenchmarkRecord()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(f"{cores} usable cores; load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     print(f"{'net':<6} {'two-thread chain':>17} {'W = 1':>10} {'W = 2':>10}   W=2 / two-thread   W=1 / two-thread"
           "   (total SGLD steps per second)")
+    speed_ups = {}
     for name in args.nets.split(","):
         rates = bench_net(name, NETS[name], args.reps, args.steps)
+        speed_ups[name] = rates["W = 2"] / rates["two-thread chain"], rates["W = 1"] / rates["two-thread chain"]
         two = rates["two-thread chain"]
         print(f"{name:<6} {two:>17.0f} {rates['W = 1']:>10.0f} {rates['W = 2']:>10.0f}   "
               f"{rates['W = 2'] / two:>16.2f}   {rates['W = 1'] / two:>16.2f}")
     print(f"\nreading {args.rows} fcNN1 rows: one file vs two shards joined (virtual dataset), page cache warm")
     times = bench_read(NETS["fcNN1"], args.rows, args.reps)
-    for what, label in (("random", "100 random rows"), ("all", f"all {args.rows} rows in order")):
+    labels = {"random": "100 random rows", "all": f"all {args.rows} rows in order"}
+    for what, label in labels.items():
         one, joined = times[f"one {what}"], times[f"joined {what}"]
         print(f"  {label:<22} one file {1e3 * one:8.2f} ms   joined {1e3 * joined:8.2f} ms   "
               f"joined / one file {joined / one:.2f}")
     print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    record.add("SGLD steps per second, paper's SGLD, batch 100: two one-thread workers (`workers = 2`) and one "
+               "one-thread chain, each over one two-thread chain (`bench_chains.py`)",
+               "; ".join(f"{name} {two:.2f}× and {one:.2f}×" for name, (two, one) in speed_ups.items()))
+    record.add(f"reading a store of two shards joined (HDF5 virtual dataset) over one file, {args.rows} fcNN1 rows",
+               ", ".join(f"{label} {times[f'joined {what}'] / times[f'one {what}']:.2f}×"
+                         for what, label in labels.items()))
+    record.write(args.out)
 
 
 if __name__ == "__main__":

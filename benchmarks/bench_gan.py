@@ -12,9 +12,11 @@ textbook step runs after the RSS reading: its [B, D] interpolates and gradients 
 
 from __future__ import annotations
 
+import argparse
 import resource
 
 import torch
+from record import BenchmarkRecord, add_out_argument
 from timing import best_time
 
 from apd.distillation.gan import Critic, GANTrainer, Generator
@@ -45,12 +47,17 @@ def peak_rss_mb() -> float:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_out_argument(parser)
+    args = parser.parse_args()
+    record = BenchmarkRecord()
     torch.manual_seed(0)
     print(f"threads {torch.get_num_threads()}; batch {BATCH}; z 32; hidden [100, 100, 100]; wgan-gp, Adam\n")
     header = (f"{'D':>8} | {'G params':>10} {'C params':>10} | {'critic/s':>8} {'gen/s':>7} "
               f"{'ms/iter':>8} | {'textbook critic ms':>18} {'speed-up':>8} | {'peak RSS MB':>11}")
     print(header)
     print("-" * len(header))
+    iterations, speed_ups = {}, {}
     for dim in DIMS:
         generator, critic = Generator(32, [100, 100, 100], dim), Critic(dim, [100, 100, 100])
         trainer = GANTrainer(generator, critic, "wgan-gp", seed=0)
@@ -63,6 +70,7 @@ def main() -> None:
         iteration_s = best_time(lambda real=real, trainer=trainer: trainer.step(lambda: real, N_CRITIC), 1)
         rss = peak_rss_mb()
         textbook_s = best_time(lambda real=real, trainer=trainer: textbook_critic_step(trainer, real), 1)
+        iterations[dim], speed_ups[dim] = iteration_s, textbook_s / critic_s
         g_params = sum(p.numel() for p in generator.parameters())
         c_params = sum(p.numel() for p in critic.parameters())
         print(f"{dim:>8,} | {g_params:>10,} {c_params:>10,} | {1 / critic_s:>8.2f} {1 / generator_s:>7.2f} "
@@ -71,6 +79,12 @@ def main() -> None:
         del trainer, generator, critic, real
     print(f"\nms/iter: one trainer.step with {N_CRITIC} critic steps and 1 generator step; "
           "speed-up: textbook critic step time / apd.distillation.gan critic step time.")
+    record.add(f"WGAN-GP iteration ({N_CRITIC} critic + 1 generator steps), paper architecture, batch {BATCH}, "
+               f"{torch.get_num_threads()} thread(s) (`bench_gan.py`)",
+               "; ".join(f"D = {dim:,}: {seconds:.2f} s" for dim, seconds in iterations.items()))
+    record.add("critic step, the gradient penalty taken at the critic's first layer against the textbook one",
+               ", ".join(f"{speed_up:.1f}×" for speed_up in speed_ups.values()) + " faster at those D")
+    record.write(args.out)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import torch
+from record import BenchmarkRecord, add_out_argument
 
 from apd.config_load import load_config
 from apd.evaluation.protocol import judge
@@ -34,7 +35,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="pipelines/digits.toml")
     parser.add_argument("--artifacts", default="artifacts")
+    add_out_argument(parser)
     args = parser.parse_args()
+    record = BenchmarkRecord()
     ctx = RunContext(cfg=load_config(args.config, []), artifacts_root=Path(args.artifacts), quiet=True)
     runs = ctx.cfg.evaluate.runs
     threads = ctx.cfg.evaluate.threads or ctx.cfg.threads  # as `apd evaluate` runs
@@ -45,7 +48,8 @@ def main() -> None:
         sizes = ensemble_sizes(ctx, methods)
         generator = torch.Generator().manual_seed(0)
         cost = {}
-        print(f"{ctx.cfg.name}: {runs} runs, {torch.get_num_threads()} torch thread(s)")
+        used_threads = torch.get_num_threads()
+        print(f"{ctx.cfg.name}: {runs} runs, {used_threads} torch thread(s)")
         print(f"{'method':<14}{'members':>8}{'loading s':>11}{'one run s':>11}{f'{runs} runs s':>12}")
         for name, method in methods.items():
             started = time.perf_counter()
@@ -57,6 +61,10 @@ def main() -> None:
     peers = sum(c for name, c in cost.items() if name not in PAPER_METHODS)
     print(f"paper's methods {paper:.1f} s, peers {peers:.1f} s: the peers add {peers / paper:.2f}× the paper "
           f"methods' cost ({(paper + peers) / paper:.2f}× in all)")
+    record.add(f"what the peers add to `apd evaluate` on {ctx.cfg.name} ({runs} runs, {used_threads} torch "
+               "thread(s); loading or fitting each method plus its runs; `bench_peers_cost.py`)",
+               f"paper's methods {paper:.1f} s, peers {peers:.1f} s: {peers / paper:.2f}× the paper methods' cost")
+    record.write(args.out)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,11 @@ Targets on a 2-core CPU: ≥ 0.7 of the matmul rate at N = 10,000; ≥ 2× the l
 
 from __future__ import annotations
 
+import argparse
 import resource
-import sys
 
 import torch
+from record import BenchmarkRecord, add_out_argument
 from timing import best_time, loop_predict
 
 from apd.nets import ParamSpec, mlp, predict_probs
@@ -30,8 +31,13 @@ def matmul_gflops() -> float:
 
 
 def main() -> None:
-    if len(sys.argv) > 1:  # e.g. `bench_predict.py 1`: one thread, fairer when the machine is shared
-        torch.set_num_threads(int(sys.argv[1]))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("threads", type=int, nargs="?", help="torch threads (1 is fairer on a shared machine)")
+    add_out_argument(parser)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    record = BenchmarkRecord()
     torch.manual_seed(0)
     net = mlp(SIZES)
     spec = ParamSpec.from_module(net)
@@ -42,6 +48,7 @@ def main() -> None:
               f"{'GFLOP/s':>7} {'of matmul':>9} | {'bf16 speed-up':>13} {'bf16 max err':>12}")
     print(header)
     print("-" * len(header))
+    measured = {}
     for k, n in CASES:
         weights = torch.randn(k, spec.numel) * 0.05
         x = torch.randn(n, SIZES[0])
@@ -54,11 +61,26 @@ def main() -> None:
             err = (predict_probs(spec, weights, x, compute_dtype=torch.bfloat16)
                    - predict_probs(spec, weights, x)).abs().max().item()
         gflops = flops_per_input * n * k / t_batch / 1e9
+        measured[k, n] = {"ratio": t_loop / t_batch, "of_matmul": gflops / peak, "bf16": t_batch / t_bf16,
+                          "bf16_error": err}
         print(f"{k:>5} {n:>6} | {1e3 * t_batch / k:>14.4f} {1e3 * t_loop / k:>11.4f} "
               f"{t_loop / t_batch:>5.2f}× | {gflops:>7.1f} {gflops / peak:>9.2f} | "
               f"{t_batch / t_bf16:>12.2f}× {err:>12.1e}")
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(f"\npeak memory of this process (RSS, includes K = 1,000 weight matrices): {peak_rss:.2f} GB")
+    threads = f"{torch.get_num_threads()} thread(s)"
+    small = [(k, n) for k, n in CASES if n < 10_000]
+    record.add(f"`predict_probs` vs a `vector_to_parameters` loop, fcNN1, K = {small[0][0]:,}, {threads} "
+               "(`bench_predict.py`)", "; ".join(f"N = {n}: {measured[k, n]['ratio']:.1f}×" for k, n in small),
+               "≥ 2×, ≥ 2×, ≥ 1.3×")
+    k, n = CASES[0]
+    record.add(f"same, K = {k}, N = {n:,}", f"{measured[k, n]['of_matmul']:.2f} of the 4096² matmul rate timed "
+               f"in the same run ({measured[k, n]['ratio']:.1f}× the loop)", "≥ 0.7 of the matmul rate")
+    record.add(f"peak memory, K = {small[0][0]:,} fcNN1", f"{peak_rss:.2f} GB", "< 2 GB")
+    record.add("bfloat16 compute option: speed-up over float32, largest probability error",
+               "; ".join(f"N = {n:,}: {m['bf16']:.1f}×" for (_, n), m in measured.items())
+               + f"; error ≤ {max(m['bf16_error'] for m in measured.values()):.1e}")
+    record.write(args.out)
 
 
 if __name__ == "__main__":

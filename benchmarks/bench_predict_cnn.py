@@ -6,16 +6,17 @@ and pools by elementwise maxima of strided views; the loop copies each vector in
 (`vector_to_parameters`) and runs it, with its `nn.MaxPool2d`. From N = 100 on most of the gain is the
 pooling, whose `F.max_pool2d` forward is the slowest step of the module on this CPU. Shapes: K = 20 networks
 on N = 2,000 inputs (evaluation), K = 200 on N = 1, 10, 100 (attacks, active learning). Prints time per
-network for both, and their ratio. An optional argument sets torch's thread count.
+network for both, and their ratio. An optional argument sets torch's thread count; ``--out FILE`` writes the record.
 
 Targets on a 2-core CPU: no slower than the loop at N = 2,000 (≥ 1×); ≥ 2× at N = 1 and 10.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import torch
+from record import BenchmarkRecord, add_out_argument
 from timing import best_time, loop_predict
 
 from apd.nets import ParamSpec, network, predict_probs
@@ -25,8 +26,13 @@ CASES = [(20, 2_000), (200, 1), (200, 10), (200, 100)]
 
 
 def main() -> None:
-    if len(sys.argv) > 1:
-        torch.set_num_threads(int(sys.argv[1]))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("threads", type=int, nargs="?", help="torch threads (1 is fairer on a shared machine)")
+    add_out_argument(parser)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    record = BenchmarkRecord()
     torch.manual_seed(0)
     net = network(SIZES, CONV)
     spec = ParamSpec.from_module(net)
@@ -34,6 +40,7 @@ def main() -> None:
     header = f"{'K':>5} {'N':>6} | {'batched ms/net':>14} {'loop ms/net':>11} {'ratio':>6} | {'max diff':>8}"
     print(header)
     print("-" * len(header))
+    ratios = {}
     for k, n in CASES:
         weights = torch.randn(k, spec.numel) * 0.05
         x = torch.randn(n, SIZES[0])
@@ -41,8 +48,13 @@ def main() -> None:
             t_batch = best_time(lambda w=weights, x=x: predict_probs(spec, w, x), 3)
             t_loop = best_time(lambda w=weights, x=x: loop_predict(net, w, x), 3)
             diff = (predict_probs(spec, weights, x) - loop_predict(net, weights, x)).abs().max().item()
+        ratios[n] = t_loop / t_batch
         print(f"{k:>5} {n:>6} | {1e3 * t_batch / k:>14.4f} {1e3 * t_loop / k:>11.4f} {t_loop / t_batch:>5.2f}× | "
               f"{diff:>8.1e}")
+    record.add(f"`predict_probs` vs a loop, LeNet-5, K = {CASES[1][0]} (K = {CASES[0][0]} at N = {CASES[0][1]:,}), "
+               f"{torch.get_num_threads()} thread(s) (`bench_predict_cnn.py`)",
+               "; ".join(f"N = {n:,}: {ratios[n]:.1f}×" for n in sorted(ratios)), "≥ 2×, ≥ 2×, –, ≥ 1×")
+    record.write(args.out)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ paper's run: lr 0.05, N 50,000, prior variance 0.02) with and without noise pref
 step's noise on a worker thread, which ``prefetch_noise = "auto"`` does when torch leaves a core free).
 Methods are timed in interleaved blocks and each reports the median over repetitions, so drift on a
 shared machine hits all alike. "noise" is one standard-normal draw of D values alone; its share is noise / SGLD step.
-Run: .venv/bin/python benchmarks/bench_sgld.py [--reps 5] [--steps 20]
+Run: .venv/bin/python benchmarks/bench_sgld.py [--reps 9] [--steps 50] [--out FILE]
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from record import BenchmarkRecord, add_out_argument
 from torch import nn
 
 from apd.nets import ParamSpec, mlp
@@ -74,19 +75,24 @@ def bench_net(sizes: list[int], reps: int, steps: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=5, help="interleaved repetitions (median taken)")
-    parser.add_argument("--steps", type=int, default=20, help="iterations per timed block")
+    # 5 blocks of 20 proved too short here: the prefetched ratio came out 1.71 / 1.75 where two runs of
+    # 9 × 50 gave 1.36–1.37 / 1.05–1.09 (fcNN1 / fcNN2, one thread)
+    parser.add_argument("--reps", type=int, default=9, help="interleaved repetitions (median taken)")
+    parser.add_argument("--steps", type=int, default=50, help="iterations per timed block")
+    add_out_argument(parser)
     args = parser.parse_args()
+    record = BenchmarkRecord()
 
     default_threads = torch.get_num_threads()
     header = (f"{'threads':>7} {'net':>6} {'D':>7} {'SGD ms':>7} {'SGLD ms':>8} {'+pref ms':>8} "
               f"{'ratio':>6} {'r pref':>6} {'noise ms':>8} {'share':>6}")
     print(header)
     print("-" * len(header))
+    measured: dict[int, dict[str, dict[str, float]]] = {}
     for threads in sorted({default_threads, 1}, reverse=True):
         torch.set_num_threads(threads)
         for name, sizes in NETS.items():
-            t = bench_net(sizes, args.reps, args.steps)
+            t = measured.setdefault(threads, {})[name] = bench_net(sizes, args.reps, args.steps)
             numel = ParamSpec.from_module(mlp(sizes)).numel
             print(f"{threads:>7} {name:>6} {numel:>7} {t['sgd']:>7.3f} {t['sgld']:>8.3f} "
                   f"{t['sgld_prefetch']:>8.3f} {t['sgld'] / t['sgd']:>6.2f} "
@@ -95,6 +101,22 @@ def main() -> None:
     torch.set_num_threads(default_threads)
     print("ratio = SGLD / SGD step (target <= 1.3); r pref = with noise prefetched on a worker thread;"
           " share = noise draw alone / SGLD step")
+
+    def ratios(threads: int, method: str) -> str:
+        return ", ".join(f"{name} {t[method] / t['sgd']:.2f}" for name, t in measured[threads].items())
+
+    one = measured[1]
+    record.add("SGLD step / SGD step, batch 100, 1 compute thread, noise drawn on the idle second core (the "
+               'default, `prefetch_noise = "auto"`; `bench_sgld.py`)', ratios(1, "sgld_prefetch"), "≤ 1.3")
+    record.add('same, noise drawn in the step (`prefetch_noise = "off"`)',
+               f"{ratios(1, 'sgld')}; drawing D Gaussians takes " + ", ".join(
+                   f"{t['noise']:.2f} ms ({100 * t['noise'] / t['sgld']:.0f} % of the {name} step)"
+                   for name, t in one.items()))
+    if default_threads > 1:
+        record.add(f"same, {default_threads} compute threads (prefetching then only competes for a core, so "
+                   "`auto` turns it off)", f"{ratios(default_threads, 'sgld')} (prefetched: "
+                   f"{ratios(default_threads, 'sgld_prefetch')})")
+    record.write(args.out)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Stein thinning at the project's sizes: 1,000 candidates → 20 picks for the digits net (64-100-10,
 D = 7,510, N = 1,000 training examples) and fcNN1 (784-100-10, D = 79,510, N = 50,000).
 
-Run: ``.venv/bin/python benchmarks/bench_stein.py [--fcnn1-gradients 20]`` (one thread). It prints
+Run: ``.venv/bin/python benchmarks/bench_stein.py [--fcnn1-gradients 20] [--out FILE]`` (one thread). It prints
 
 * the time of the full-training-set scores ∇ log p(θ | D) (``log_posterior_gradients``) for the
   candidates: all 1,000 for digits; for fcNN1 (about 1.2·10¹⁰ multiply-adds per candidate) a smaller
@@ -20,12 +20,14 @@ import argparse
 import time
 
 import torch
+from record import BenchmarkRecord, add_out_argument
 
 from apd.nets import ParamSpec, mlp
 from apd.posteriors.stein import log_posterior_gradients, stein_thin
 
 
-def case(sizes: list[int], n_train: int, candidates: int, timed: int, picks: int) -> None:
+def case(sizes: list[int], n_train: int, candidates: int, timed: int, picks: int) -> tuple[float, float]:
+    """Seconds of the scores of all ``candidates`` (scaled from ``timed``) and of the selection."""
     torch.manual_seed(0)
     net = mlp(sizes)
     spec = ParamSpec.from_module(net)
@@ -34,23 +36,32 @@ def case(sizes: list[int], n_train: int, candidates: int, timed: int, picks: int
     start = time.perf_counter()
     gradients = log_posterior_gradients(spec, weights[:timed], x, y, prior_var=0.02)
     seconds = time.perf_counter() - start
+    scores = seconds * candidates / timed  # the cost is linear in the candidates
     print(f"D = {spec.numel:,}, N = {n_train:,}: scores of {timed} candidates {seconds:.1f} s "
-          f"(→ {seconds * candidates / timed:.0f} s for {candidates:,})")
+          f"(→ {scores:.0f} s for {candidates:,})")
     gradients = gradients.repeat((candidates + timed - 1) // timed, 1)[:candidates]
     gradients += torch.randn_like(gradients)  # distinct scores for the candidates that were not timed
     start = time.perf_counter()
     chosen = stein_thin(weights, gradients, picks)
-    print(f"D = {spec.numel:,}: Stein thinning {candidates:,} → {picks} in {time.perf_counter() - start:.1f} s "
+    selection = time.perf_counter() - start
+    print(f"D = {spec.numel:,}: Stein thinning {candidates:,} → {picks} in {selection:.1f} s "
           f"({len(set(chosen.tolist()))} distinct)")
+    return scores, selection
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fcnn1-gradients", type=int, default=20, help="fcNN1 candidates whose scores are timed")
+    add_out_argument(parser)
     args = parser.parse_args()
+    record = BenchmarkRecord()
     torch.set_num_threads(1)
-    case([64, 100, 10], 1_000, 1_000, 1_000, 20)
-    case([784, 100, 10], 50_000, 1_000, args.fcnn1_gradients, 20)
+    digits = case([64, 100, 10], 1_000, 1_000, 1_000, 20)
+    fcnn1 = case([784, 100, 10], 50_000, 1_000, args.fcnn1_gradients, 20)
+    record.add("Stein thinning, 1,000 candidates → 20, 1 thread: full-data scores, then the greedy selection "
+               "(`bench_stein.py`)", f"digits (D = 7,510, N = 1,000) {digits[0]:.1f} s + {digits[1]:.1f} s; fcNN1 "
+               f"(D = 79,510, N = 50,000) {fcnn1[0]:.0f} s (scaled from {args.fcnn1_gradients}) + {fcnn1[1]:.1f} s")
+    record.write(args.out)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """SampleStore: append cost against the sampler's time budget, bytes per sample, random-row reads.
 
-Run: ``.venv/bin/python benchmarks/bench_store.py`` (about a minute; writes under a temporary directory
+Run: ``.venv/bin/python benchmarks/bench_store.py [--out FILE]`` (about a minute; writes under a temporary directory
 and removes it). For the paper's two networks (fcNN1 784-100-10, D = 79,510; fcNN2 784-400-400-10,
 D = 478,410) it prints
 
@@ -18,12 +18,14 @@ cache (the files were just written); a cold disk slows all three read methods al
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from record import BenchmarkRecord, add_out_argument
 from timing import best_time
 
 from apd.nets import ParamSpec, mlp
@@ -75,8 +77,10 @@ def time_reads(store: SampleStore, indices: np.ndarray) -> tuple[float, float, f
     return loop, fancy, ours
 
 
-def append_table(path: Path) -> None:
-    """Print append ms/row, bytes per sample and share of sampling time for every net and layout."""
+def append_table(path: Path) -> dict[tuple[str, str, int], tuple[float, float, float]]:
+    """Print append ms/row, bytes per sample and share of sampling time for every net and layout; returns
+    them by (net, compression, rows per chunk)."""
+    measured = {}
     print(f"Append, one flushed row per call; share of sampling time at thinning {THIN}, "
           f"target ≤ {TARGET_SHARE:.0%}")
     print(f"{'net':6} {'D':>8} {'compression':>11} {'chunk rows':>10} {'ms/row':>8} "
@@ -87,15 +91,19 @@ def append_table(path: Path) -> None:
             for chunk_rows in CHUNK_ROWS:
                 seconds, size = time_appends(path, spec, rows, compression, chunk_rows)
                 share = seconds / (THIN * iter_seconds + seconds)
+                measured[name, compression, chunk_rows] = seconds, size, share
                 flag = "" if share <= TARGET_SHARE else "  over"
                 print(f"{name:6} {spec.numel:>8,} {compression:>11} {chunk_rows:>10} {seconds * 1e3:>8.2f} "
                       f"{size:>13,.0f} {size / spec.numel:>11.3f} {share:>6.1%}{flag}")
     print(f"(SGLD iteration assumed {NETS['fcNN1'][1] * 1e3:.1f} ms for fcNN1, "
           f"{NETS['fcNN2'][1] * 1e3:.1f} ms for fcNN2; share = t_append / ({THIN}·t_iter + t_append))")
+    return measured
 
 
-def read_table(path: Path) -> None:
-    """Print the three ways of reading 100 random rows side by side for every net and layout."""
+def read_table(path: Path) -> dict[tuple[str, str, int], tuple[float, float, float]]:
+    """Print the three ways of reading 100 random rows side by side for every net and layout; returns their
+    seconds (loop, fancy, ``SampleStore.read``) by (net, compression, rows per chunk)."""
+    measured = {}
     print(f"Read {READ_K} random rows (drawn with replacement), best of 3, ms")
     print(f"{'net':6} {'rows':>5} {'compression':>11} {'chunk rows':>10} {'h5py loop':>10} "
           f"{'h5py fancy':>10} {'store.read':>10} {'fancy/read':>10} {'loop/read':>9}")
@@ -107,18 +115,34 @@ def read_table(path: Path) -> None:
                                     overwrite=True) as store:
                 for block in range(0, len(rows), 8):
                     store.append_many(rows[block:block + 8], steps=np.arange(block, block + 8))
-                loop, fancy, ours = time_reads(store, indices)
+                loop, fancy, ours = measured[name, compression, chunk_rows] = time_reads(store, indices)
             print(f"{name:6} {len(rows):>5} {compression:>11} {chunk_rows:>10} {loop * 1e3:>10.1f} "
                   f"{fancy * 1e3:>10.1f} {ours * 1e3:>10.1f} {fancy / ours:>10.1f} {loop / ours:>9.1f}")
         path.unlink()
+    return measured
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_out_argument(parser)
+    args = parser.parse_args()
+    record = BenchmarkRecord()
     with tempfile.TemporaryDirectory(prefix="bench_store_") as tmp:
         path = Path(tmp) / "samples.h5"
-        append_table(path)
+        appends = append_table(path)
         print()
-        read_table(path)
+        reads = read_table(path)
+    plain = {name: appends[name, "none", 1] for name in NETS}
+    record.add(f"HDF5 append, one flushed row, {' / '.join(NETS)} (`bench_store.py`; share of sampling time at "
+               f"thin {THIN})", " / ".join(f"{t * 1e3:.2f}" for t, _, _ in plain.values()) + " ms: "
+               + " / ".join(f"{100 * share:.1f} %" for _, _, share in plain.values()), f"≤ {100 * TARGET_SHARE:.0f} %")
+    record.add("bytes per stored fcNN1 sample: " + " / ".join(COMPRESSIONS) + " (share of sampling time)",
+               " / ".join(f"{appends['fcNN1', c, 1][1]:,.0f} ({100 * appends['fcNN1', c, 1][2]:.1f} %)"
+                          for c in COMPRESSIONS))
+    record.add(f"{READ_K} random rows: `SampleStore.read` against one fancy-indexed h5py read",
+               ", ".join(f"{reads[name, 'none', 1][1] / reads[name, 'none', 1][2]:.1f}× faster ({name})"
+                         for name in NETS))
+    record.write(args.out)
 
 
 if __name__ == "__main__":

@@ -25,18 +25,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
+from record import commit
 
 from apd.pipeline.runtime import machine
 
 STAGES = ("sample", "distill", "evaluate")
-
-
-def commit() -> str:
-    """HEAD's hash, with ``+changes`` when the working tree differs from it."""
-    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                           text=True).stdout.strip()
-    return head + ("+changes" if dirty else "")
 
 
 def recorded_parts(artifacts: Path) -> dict[str, float]:

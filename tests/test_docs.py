@@ -128,6 +128,48 @@ def test_samplers_put_several_pipelines_sample_manifests_side_by_side(project):
         r"| 0.9000 |"]
 
 
+def test_performance_table_is_rendered_from_the_benchmark_records(project):
+    """README's Performance rows come from the bench scripts' JSON records (benchmarks/record.py), in the
+    order of their files, followed by where and when each script ran."""
+    folder = project / "docs" / "results" / "benchmarks"
+    folder.mkdir()
+    machine = {"cpu": "Some CPU", "cores": 2, "load_average_before": [0.1, 0.25, 1.0]}
+    for name, rows in (("b", [{"what": "later", "measured": "2.0×", "target": ""}]),
+                       ("a", [{"what": "step ratio", "measured": "1.21", "target": "≤ 1.3"},
+                              {"what": "same, 2 threads", "measured": "1.40", "target": ""}])):
+        (folder / f"{name}.json").write_text(json.dumps(
+            {"command": f"bench_{name}.py --out x.json", "commit": "0123456789abcdef", "started": "2026-11-26T12:00:00",
+             "machine": machine, "rows": rows}))
+    lines = render_table("benchmarks", "performance", project).splitlines()
+    assert lines[:5] == ["| what | measured | target |", "|---|---|---|", "| step ratio | 1.21 | ≤ 1.3 |",
+                         "| same, 2 threads | 1.40 |  |", "| later | 2.0× |  |"]
+    run = " | `0123456789ab` | Some CPU (2 cores) | 0.10, 0.25, 1.00 | 2026-11-26 |"
+    assert lines[-2:] == ["| `bench_a.py --out x.json`" + run, "| `bench_b.py --out x.json`" + run]
+    (folder / "a.json").unlink()
+    (folder / "b.json").unlink()
+    with pytest.raises(ArtifactError, match="no benchmark records"):
+        render_table("benchmarks", "performance", project)
+
+
+def test_benchmark_record_holds_the_run_and_its_rows(tmp_path, monkeypatch):
+    """``BenchmarkRecord`` writes the command, the machine and the rows a script adds; nothing without --out."""
+    import sys
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.setattr(sys, "argv", ["benchmarks/bench_demo.py", "--reps", "3"])
+    from record import BenchmarkRecord
+
+    record = BenchmarkRecord()
+    record.add("a ratio", "1.50×", "≥ 1.3×")
+    record.write(None)
+    assert not list(tmp_path.iterdir())
+    record.write(tmp_path / "sub" / "demo.json")
+    written = json.loads((tmp_path / "sub" / "demo.json").read_text())
+    assert written["command"] == "bench_demo.py --reps 3" and written["script"] == "bench_demo.py"
+    assert written["rows"] == [{"what": "a ratio", "measured": "1.50×", "target": "≥ 1.3×"}]
+    assert len(written["machine"]["load_average_before"]) == 3 and written["machine"]["cores"] >= 1
+
+
 def test_end_to_end_timing_is_rendered_from_its_record(project):
     """The README's end-to-end row comes from benchmarks/time_pipeline.py's JSON, never typed by hand."""
     record = {"config": "pipelines/digits.toml", "commit": "0123456789abcdef+changes",

@@ -1,0 +1,60 @@
+"""A benchmark's findings as a JSON record, so that README's Performance table is rendered from committed
+files (``<!-- results:benchmarks:performance -->``, :func:`apd.docs.render_performance`) rather than typed.
+
+Each ``bench_*.py`` script takes ``--out FILE``; with it, the rows it reports (what was timed, the measured
+ratio or rate formatted from this run's numbers, the target where there is one) are written together with
+the command, the commit, the machine and its load average before the run. ``make bench`` writes them to
+``artifacts/benchmarks/``; copying them to ``docs/results/benchmarks/`` and running ``make docs`` publishes
+them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+
+from apd.pipeline.runtime import machine
+
+
+def commit() -> str:
+    """HEAD's hash, with ``+changes`` when the working tree differs from it."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                           text=True).stdout.strip()
+    return head + ("+changes" if dirty else "")
+
+
+def add_out_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, help="write the measured rows as a JSON record here")
+
+
+class BenchmarkRecord:
+    """The rows one benchmark run reports, with where and when it ran (taken when the record is made, so
+    the load average is the one before the timings)."""
+
+    def __init__(self) -> None:
+        where = {key: value for key, value in machine(torch.device("cpu")).items() if key != "threads"}
+        self.header = {"script": Path(sys.argv[0]).name, "command": " ".join([Path(sys.argv[0]).name,
+                                                                              *sys.argv[1:]]),
+                       "commit": commit(), "started": datetime.now(UTC).isoformat(timespec="seconds"),
+                       "machine": {**where, "load_average_before": [round(x, 2) for x in os.getloadavg()]}}
+        self.rows: list[dict[str, str]] = []
+
+    def add(self, what: str, measured: str, target: str = "") -> None:
+        """One row of the Performance table: ``measured`` is formatted from this run's numbers."""
+        self.rows.append({"what": what, "measured": measured, "target": target})
+
+    def write(self, path: Path | None) -> None:
+        """Write the record to ``path`` (nothing when it is None)."""
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**self.header, "rows": self.rows}, indent=1, ensure_ascii=False) + "\n")
+        print(f"wrote {path}")
