@@ -71,11 +71,11 @@ def main() -> None:
     threads = f"{torch.get_num_threads()} thread(s)"
     small = [(k, n) for k, n in CASES if n < 10_000]
     record.add(f"`predict_probs` vs a `vector_to_parameters` loop, fcNN1, K = {small[0][0]:,}, {threads} "
-               "(`bench_predict.py`)", "; ".join(f"N = {n}: {measured[k, n]['ratio']:.1f}×" for k, n in small),
+               "(`bench_predict.py`)", "; ".join(f"N = {n}: {measured[k, n]['ratio']:.2f}×" for k, n in small),
                "≥ 2×, ≥ 2×, ≥ 1.3×")
     k, n = CASES[0]
     record.add(f"same, K = {k}, N = {n:,}", f"{measured[k, n]['of_matmul']:.2f} of the 4096² matmul rate timed "
-               f"in the same run ({measured[k, n]['ratio']:.1f}× the loop)", "≥ 0.7 of the matmul rate")
+               f"in the same run ({measured[k, n]['ratio']:.2f}× the loop)", "≥ 0.7 of the matmul rate")
     record.add(f"peak memory, K = {small[0][0]:,} fcNN1", f"{peak_rss:.2f} GB", "< 2 GB")
     record.add("bfloat16 compute option: speed-up over float32, largest probability error",
                "; ".join(f"N = {n:,}: {m['bf16']:.1f}×" for (_, n), m in measured.items())

@@ -53,7 +53,7 @@ def main() -> None:
               f"{diff:>8.1e}")
     record.add(f"`predict_probs` vs a loop, LeNet-5, K = {CASES[1][0]} (K = {CASES[0][0]} at N = {CASES[0][1]:,}), "
                f"{torch.get_num_threads()} thread(s) (`bench_predict_cnn.py`)",
-               "; ".join(f"N = {n:,}: {ratios[n]:.1f}×" for n in sorted(ratios)), "≥ 2×, ≥ 2×, –, ≥ 1×")
+               "; ".join(f"N = {n:,}: {ratios[n]:.2f}×" for n in sorted(ratios)), "≥ 2×, ≥ 2×, –, ≥ 1×")
     record.write(args.out)
 
 
