@@ -12,11 +12,10 @@ Targets on a 2-core CPU: ≥ 0.7 of the matmul rate at N = 10,000; ≥ 2× the l
 
 from __future__ import annotations
 
-import argparse
 import resource
 
 import torch
-from record import BenchmarkRecord, add_out_argument
+from record import BenchmarkRecord, parse_threads_and_out
 from timing import best_time, loop_predict
 
 from apd.nets import ParamSpec, mlp, predict_probs
@@ -31,12 +30,7 @@ def matmul_gflops() -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("threads", type=int, nargs="?", help="torch threads (1 is fairer on a shared machine)")
-    add_out_argument(parser)
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = parse_threads_and_out(__doc__.splitlines()[0])
     record = BenchmarkRecord()
     torch.manual_seed(0)
     net = mlp(SIZES)

@@ -13,10 +13,8 @@ Targets on a 2-core CPU: no slower than the loop at N = 2,000 (≥ 1×); ≥ 2×
 
 from __future__ import annotations
 
-import argparse
-
 import torch
-from record import BenchmarkRecord, add_out_argument
+from record import BenchmarkRecord, parse_threads_and_out
 from timing import best_time, loop_predict
 
 from apd.nets import ParamSpec, network, predict_probs
@@ -26,12 +24,7 @@ CASES = [(20, 2_000), (200, 1), (200, 10), (200, 100)]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("threads", type=int, nargs="?", help="torch threads (1 is fairer on a shared machine)")
-    add_out_argument(parser)
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = parse_threads_and_out(__doc__.splitlines()[0])
     record = BenchmarkRecord()
     torch.manual_seed(0)
     net = network(SIZES, CONV)

@@ -35,6 +35,17 @@ def add_out_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="write the measured rows as a JSON record here")
 
 
+def parse_threads_and_out(description: str) -> argparse.Namespace:
+    """``[THREADS] [--out FILE]`` of the prediction benchmarks; sets torch's thread count when given."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("threads", type=int, nargs="?", help="torch threads (1 is fairer on a shared machine)")
+    add_out_argument(parser)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return args
+
+
 class BenchmarkRecord:
     """The rows one benchmark run reports, with where and when it ran (taken when the record is made, so
     the load average is the one before the timings)."""
