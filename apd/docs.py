@@ -31,7 +31,7 @@ from pathlib import Path
 
 from apd.errors import ArtifactError
 from apd.io import read_json
-from apd.pipeline.layout import Layout, manifest_of
+from apd.pipeline.layout import PIPELINE_STAGES, Layout, manifest_of
 from apd.pipeline.table_format import format_duration, markdown_table, method_label
 from apd.pipeline.tables import TABLE_BUILDERS, ood_table
 
@@ -154,18 +154,20 @@ def render_end_to_end(record: dict) -> str:
 
 
 def render_performance(records: list[dict]) -> str:
-    """The benchmark scripts' rows (what was timed, what this run measured, the target), then where and when
-    each script ran."""
+    """The benchmark scripts' rows (the stage whose cost they measure, what was timed, what this run
+    measured, the target) in the pipeline's stage order, then where and when each script ran."""
     if not records:
         raise ArtifactError("no benchmark records to render (run `make bench`, then publish its records)")
-    body = [[row["what"], row["measured"], row["target"]] for record in records for row in record["rows"]]
+    records = sorted(records, key=lambda record: PIPELINE_STAGES.index(record["stage"]))  # stable sort
+    body = [[f"`apd {record['stage']}`", row["what"], row["measured"], row["target"]]
+            for record in records for row in record["rows"]]
     runs = []
     for record in records:
         machine = record["machine"]
         runs.append([f"`{record['command']}`", f"`{short_commit(record['commit'])}`",
                      f"{machine['cpu']} ({machine['cores']} cores)",
                      ", ".join(f"{x:.2f}" for x in machine["load_average_before"]), record["started"][:10]])
-    return (markdown_table(["what", "measured", "target"], body) + "\n\n"
+    return (markdown_table(["stage", "what", "measured", "target"], body) + "\n\n"
             + markdown_table(["run", "commit", "machine", "load average before", "date"], runs))
 
 

@@ -137,7 +137,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_out_argument(parser)
     args = parser.parse_args()
-    record = BenchmarkRecord()
+    record = BenchmarkRecord("evaluate")
     attack_throughput(record)
     digits_evaluate(record)
     record.write(args.out)

@@ -153,7 +153,7 @@ def main() -> None:
     parser.add_argument("--nets", default="fcNN1,fcNN2")
     add_out_argument(parser)
     args = parser.parse_args()
-    record = BenchmarkRecord()
+    record = BenchmarkRecord("sample")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(f"{cores} usable cores; load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     print(f"{'net':<6} {'two-thread chain':>17} {'W = 1':>10} {'W = 2':>10}   W=2 / two-thread   W=1 / two-thread"

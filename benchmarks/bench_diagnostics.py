@@ -29,7 +29,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_out_argument(parser)
     args = parser.parse_args()
-    record = BenchmarkRecord()
+    record = BenchmarkRecord("sample")
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
     print(f"{'draws':>6} {'Q':>6} {'arviz s':>8} {'numpy s':>8} {'ratio':>6} {'max rel diff':>12}")

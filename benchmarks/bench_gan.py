@@ -50,7 +50,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_out_argument(parser)
     args = parser.parse_args()
-    record = BenchmarkRecord()
+    record = BenchmarkRecord("distill")
     torch.manual_seed(0)
     print(f"threads {torch.get_num_threads()}; batch {BATCH}; z 32; hidden [100, 100, 100]; wgan-gp, Adam\n")
     header = (f"{'D':>8} | {'G params':>10} {'C params':>10} | {'critic/s':>8} {'gen/s':>7} "

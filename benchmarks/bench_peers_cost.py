@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--artifacts", default="artifacts")
     add_out_argument(parser)
     args = parser.parse_args()
-    record = BenchmarkRecord()
+    record = BenchmarkRecord("evaluate")
     ctx = RunContext(cfg=load_config(args.config, []), artifacts_root=Path(args.artifacts), quiet=True)
     runs = ctx.cfg.evaluate.runs
     threads = ctx.cfg.evaluate.threads or ctx.cfg.threads  # as `apd evaluate` runs

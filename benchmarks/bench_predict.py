@@ -31,7 +31,7 @@ def matmul_gflops() -> float:
 
 def main() -> None:
     args = parse_threads_and_out(__doc__.splitlines()[0])
-    record = BenchmarkRecord()
+    record = BenchmarkRecord("evaluate")
     torch.manual_seed(0)
     net = mlp(SIZES)
     spec = ParamSpec.from_module(net)

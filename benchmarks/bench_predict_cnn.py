@@ -25,7 +25,7 @@ CASES = [(20, 2_000), (200, 1), (200, 10), (200, 100)]
 
 def main() -> None:
     args = parse_threads_and_out(__doc__.splitlines()[0])
-    record = BenchmarkRecord()
+    record = BenchmarkRecord("evaluate")
     torch.manual_seed(0)
     net = network(SIZES, CONV)
     spec = ParamSpec.from_module(net)

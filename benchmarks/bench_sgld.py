@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50, help="iterations per timed block")
     add_out_argument(parser)
     args = parser.parse_args()
-    record = BenchmarkRecord()
+    record = BenchmarkRecord("sample")
 
     default_threads = torch.get_num_threads()
     header = (f"{'threads':>7} {'net':>6} {'D':>7} {'SGD ms':>7} {'SGLD ms':>8} {'+pref ms':>8} "

@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--fcnn1-gradients", type=int, default=20, help="fcNN1 candidates whose scores are timed")
     add_out_argument(parser)
     args = parser.parse_args()
-    record = BenchmarkRecord()
+    record = BenchmarkRecord("evaluate")
     torch.set_num_threads(1)
     digits = case([64, 100, 10], 1_000, 1_000, 1_000, 20)
     fcnn1 = case([784, 100, 10], 50_000, 1_000, args.fcnn1_gradients, 20)

@@ -126,7 +126,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_out_argument(parser)
     args = parser.parse_args()
-    record = BenchmarkRecord()
+    record = BenchmarkRecord("sample")
     with tempfile.TemporaryDirectory(prefix="bench_store_") as tmp:
         path = Path(tmp) / "samples.h5"
         appends = append_table(path)

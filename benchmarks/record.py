@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from apd.pipeline.layout import PIPELINE_STAGES
 from apd.pipeline.runtime import machine
 
 
@@ -47,13 +48,16 @@ def parse_threads_and_out(description: str) -> argparse.Namespace:
 
 
 class BenchmarkRecord:
-    """The rows one benchmark run reports, with where and when it ran (taken when the record is made, so
-    the load average is the one before the timings)."""
+    """The rows one benchmark run reports, the pipeline stage whose cost they measure (one of
+    :data:`~apd.pipeline.layout.PIPELINE_STAGES`), and where and when it ran (taken when the record is made,
+    so the load average is the one before the timings)."""
 
-    def __init__(self) -> None:
+    def __init__(self, stage: str) -> None:
+        if stage not in PIPELINE_STAGES:
+            raise ValueError(f"stage must be one of {', '.join(PIPELINE_STAGES)}, got {stage!r}")
         where = {key: value for key, value in machine(torch.device("cpu")).items() if key != "threads"}
-        self.header = {"script": Path(sys.argv[0]).name, "command": " ".join([Path(sys.argv[0]).name,
-                                                                              *sys.argv[1:]]),
+        script = Path(sys.argv[0]).name
+        self.header = {"script": script, "stage": stage, "command": " ".join([script, *sys.argv[1:]]),
                        "commit": commit(), "started": datetime.now(UTC).isoformat(timespec="seconds"),
                        "machine": {**where, "load_average_before": [round(x, 2) for x in os.getloadavg()]}}
         self.rows: list[dict[str, str]] = []

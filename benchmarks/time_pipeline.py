@@ -27,9 +27,8 @@ from pathlib import Path
 import torch
 from record import commit
 
+from apd.pipeline.layout import PIPELINE_STAGES
 from apd.pipeline.runtime import machine
-
-STAGES = ("sample", "distill", "evaluate")
 
 
 def recorded_parts(artifacts: Path) -> dict[str, float]:
@@ -72,7 +71,7 @@ def main() -> int:
         root = str(args.artifacts) if args.artifacts else stack.enter_context(
             tempfile.TemporaryDirectory(prefix="apd-timing-"))
         started = time.perf_counter()
-        for stage in STAGES:
+        for stage in PIPELINE_STAGES:
             t0 = time.perf_counter()
             subprocess.run([sys.executable, "-m", "apd", stage, "--config", args.config, "--artifacts", root,
                             "--quiet"], check=True)

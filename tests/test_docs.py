@@ -130,23 +130,25 @@ def test_samplers_put_several_pipelines_sample_manifests_side_by_side(project):
 
 def test_performance_table_is_rendered_from_the_benchmark_records(project):
     """README's Performance rows come from the bench scripts' JSON records (benchmarks/record.py), in the
-    order of their files, followed by where and when each script ran."""
+    pipeline's stage order (file order within a stage), followed by where and when each script ran."""
     folder = project / "docs" / "results" / "benchmarks"
     folder.mkdir()
     machine = {"cpu": "Some CPU", "cores": 2, "load_average_before": [0.1, 0.25, 1.0]}
-    for name, rows in (("b", [{"what": "later", "measured": "2.0×", "target": ""}]),
-                       ("a", [{"what": "step ratio", "measured": "1.21", "target": "≤ 1.3"},
-                              {"what": "same, 2 threads", "measured": "1.40", "target": ""}])):
+    for name, stage, rows in (("a", "evaluate", [{"what": "prediction", "measured": "2.00×", "target": ""}]),
+                              ("b", "sample", [{"what": "step ratio", "measured": "1.21", "target": "≤ 1.3"},
+                                               {"what": "same, 2 threads", "measured": "1.40", "target": ""}]),
+                              ("c", "sample", [{"what": "append", "measured": "1.8 %", "target": "≤ 5 %"}])):
         (folder / f"{name}.json").write_text(json.dumps(
-            {"command": f"bench_{name}.py --out x.json", "commit": "0123456789abcdef", "started": "2026-11-26T12:00:00",
-             "machine": machine, "rows": rows}))
+            {"command": f"bench_{name}.py --out x.json", "stage": stage, "commit": "0123456789abcdef",
+             "started": "2026-11-26T12:00:00", "machine": machine, "rows": rows}))
     lines = render_table("benchmarks", "performance", project).splitlines()
-    assert lines[:5] == ["| what | measured | target |", "|---|---|---|", "| step ratio | 1.21 | ≤ 1.3 |",
-                         "| same, 2 threads | 1.40 |  |", "| later | 2.0× |  |"]
+    assert lines[:6] == ["| stage | what | measured | target |", "|---|---|---|---|",
+                         "| `apd sample` | step ratio | 1.21 | ≤ 1.3 |", "| `apd sample` | same, 2 threads | 1.40 |  |",
+                         "| `apd sample` | append | 1.8 % | ≤ 5 % |", "| `apd evaluate` | prediction | 2.00× |  |"]
     run = " | `0123456789ab` | Some CPU (2 cores) | 0.10, 0.25, 1.00 | 2026-11-26 |"
-    assert lines[-2:] == ["| `bench_a.py --out x.json`" + run, "| `bench_b.py --out x.json`" + run]
-    (folder / "a.json").unlink()
-    (folder / "b.json").unlink()
+    assert lines[-3:] == [f"| `bench_{name}.py --out x.json`" + run for name in "bca"]
+    for path in folder.iterdir():
+        path.unlink()
     with pytest.raises(ArtifactError, match="no benchmark records"):
         render_table("benchmarks", "performance", project)
 
@@ -159,13 +161,16 @@ def test_benchmark_record_holds_the_run_and_its_rows(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["benchmarks/bench_demo.py", "--reps", "3"])
     from record import BenchmarkRecord
 
-    record = BenchmarkRecord()
+    with pytest.raises(ValueError, match="stage must be one of sample, distill, evaluate"):
+        BenchmarkRecord("train")
+    record = BenchmarkRecord("distill")
     record.add("a ratio", "1.50×", "≥ 1.3×")
     record.write(None)
     assert not list(tmp_path.iterdir())
     record.write(tmp_path / "sub" / "demo.json")
     written = json.loads((tmp_path / "sub" / "demo.json").read_text())
     assert written["command"] == "bench_demo.py --reps 3" and written["script"] == "bench_demo.py"
+    assert written["stage"] == "distill"
     assert written["rows"] == [{"what": "a ratio", "measured": "1.50×", "target": "≥ 1.3×"}]
     assert len(written["machine"]["load_average_before"]) == 3 and written["machine"]["cores"] >= 1
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+PIPELINE_STAGES = ("sample", "distill", "evaluate")  # the stages of `make sample distill evaluate`, in order
+
 
 def manifest_of(artifact: Path) -> Path:
     """The manifest that marks ``artifact`` complete: ``samples.h5`` → ``samples.json``."""
