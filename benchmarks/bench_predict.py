@@ -68,7 +68,7 @@ def main() -> None:
                "(`bench_predict.py`)", "; ".join(f"N = {n}: {measured[k, n]['ratio']:.2f}×" for k, n in small),
                "≥ 2×, ≥ 2×, ≥ 1.3×")
     k, n = CASES[0]
-    record.add(f"same, K = {k}, N = {n:,}", f"{measured[k, n]['of_matmul']:.2f} of the 4096² matmul rate timed "
+    record.add(f"same, K = {k}, N = {n:,}", f"{measured[k, n]['of_matmul']:.3f} of the 4096² matmul rate timed "
                f"in the same run ({measured[k, n]['ratio']:.2f}× the loop)", "≥ 0.7 of the matmul rate")
     record.add(f"peak memory, K = {small[0][0]:,} fcNN1", f"{peak_rss:.2f} GB", "< 2 GB")
     record.add("bfloat16 compute option: speed-up over float32, largest probability error",
