@@ -6,6 +6,8 @@ paper's run: lr 0.05, N 50,000, prior variance 0.02) with and without noise pref
 step's noise on a worker thread, which ``prefetch_noise = "auto"`` does when torch leaves a core free).
 Methods are timed in interleaved blocks and each reports the median over repetitions, so drift on a
 shared machine hits all alike. "noise" is one standard-normal draw of D values alone; its share is noise / SGLD step.
+The forward and backward pass within each iteration is timed too: with prefetching, the draw on the other
+core slows it, which is where the prefetched step loses most of what it saves.
 Run: .venv/bin/python benchmarks/bench_sgld.py [--reps 9] [--steps 50] [--out FILE]
 """
 
@@ -28,19 +30,25 @@ NETS = {"fcNN1": [784, 100, 10], "fcNN2": [784, 400, 400, 10]}
 LR, NUM_DATA, PRIOR_VAR, BATCH = 0.05, 50_000, 0.02, 100
 
 
-def training_step(net: nn.Module, optimizer: torch.optim.Optimizer, batches: list) -> Callable[[int], None]:
-    """A closure running iteration ``i`` on batch ``i mod len(batches)``."""
+class TrainingStep:
+    """Iteration ``i`` on batch ``i mod len(batches)``; adds the seconds its forward and backward pass take
+    (zero_grad to backward) to ``gradient_seconds``, so that what the optimizer's step costs beside them is
+    told apart from what it slows them by (a noise draw running on the other core meanwhile)."""
 
-    def run(i: int) -> None:
-        x, y = batches[i % len(batches)]
-        optimizer.zero_grad()
-        nn.functional.cross_entropy(net(x), y).backward()
-        optimizer.step()
+    def __init__(self, net: nn.Module, optimizer: torch.optim.Optimizer, batches: list) -> None:
+        self.net, self.optimizer, self.batches = net, optimizer, batches
+        self.gradient_seconds = 0.0
 
-    return run
+    def __call__(self, i: int) -> None:
+        x, y = self.batches[i % len(self.batches)]
+        started = time.perf_counter()
+        self.optimizer.zero_grad()
+        nn.functional.cross_entropy(self.net(x), y).backward()
+        self.gradient_seconds += time.perf_counter() - started
+        self.optimizer.step()
 
 
-def ms_per_call(fn: Callable[[int], None], calls: int) -> float:
+def ms_per_call(fn: Callable[[int], object], calls: int) -> float:
     start = time.perf_counter()
     for i in range(calls):
         fn(i)
@@ -48,18 +56,19 @@ def ms_per_call(fn: Callable[[int], None], calls: int) -> float:
 
 
 def bench_net(sizes: list[int], reps: int, steps: int) -> dict[str, float]:
-    """Median ms per iteration of each method, and of the noise draw alone."""
+    """Median ms per iteration of each method, and of the noise draw alone; ``METHOD gradient``: the median
+    ms of the forward and backward pass within each method's iteration."""
     torch.manual_seed(0)
     base = mlp(sizes)
     batches = [(torch.rand(BATCH, sizes[0]) * 2 - 1, torch.randint(0, sizes[-1], (BATCH,))) for _ in range(8)]
-    methods = {}
+    methods: dict[str, Callable[[int], object]] = {}
     for name, make in {
         "sgd": lambda p: torch.optim.SGD(p, lr=LR, weight_decay=1 / (NUM_DATA * PRIOR_VAR)),
         "sgld": lambda p: SGLD(p, LR, NUM_DATA, PRIOR_VAR**0.5, seed=0, prefetch_noise=False),
         "sgld_prefetch": lambda p: SGLD(p, LR, NUM_DATA, PRIOR_VAR**0.5, seed=0, prefetch_noise=True),
     }.items():
         net = copy.deepcopy(base)
-        methods[name] = training_step(net, make(net.parameters()), batches)
+        methods[name] = TrainingStep(net, make(net.parameters()), batches)
     generator = torch.Generator().manual_seed(0)
     buffer = torch.empty(ParamSpec.from_module(base).numel)
     methods["noise"] = lambda i: buffer.normal_(generator=generator)
@@ -69,7 +78,10 @@ def bench_net(sizes: list[int], reps: int, steps: int) -> dict[str, float]:
     times: dict[str, list[float]] = {name: [] for name in methods}
     for _ in range(reps):
         for name, fn in methods.items():
+            before = getattr(fn, "gradient_seconds", 0.0)
             times[name].append(ms_per_call(fn, steps))
+            if isinstance(fn, TrainingStep):
+                times.setdefault(f"{name} gradient", []).append((fn.gradient_seconds - before) / steps * 1e3)
     return {name: statistics.median(values) for name, values in times.items()}
 
 
@@ -101,6 +113,10 @@ def main() -> None:
     torch.set_num_threads(default_threads)
     print("ratio = SGLD / SGD step (target <= 1.3); r pref = with noise prefetched on a worker thread;"
           " share = noise draw alone / SGLD step")
+    for threads, by_net in measured.items():
+        print(f"{threads} thread(s), forward + backward ms within SGD / SGLD / prefetched SGLD: " + "; ".join(
+            f"{name} {t['sgd gradient']:.3f} / {t['sgld gradient']:.3f} / {t['sgld_prefetch gradient']:.3f}"
+            for name, t in by_net.items()))
 
     def ratios(threads: int, method: str) -> str:
         return ", ".join(f"{name} {t[method] / t['sgd']:.2f}" for name, t in measured[threads].items())
@@ -112,6 +128,9 @@ def main() -> None:
                f"{ratios(1, 'sgld')}; drawing D Gaussians takes " + ", ".join(
                    f"{t['noise']:.2f} ms ({100 * t['noise'] / t['sgld']:.0f} % of the {name} step)"
                    for name, t in one.items()))
+    record.add("forward and backward pass within the prefetched SGLD iteration / within SGD's, 1 compute "
+               "thread (the next step's noise is drawn on the other core meanwhile)",
+               ", ".join(f"{name} {t['sgld_prefetch gradient'] / t['sgd gradient']:.2f}" for name, t in one.items()))
     if default_threads > 1:
         record.add(f"same, {default_threads} compute threads (prefetching then only competes for a core, so "
                    "`auto` turns it off)", f"{ratios(default_threads, 'sgld')} (prefetched: "

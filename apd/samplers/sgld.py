@@ -73,34 +73,54 @@ def _check_hyperparameters(group: dict[str, Any]) -> None:
         raise ValueError(f"SGLD temperature must be non-negative, got {temperature!r}")
 
 
-class _GaussianNoise:
-    """Flat standard-normal vectors of a fixed length from one generator, optionally drawn one ahead.
+def _group_views(flat: Tensor, shapes: list[list[torch.Size]]) -> list[list[Tensor]]:
+    """``flat`` cut into consecutive views of the given shapes, one list per param group."""
+    pieces = iter(flat.split([shape.numel() for group in shapes for shape in group]))
+    return [[next(pieces).view(shape) for shape in group] for group in shapes]
 
-    With ``prefetch`` the draw for the next call runs on a single worker thread into a second buffer,
-    so the buffer returned by :meth:`next` stays valid until the following call.
+
+class _GaussianNoise:
+    """Standard-normal draws for every parameter of every param group, as views into one flat vector, from
+    one generator, optionally drawn one ahead.
+
+    ``shapes`` gives each group's parameter shapes; the views of each buffer are made once. With
+    ``prefetch``, :meth:`prefetch` starts the draw for the next call on a single worker thread into a second
+    buffer, so the views returned by :meth:`next` stay valid until the following call. The sampler starts
+    it after its update, so that the draw runs beside the next gradient, not beside the update.
     """
 
-    def __init__(self, numel: int, like: Tensor, generator: torch.Generator, prefetch: bool) -> None:
+    def __init__(self, shapes: list[list[torch.Size]], like: Tensor, generator: torch.Generator,
+                 prefetch: bool) -> None:
         self.generator = generator
+        numel = sum(shape.numel() for group in shapes for shape in group)
         copies = 2 if prefetch else 1
         self._buffers = [torch.empty(numel, dtype=like.dtype, device=like.device) for _ in range(copies)]
+        self._views = [_group_views(buffer, shapes) for buffer in self._buffers]
         self._turn = 0
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="sgld-noise") if prefetch else None
-        self._pending: Future[Tensor] | None = None
+        self._pending: Future[int] | None = None
         self._state_before_pending: Tensor | None = None
 
-    def _draw(self, buffer: Tensor) -> Tensor:
-        return buffer.normal_(generator=self.generator)
+    def _draw(self, turn: int) -> int:
+        self._buffers[turn].normal_(generator=self.generator)
+        return turn
 
-    def next(self) -> Tensor:
-        """The next ξ ~ 𝒩(0, I) of the generator's sequence."""
-        buffer = self._buffers[self._turn]
-        noise = self._draw(buffer) if self._pending is None else self._pending.result()
-        if self._executor is not None:
-            self._turn = 1 - self._turn
-            self._state_before_pending = self.generator.get_state()
-            self._pending = self._executor.submit(self._draw, self._buffers[self._turn])
-        return noise
+    def next(self) -> list[list[Tensor]]:
+        """The next ξ ~ 𝒩(0, I) of the generator's sequence (the prefetched draw, or one drawn now), as
+        each group's list of views shaped like its parameters."""
+        if self._pending is None:
+            return self._views[self._draw(self._turn)]
+        turn, self._pending = self._pending.result(), None
+        return self._views[turn]
+
+    def prefetch(self) -> None:
+        """Start drawing the following ξ on the worker thread (nothing without ``prefetch`` or when a draw
+        is pending already)."""
+        if self._executor is None or self._pending is not None:
+            return
+        self._turn = 1 - self._turn
+        self._state_before_pending = self.generator.get_state()
+        self._pending = self._executor.submit(self._draw, self._turn)
 
     def consumed_state(self) -> Tensor:
         """Generator state after the last draw handed out by :meth:`next` (a prefetch not counted)."""
@@ -178,17 +198,10 @@ class SGLD(Optimizer):
 
     def _next_noise(self) -> list[list[Tensor]]:
         """ξ for every parameter of every group (views into one flat draw), in param-group order."""
-        sizes = [p.numel() for group in self.param_groups for p in group["params"]]
         if self._noise is None:
-            self._noise = _GaussianNoise(sum(sizes), self.param_groups[0]["params"][0], self.generator,
-                                         self._prefetch)
-        flat = self._noise.next().split(sizes)
-        views, start = [], 0
-        for group in self.param_groups:
-            stop = start + len(group["params"])
-            views.append([x.view_as(p) for x, p in zip(flat[start:stop], group["params"], strict=True)])
-            start = stop
-        return views
+            shapes = [[p.shape for p in group["params"]] for group in self.param_groups]
+            self._noise = _GaussianNoise(shapes, self.param_groups[0]["params"][0], self.generator, self._prefetch)
+        return self._noise.next()
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -211,6 +224,8 @@ class SGLD(Optimizer):
                 noise = self._next_noise() if noise is None else noise
                 group_noise = [noise[index][i] for i, _ in with_grad]
                 torch._foreach_add_(params, group_noise, alpha=math.sqrt(lr * temperature / num_data))
+        if noise is not None:
+            self._noise.prefetch()
         return loss
 
     def state_dict(self) -> dict[str, Any]:
