@@ -128,13 +128,13 @@ def main() -> None:
                f"{ratios(1, 'sgld')}; drawing D Gaussians takes " + ", ".join(
                    f"{t['noise']:.2f} ms ({100 * t['noise'] / t['sgld']:.0f} % of the {name} step)"
                    for name, t in one.items()))
-    record.add("forward and backward pass within the prefetched SGLD iteration / within SGD's, 1 compute "
-               "thread (the next step's noise is drawn on the other core meanwhile)",
-               ", ".join(f"{name} {t['sgld_prefetch gradient'] / t['sgd gradient']:.2f}" for name, t in one.items()))
     if default_threads > 1:
         record.add(f"same, {default_threads} compute threads (prefetching then only competes for a core, so "
                    "`auto` turns it off)", f"{ratios(default_threads, 'sgld')} (prefetched: "
                    f"{ratios(default_threads, 'sgld_prefetch')})")
+    record.add("forward and backward pass within the prefetched SGLD iteration / within SGD's, 1 compute "
+               "thread (the next step's noise is drawn on the other core meanwhile)",
+               ", ".join(f"{name} {t['sgld_prefetch gradient'] / t['sgd gradient']:.2f}" for name, t in one.items()))
     record.write(args.out)
 
 
