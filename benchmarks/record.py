@@ -32,6 +32,14 @@ def commit() -> str:
     return head + ("+changes" if dirty else "")
 
 
+def run_header() -> dict:
+    """Where and when a timing starts: the commit (:func:`commit`), the UTC time, and the machine without
+    a thread count (each timing sets its own) with its load average now, before the timing."""
+    where = {key: value for key, value in machine(torch.device("cpu")).items() if key != "threads"}
+    return {"commit": commit(), "started": datetime.now(UTC).isoformat(timespec="seconds"),
+            "machine": {**where, "load_average_before": [round(x, 2) for x in os.getloadavg()]}}
+
+
 def add_out_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="write the measured rows as a JSON record here")
 
@@ -55,11 +63,9 @@ class BenchmarkRecord:
     def __init__(self, stage: str) -> None:
         if stage not in PIPELINE_STAGES:
             raise ValueError(f"stage must be one of {', '.join(PIPELINE_STAGES)}, got {stage!r}")
-        where = {key: value for key, value in machine(torch.device("cpu")).items() if key != "threads"}
         script = Path(sys.argv[0]).name
         self.header = {"script": script, "stage": stage, "command": " ".join([script, *sys.argv[1:]]),
-                       "commit": commit(), "started": datetime.now(UTC).isoformat(timespec="seconds"),
-                       "machine": {**where, "load_average_before": [round(x, 2) for x in os.getloadavg()]}}
+                       **run_header()}
         self.rows: list[dict[str, str]] = []
 
     def add(self, what: str, measured: str, target: str = "") -> None:

@@ -16,19 +16,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
-import torch
-from record import commit
+from record import run_header
 
 from apd.pipeline.layout import PIPELINE_STAGES
-from apd.pipeline.runtime import machine
 
 
 def recorded_parts(artifacts: Path) -> dict[str, float]:
@@ -62,11 +58,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.artifacts is not None and args.artifacts.exists():
         parser.error(f"--artifacts {args.artifacts}: exists already; the timing starts from nothing")
-    load_before = os.getloadavg()
-    where = {key: value for key, value in machine(torch.device("cpu")).items() if key != "threads"}  # stages set theirs
-    record = {"config": args.config, "commit": commit(), "started": datetime.now(UTC).isoformat(
-        timespec="seconds"), "machine": {**where,
-                                         "load_average_before": [round(x, 2) for x in load_before]}, "stages": {}}
+    record = {"config": args.config, **run_header(), "stages": {}}
     with contextlib.ExitStack() as stack:
         root = str(args.artifacts) if args.artifacts else stack.enter_context(
             tempfile.TemporaryDirectory(prefix="apd-timing-"))
