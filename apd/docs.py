@@ -138,6 +138,11 @@ def short_commit(commit: str) -> str:
     return commit.split("+")[0][:12] + ("+changes" if commit.endswith("+changes") else "")
 
 
+def load_average(machine: dict) -> str:
+    """A timing record's 1, 5 and 15 minute load averages before it ran, as "0.24, 0.53, 1.07"."""
+    return ", ".join(f"{x:.2f}" for x in machine["load_average_before"])
+
+
 def render_end_to_end(record: dict) -> str:
     """A pipeline's stages timed end to end (``benchmarks/time_pipeline.py``): each stage's wall clock, the
     parts its manifests record, the total, and where it was measured."""
@@ -145,12 +150,11 @@ def render_end_to_end(record: dict) -> str:
     body = [[f"`apd {stage}`", format_duration(seconds)] for stage, seconds in record["stages"].items()]
     body.append(["total", f"**{format_duration(record['total'])}**"])
     machine = record["machine"]
-    load = ", ".join(f"{x:.2f}" for x in machine["load_average_before"])
     detail = "; ".join(f"{name} {format_duration(seconds)}" for name, seconds in parts.items())
     return (f"`{record['config']}` at commit `{short_commit(record['commit'])}` on {machine['cpu']} "
-            f"({machine['cores']} cores; load average before the run {load}), each stage its own process, "
-            f"imports included. "
-            f"Recorded by the stages: {detail}.\n\n" + markdown_table(["stage", "wall clock"], body))
+            f"({machine['cores']} cores; load average before the run {load_average(machine)}), each stage its "
+            f"own process, imports included. Recorded by the stages: {detail}.\n\n"
+            + markdown_table(["stage", "wall clock"], body))
 
 
 def render_performance(records: list[dict]) -> str:
@@ -165,8 +169,7 @@ def render_performance(records: list[dict]) -> str:
     for record in records:
         machine = record["machine"]
         runs.append([f"`{record['command']}`", f"`{short_commit(record['commit'])}`",
-                     f"{machine['cpu']} ({machine['cores']} cores)",
-                     ", ".join(f"{x:.2f}" for x in machine["load_average_before"]), record["started"][:10]])
+                     f"{machine['cpu']} ({machine['cores']} cores)", load_average(machine), record["started"][:10]])
     return (markdown_table(["stage", "what", "measured", "target"], body) + "\n\n"
             + markdown_table(["run", "commit", "machine", "load average before", "date"], runs))
 
