@@ -7,7 +7,7 @@ step's noise on a worker thread, which ``prefetch_noise = "auto"`` does when tor
 Methods are timed in interleaved blocks and each reports the median over repetitions, so drift on a
 shared machine hits all alike. "noise" is one standard-normal draw of D values alone; its share is noise / SGLD step.
 The forward and backward pass within each iteration is timed too: with prefetching, the draw on the other
-core slows it, which is where the prefetched step loses most of what it saves.
+core slows it (on fcNN1 here by about half of what the prefetched iteration costs beyond SGD's).
 Run: .venv/bin/python benchmarks/bench_sgld.py [--reps 9] [--steps 50] [--out FILE]
 """
 
