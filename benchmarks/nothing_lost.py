@@ -1093,6 +1093,21 @@ def _nth_checkpoint(name: str, n: int) -> Callable[[Env, Proc], Callable[[], boo
     return make
 
 
+def _between_checkpoints(name: str, n: int) -> Callable[[Env, Proc], Callable[[], bool]]:
+    """Due halfway from the ``n``-th write of checkpoint ``name`` to the next, by the interval between the
+    (n−1)-th and the n-th: a moment inside the work, on a machine of any speed (a fixed delay after the lock
+    outlived the whole run once the run got fast enough)."""
+    def make(env: Env, proc: Proc) -> Callable[[], bool]:
+        count, seen = _mtime_count(env.path(name)), {}
+
+        def due() -> bool:
+            now, written = time.monotonic(), count()
+            seen.setdefault(written, now)
+            return written >= n and n - 1 in seen and now - seen[n] >= (seen[n] - seen[n - 1]) / 2
+        return due
+    return make
+
+
 KILL_POINTS = {
     "sample": {
         "locked": lambda env, proc: holds_lock(env, proc),
@@ -1108,7 +1123,7 @@ KILL_POINTS = {
         "locked": lambda env, proc: holds_lock(env, proc),
         "checkpoint-1": _nth_checkpoint("generator.ckpt.pt", 1),
         "checkpoint-5": _nth_checkpoint("generator.ckpt.pt", 5),
-        "after-3s": _after(3.0),
+        "between-checkpoints-3-4": _between_checkpoints("generator.ckpt.pt", 3),
     },
     "evaluate": {
         "locked": lambda env, proc: holds_lock(env, proc),

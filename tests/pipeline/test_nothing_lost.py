@@ -612,4 +612,5 @@ def test_nothing_lost_matrix():
     """The whole scenario matrix (benchmarks/nothing_lost.py): every case passes."""
     result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "nothing_lost.py")], cwd=REPO,
                             capture_output=True, text=True, timeout=6 * 3600)
-    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
+    failed = [line for line in result.stdout.splitlines() if line.startswith("FAIL ")]
+    assert result.returncode == 0, "\n".join(failed) or result.stdout[-5000:] + result.stderr[-2000:]
