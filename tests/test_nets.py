@@ -1,11 +1,21 @@
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch.nn.utils import vector_to_parameters
 
 from apd.errors import ArtifactError
-from apd.nets import ParamSpec, conv_output_features, mlp, network, predict_logits, predict_probs
+from apd.nets import (
+    ParamSpec,
+    conv_output_features,
+    mlp,
+    network,
+    predict_logits,
+    predict_probs,
+    softmax_over_classes,
+)
 from apd.posteriors.mcdropout import MCDropout
 
 
@@ -79,6 +89,24 @@ def test_predict_probs_matches_loop(k, chunk):
     probs = predict_probs(spec, weights, x, chunk=chunk)
     assert probs.shape == (k, 50, 10)
     torch.testing.assert_close(probs, loop_reference(mlp(sizes), weights, x), atol=1e-5, rtol=1e-4)
+
+
+def test_softmax_over_classes_is_the_softmax():
+    """A hand-worked case (exp 0 : exp log 3 = 1 : 3), torch's softmax on logits from ±1e4 to saturation,
+    and the same gradient as torch's in float64."""
+    torch.testing.assert_close(softmax_over_classes(torch.tensor([[0.0, math.log(3.0)]])),
+                               torch.tensor([[0.25, 0.75]]))
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50, 10) * torch.tensor([1.0, 30.0, 1e4]).view(3, 1, 1)
+    probs = softmax_over_classes(logits)
+    torch.testing.assert_close(probs, torch.softmax(logits, -1), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(3, 50))
+    assert torch.equal(probs[2].amax(-1), torch.ones(50))  # saturated rows are exactly one-hot, as torch's
+    z = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(4, 6, dtype=torch.float64)
+    ours, = torch.autograd.grad((softmax_over_classes(z) * weights).sum(), z)
+    theirs, = torch.autograd.grad((torch.softmax(z, -1) * weights).sum(), z)
+    torch.testing.assert_close(ours, theirs)
 
 
 def test_predict_probs_leaves_module_untouched_and_accepts_images():
