@@ -1096,7 +1096,8 @@ def _nth_checkpoint(name: str, n: int) -> Callable[[Env, Proc], Callable[[], boo
 def _between_checkpoints(name: str, n: int) -> Callable[[Env, Proc], Callable[[], bool]]:
     """Due halfway from the ``n``-th write of checkpoint ``name`` to the next, by the interval between the
     (n−1)-th and the n-th: a moment inside the work, on a machine of any speed (a fixed delay after the lock
-    outlived the whole run once the run got fast enough)."""
+    outlived the whole distillation once it got fast enough). Evaluation, which writes no checkpoint, keeps
+    a fixed delay (:func:`_after`)."""
     def make(env: Env, proc: Proc) -> Callable[[], bool]:
         count, seen = _mtime_count(env.path(name)), {}
 
@@ -1117,7 +1118,7 @@ KILL_POINTS = {
         "chain-2": _nth_checkpoint("samples.ckpt.pt", 9),
         "store-published": lambda env, proc: _changed(env.path("samples.json")),
         "sgd-published": lambda env, proc: _changed(env.path("baselines/sgd.json")),
-        "after-2s": _after(2.0),
+        "between-checkpoints-2-3": _between_checkpoints("samples.ckpt.pt", 2),
     },
     "distill": {
         "locked": lambda env, proc: holds_lock(env, proc),
