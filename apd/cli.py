@@ -14,10 +14,7 @@ import importlib
 import json
 import logging
 import os
-import signal
 import sys
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -26,6 +23,7 @@ from apd import __version__
 from apd.config import config_hash
 from apd.config_load import load_config
 from apd.errors import ApdError, ArtifactError, ConfigError
+from apd.interrupts import interrupted, noting_interrupts, raise_if_interrupted
 from apd.pipeline.locks import artifact_lock
 from apd.pipeline.runtime import RunContext, setup_logging
 
@@ -174,11 +172,12 @@ def _takes_lock(command: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.quiet)
-    with _noting_interrupts() as interrupted:
+    with noting_interrupts():
         try:
             code = run(args)
+            raise_if_interrupted()  # a Ctrl-C swallowed after the last safe point still ends in exit 130
         except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt) or interrupted:  # C extensions may turn Ctrl-C into another error
+            if isinstance(exc, KeyboardInterrupt) or interrupted():  # C extensions may turn Ctrl-C into another error
                 print(f"apd {args.command}: interrupted; run the same command again to resume", file=sys.stderr)
                 return _leaving(130)
             if isinstance(exc, ApdError):
@@ -227,26 +226,6 @@ def run(args: argparse.Namespace) -> int:
             module, function, _ = STAGES[args.command]
             getattr(importlib.import_module(module), function)(ctx)
     return 0
-
-
-@contextlib.contextmanager
-def _noting_interrupts() -> Iterator[list[bool]]:
-    """Ctrl-C raises KeyboardInterrupt as usual, and is noted in the list yielded (from the main thread
-    only; elsewhere the list stays empty)."""
-    noted: list[bool] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield noted
-        return
-
-    def interrupt(signum, frame):
-        noted.append(True)
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGINT, interrupt)
-    try:
-        yield noted
-    finally:
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
 
 
 def _leaving(code: int) -> int:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from apd.errors import ArtifactError
+from apd.interrupts import raise_if_interrupted
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -74,7 +75,9 @@ def replace_directory(built: Path, final: Path) -> None:
     """Put the directory ``built`` in the place of ``final``. Where the system can (Linux's ``renameat2``),
     the two are exchanged in one atomic step, so ``final`` always names one complete directory or the
     other; elsewhere the old one is first moved aside to ``final.old``, which :func:`restore_directory`
-    puts back if the process dies before the new one is in place."""
+    puts back if the process dies before the new one is in place. Nothing is replaced after a Ctrl-C
+    (:func:`apd.interrupts.raise_if_interrupted`)."""
+    raise_if_interrupted()
     if final.is_dir() and _exchange(built, final):
         shutil.rmtree(built, ignore_errors=True)  # it now holds the old contents
         return

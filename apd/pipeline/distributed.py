@@ -36,6 +36,7 @@ import torch.multiprocessing as mp
 
 from apd import errors
 from apd.errors import ApdError, ArtifactError
+from apd.interrupts import noting_interrupts
 
 log = logging.getLogger(__name__)
 
@@ -164,9 +165,11 @@ def spawn(worker: Callable[..., None], nprocs: int, *args: Any, on_death: Callab
 def _entry(rank: int, worker: Callable[..., None], size: int, init_method: str, failures: str,
            args: tuple) -> None:
     """A spawned worker: its user error goes to the parent as ``FAILURES/RANK.json`` (exit code 2); a worker
-    that finished leaves with ``os._exit(0)``, past the interpreter's teardown."""
+    that finished leaves with ``os._exit(0)``, past the interpreter's teardown; one stopped by Ctrl-C exits
+    with 130 (:mod:`apd.interrupts`)."""
     try:
-        worker(rank, size, init_method, *args)
+        with noting_interrupts():  # a Ctrl-C swallowed in a destructor stops the worker at its next step
+            worker(rank, size, init_method, *args)
     except ApdError as exc:
         (Path(failures) / f"{rank}.json").write_text(json.dumps([type(exc).__name__, str(exc)]))
         raise SystemExit(2) from None

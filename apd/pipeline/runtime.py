@@ -20,11 +20,26 @@ from tqdm import tqdm
 from apd.config import DEVICE_PATTERN, PipelineConfig
 from apd.data import Dataset, load_dataset
 from apd.errors import ConfigError
+from apd.interrupts import raise_if_interrupted
 from apd.nets import network
 from apd.pipeline import seeds
 from apd.pipeline.layout import Layout
 
 log = logging.getLogger("apd")
+
+
+class InterruptibleBar(tqdm):
+    """A tqdm bar, shown or not, whose every step raises a Ctrl-C that was swallowed before it
+    (:func:`apd.interrupts.raise_if_interrupted`), so that a long loop stops there."""
+
+    def __iter__(self):
+        for item in super().__iter__():
+            raise_if_interrupted()
+            yield item
+
+    def update(self, n: float = 1) -> bool | None:
+        raise_if_interrupted()
+        return super().update(n)
 
 
 @contextlib.contextmanager
@@ -122,9 +137,10 @@ class RunContext:
         return self._data
 
     def progress(self, iterable: Iterable | None = None, **kwargs) -> tqdm:
-        """A tqdm bar, shown only on a terminal and without ``--quiet``."""
+        """A tqdm bar, shown only on a terminal and without ``--quiet``; each step is a safe point for
+        Ctrl-C (:class:`InterruptibleBar`)."""
         disable = self.quiet or not sys.stderr.isatty()
-        return tqdm(iterable, disable=disable, dynamic_ncols=True, leave=False, **kwargs)
+        return InterruptibleBar(iterable, disable=disable, dynamic_ncols=True, leave=False, **kwargs)
 
     @staticmethod
     def show(bar: tqdm, where: str, **postfix: object) -> None:
