@@ -12,7 +12,7 @@ from apd.cli import main
 from apd.interrupts import interrupted, noting_interrupts, raise_if_interrupted
 from apd.pipeline.stage import publish
 from apd.samplers.store import SampleStore
-from tests.tiny_pipeline import tiny_context
+from tests.tiny_pipeline import tiny_context, toml
 
 
 class _CtrlCWhileCollected:
@@ -78,8 +78,8 @@ def test_progress_bars_and_publication_stop_after_a_swallowed_ctrl_c(tmp_path):
 
 def test_the_cli_exits_130_and_publishes_nothing_after_a_swallowed_ctrl_c(tmp_path, monkeypatch, capsys):
     config = tmp_path / "c.toml"
-    config.write_text('name = "c"\n[data]\ntrain_size = 500\nval_size = 200\n[net]\nhidden = [8]\n'
-                      "[sgld]\niterations = 200\nburn_in = 50\nthin = 10\ncheckpoint_every = 100\n")
+    config.write_text(toml({"name": "c", "data": {"train_size": 500, "val_size": 200}, "net": {"hidden": [8]},
+                            "sgld": {"iterations": 200, "burn_in": 50, "thin": 10, "checkpoint_every": 100}}))
     real_append, calls = SampleStore.append, []
 
     def append_while_ctrl_c_is_swallowed(self, *args, **kwargs):
