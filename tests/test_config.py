@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,15 @@ def test_paper_settings_in_fashion_fc1():
     assert (cfg.sgld.iterations, cfg.sgld.burn_in, cfg.sgld.chains, cfg.sgld.init) == (200_000, 500, 4, "prior")
     assert cfg.net.hidden == [100]
     assert load_config("pipelines/fashion-fc2.toml").net.hidden == [400, 400]
+
+
+def test_two_chain_control_is_fashion_fc1_with_two_chains():
+    fc1 = dataclasses.asdict(load_config("pipelines/fashion-fc1.toml"))
+    control = dataclasses.asdict(load_config("pipelines/fashion-fc1-two-chains.toml"))
+    assert control["sgld"].pop("chains") == 2 and fc1["sgld"].pop("chains") == 4
+    for cfg in (fc1, control):
+        del cfg["name"], cfg["source"]
+    assert control == fc1
 
 
 def test_defaults_fill_missing_sections():
