@@ -8,7 +8,11 @@ For each budget S of ``budgets`` (SGLD samples' worth, bytes / (4·D)):
   ``precision`` (:func:`~apd.experiments.precision.chain_generators_storage`), trained on float32
   coordinates and then stored at the precision;
 - **kept samples**: S SGLD samples stored at float32, evenly spaced over the store (across chains) and
-  ``subsets`` random subsets (:func:`~apd.evaluation.yardstick.kept_samples`).
+  ``subsets`` random subsets (:func:`~apd.evaluation.yardstick.kept_samples`);
+- **APD's ceiling** (``ceiling``, on by default): every SGLD sample's own coordinates in APD's rank-r subspace,
+  θ_i ↦ μ + U·diag(σ)·c_i (:func:`~apd.experiments.precision.sgld_coordinates`, float32), the best any
+  generator in that subspace can do; not a candidate (it stores all n samples' coordinates), but it tells a
+  generator that falls short of its subspace from a subspace that falls short of SGLD.
 
 Both are scored by the kept-samples yardstick (:mod:`apd.evaluation.yardstick`): worst per-set BALD and
 max-prob AUROC gap to SGLD, NLL gap, KL(SGLD's predictive ‖ the method's) on the judged images; and APD's
@@ -33,12 +37,13 @@ import torch
 
 from apd.config import bounded
 from apd.distillation.chain_generators import chain_partition
-from apd.distillation.precision import Precision, module_bytes
+from apd.distillation.precision import Precision, module_bytes, stored_bytes
 from apd.errors import ConfigError
 from apd.evaluation.yardstick import kept_samples, mean_of, std_of
 from apd.experiments.outputs import run_study
 from apd.experiments.precision import (
     GAPS,
+    StoredCoordinates,
     chain_generators_storage,
     largest_rank,
     require_subspace,
@@ -60,6 +65,7 @@ from apd.samplers.store import SampleStore
 log = logging.getLogger(__name__)
 
 KEPT = {"evenly_spaced": "kept, evenly spaced", "random": "kept, random subsets"}
+APD, CEILING = "APD per chain", "SGLD coordinates (APD's ceiling)"
 SUMMARIES = {"bald_gap": "BALD", "max_prob_gap": "max-prob", "nll_gap": "NLL", "kl": "KL"}
 
 
@@ -71,6 +77,7 @@ class FrontierPlan:
     precision: Precision = "int8"  # APD's stored tensors; the kept samples stay float32
     subsets: int = bounded(5, ge=1)  # random kept subsets per budget: the spread a win must exceed
     steps: int = bounded(0, ge=0)  # generator steps per chain; 0: the pipeline's distill.steps
+    ceiling: bool = True  # also score every sample's coordinates in APD's subspace (float32)
 
 
 def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
@@ -98,16 +105,19 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
                                 ctx.device)
             rank = largest_rank(lambda r: chain_generators_storage(cfg.distill, r, spec, chains, plan.precision),
                                 budget, limit)
-            apd = None
+            apd = ceiling = None
             if rank:
                 t0 = time.perf_counter()
-                exact = train_chain_generators(ctx, store, sgld_coordinates(ctx, store, data, rank),
-                                               plan.steps or cfg.distill.steps)
+                coordinates = sgld_coordinates(ctx, store, data, rank)
+                exact = train_chain_generators(ctx, store, coordinates, plan.steps or cfg.distill.steps)
                 stored = stored_apd(exact, plan.precision)
                 apd = {"rank": rank, "chains": chains, "seconds": round(time.perf_counter() - t0, 2),
                        **scored(ctx, stored, module_bytes(stored.model, plan.precision), inputs, reference, kept,
                                 seed)}
-            points.append({"budget": budget, "kept": kept, "apd": apd})
+                if plan.ceiling:
+                    ceiling = {"rank": rank, **scored(ctx, coordinates, _coordinates_bytes(coordinates), inputs,
+                                                      reference, kept, seed)}
+            points.append({"budget": budget, "kept": kept, "apd": apd, "ceiling": ceiling})
             log.info("budget %d: %s", budget, "no generator fits" if apd is None else
                      f"APD rank {rank}, wins {apd['margins']['wins']} of {apd['margins']['compared']}")
     return {"pipeline": cfg.name, "dataset": ctx.data.name, "dim": spec.numel, "sgld_samples": n, "runs": e.runs,
@@ -117,18 +127,23 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
             "seconds": round(time.perf_counter() - started, 2)}
 
 
-def below_kept(point: dict) -> list[str]:
-    """The yardstick summaries of :data:`SUMMARIES` on which APD at one budget is below both kept rows:
-    its mean worst BALD or max-prob AUROC gap, NLL gap or KL smaller than the evenly spaced samples' value
-    and the random subsets' mean. Gaps are signed, so an NLL below SGLD's is below any NLL above it. A
-    summary a kept row lacks (one kept sample has no BALD) is not below. APD's curve crosses the kept
-    samples' at the budgets where it is below on all four."""
-    apd = point["apd"]
-    if apd is None:
+def _coordinates_bytes(coordinates: StoredCoordinates) -> int:
+    """Bytes of the codec and every sample's coordinates at float32."""
+    return module_bytes(coordinates.codec, "float32") + stored_bytes(coordinates.coordinates.numel(), "float32")
+
+
+def below_kept(point: dict, method: str = "apd") -> list[str]:
+    """The yardstick summaries of :data:`SUMMARIES` on which ``method`` (``"apd"`` or ``"ceiling"``) at one
+    budget is below both kept rows: its mean worst BALD or max-prob AUROC gap, NLL gap or KL smaller than
+    the evenly spaced samples' value and the random subsets' mean. Gaps are signed, so an NLL below SGLD's
+    is below any NLL above it. A summary a kept row lacks (one kept sample has no BALD) is not below.
+    APD's curve crosses the kept samples' at the budgets where it is below on all four."""
+    summary = point.get(method)
+    if summary is None:
         return []
     below = []
     for key, label in SUMMARIES.items():
-        ours, theirs = mean_of(apd[key]), [mean_of(point["kept"][kind][key]) for kind in KEPT]
+        ours, theirs = mean_of(summary[key]), [mean_of(point["kept"][kind][key]) for kind in KEPT]
         if ours is not None and None not in theirs and all(ours < value for value in theirs):
             below.append(label)
     return below
@@ -140,9 +155,11 @@ def crossings(results: dict) -> list[float]:
 
 
 def _rows(point: dict) -> list[tuple[str, str, dict | None]]:
-    """(method, rank or k, its yardstick summary) at one budget: APD, then the kept samples twice."""
-    apd, kept = point["apd"], point["kept"]
-    return [("APD per chain", "none fits" if apd is None else f"r={apd['rank']}", apd),
+    """(method, rank or k, its yardstick summary) at one budget: APD, its ceiling where it was scored, then
+    the kept samples twice."""
+    apd, ceiling, kept = point["apd"], point.get("ceiling"), point["kept"]
+    return [(APD, "none fits" if apd is None else f"r={apd['rank']}", apd),
+            *([(CEILING, f"r={ceiling['rank']}", ceiling)] if ceiling is not None else []),
             *((label, f"k={kept['k']}", {**kept[key], "in_sgld_samples": kept["in_sgld_samples"]})
               for key, label in KEPT.items())]
 
@@ -162,7 +179,10 @@ def render_table(results: dict) -> str:
             "spaced and the random kept samples larger than the random subsets' std, of the per-set BALD and "
             "max-prob AUROCs and the NLL. Below both kept: the summaries on which APD's mean is smaller than "
             "both the evenly spaced samples' value and the random subsets' mean (signed: an NLL below SGLD's "
-            "counts as below); APD's curve crosses the kept samples' where it is below on all four.\n\n")
+            "counts as below); APD's curve crosses the kept samples' where it is below on all four."
+            + (" APD's ceiling: every SGLD sample's own coordinates in APD's subspace at float32, the best a "
+               "generator there can do (its storage holds all the samples' coordinates; not a candidate)."
+               if any(point.get("ceiling") for point in results["points"]) else "") + "\n\n")
     header = ["budget", "method", "rank / k", "storage", *GAPS.values(), "KL", "wins over kept",
               "below both kept"]
     body = []
@@ -176,7 +196,8 @@ def render_table(results: dict) -> str:
                            for key in GAPS),
                          mean_std(kl, 4) if isinstance(kl, dict) else format_number(kl, 4),
                          "—" if margins is None else f"{margins['wins']} of {margins['compared']}",
-                         "—" if method in KEPT.values() else ", ".join(below_kept(point)) or "none"])
+                         "—" if method in KEPT.values() else
+                         ", ".join(below_kept(point, "ceiling" if method == CEILING else "apd")) or "none"])
     crossed = [f"{budget:g}" for budget in crossings(results)]
     at = " and ".join(filter(None, [", ".join(crossed[:-1]), *crossed[-1:]]))
     where = f"{at} samples' worth" if at else "no budget"
@@ -209,18 +230,19 @@ def draw_figure(results: dict, path: Path) -> None:
     kept samples' (evenly spaced; the random subsets' mean ± std), where the gap is defined."""
     figure, axes = new_figure(1, 3, panel=(5.2, 3.9))
     for ax, (key, label) in zip(axes[0], GAPS.items(), strict=True):
-        for i, method in enumerate(["APD per chain", *KEPT.values()]):
+        for i, method in enumerate([APD, *KEPT.values(), CEILING]):
             xs, ys, errors = [], [], []
             for point in results["points"]:
-                summary = next(s for name, _, s in _rows(point) if name == method)
+                summary = next((s for name, _, s in _rows(point) if name == method), None)
                 value = None if summary is None else summary[key]
-                if value is not None:  # one kept sample has no BALD
-                    xs.append(summary["in_sgld_samples"])
+                if value is not None:  # one kept sample has no BALD; older studies have no ceiling
+                    # the ceiling at APD's budget, not at its own storage (all the samples' coordinates)
+                    xs.append(point["budget"] if method == CEILING else summary["in_sgld_samples"])
                     ys.append(mean_of(value))
                     errors.append(std_of(value))
             if xs:
                 ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, color=f"C{i}", label=method,
-                            linestyle="-" if i < 2 else "--")
+                            linestyle=("-", "-", "--", ":")[i])
         ax.axhline(0, color="grey", linewidth=0.8)
         ax.set_xscale("log")
         budgets = [point["budget"] for point in results["points"]]

@@ -12,7 +12,7 @@ from apd.cli import main
 from apd.config_load import from_dict
 from apd.docs import render_document
 from apd.experiments.frontier import below_kept, crossings, render_table
-from apd.experiments.precision import chain_generators_storage
+from apd.experiments.precision import chain_generators_storage, coordinates_storage
 from apd.nets import ParamSpec, mlp
 from tests.tiny_pipeline import TINY, copy_samples_as_two_chains
 
@@ -47,9 +47,14 @@ def test_each_budget_buys_apd_its_largest_rank_and_the_kept_samples_as_many_samp
         assert apd["in_sgld_samples"] == pytest.approx(storage(apd["rank"]))  # the trained model's own bytes
         # BALD and max-prob on 2 tuning sets, and the NLL; one kept network has no BALD to beat
         assert apd["margins"]["compared"] == (5 if point["budget"] > 1 else 3)
+        # the ceiling: all 200 samples' coordinates in APD's subspace, at float32, judged the same way
+        ceiling = point["ceiling"]
+        assert ceiling["rank"] == apd["rank"] and ceiling["margins"]["compared"] == apd["margins"]["compared"]
+        assert ceiling["in_sgld_samples"] == pytest.approx(coordinates_storage(apd["rank"], SPEC, 200, "float32"))
     assert points[0]["apd"]["rank"] < points[1]["apd"]["rank"] < points[2]["apd"]["rank"]
     table = (out / "frontier.md").read_text()
     assert f"| 4 | APD per chain | r={points[2]['apd']['rank']} |" in table
+    assert f"| 4 | SGLD coordinates (APD's ceiling) | r={points[2]['apd']['rank']} |" in table
     assert "| 4 | kept, random subsets | k=4 |" in table
     assert (out / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -63,6 +68,15 @@ def test_a_budget_too_small_for_the_generators_still_scores_the_kept_samples(tin
     assert "none fits" in (out / "frontier.md").read_text()
 
 
+def test_the_ceiling_is_left_out_on_request(tiny_pipeline, tmp_path):
+    rc, err = _frontier(tiny_pipeline, tmp_path, "budgets=[2]", "steps=5", "subsets=1", "ceiling=false")
+    assert rc == 0, err
+    out = tmp_path / "tiny" / "experiments"
+    point = json.loads((out / "frontier.json").read_text())["points"][0]
+    assert point["apd"] is not None and point["ceiling"] is None
+    assert "ceiling" not in (out / "frontier.md").read_text()
+
+
 @pytest.mark.parametrize(("budgets", "message"), [("[]", "at least one budget"), ("[0, 2]", "positive integers"),
                                                   ("[100000]", "holds 200 samples")])
 def test_budgets_that_cannot_be_kept_are_one_line_errors(tiny_pipeline, tmp_path, budgets, message):
@@ -70,12 +84,13 @@ def test_budgets_that_cannot_be_kept_are_one_line_errors(tiny_pipeline, tmp_path
     assert rc == 2 and message in err and len(err.strip().splitlines()) == 1, err
 
 
-def _point(budget: float, apd: dict | None, evenly: dict, random: dict) -> dict:
+def _point(budget: float, apd: dict | None, evenly: dict, random: dict, ceiling: dict | None = None) -> dict:
     """A frontier point with the yardstick summaries (bald_gap, max_prob_gap, nll_gap, kl) given."""
     spread = lambda values: {key: None if v is None else {"mean": v, "std": 0.1}  # noqa: E731
                              for key, v in values.items()}
-    return {"budget": budget, "apd": None if apd is None else {**spread(apd), "rank": 3, "in_sgld_samples": budget,
-                                                               "margins": {"wins": 0, "compared": 9}},
+    scored = lambda values, storage: None if values is None else {  # noqa: E731
+        **spread(values), "rank": 3, "in_sgld_samples": storage, "margins": {"wins": 0, "compared": 9}}
+    return {"budget": budget, "apd": scored(apd, budget), "ceiling": scored(ceiling, 50),
             "kept": {"k": budget, "in_sgld_samples": budget, "evenly_spaced": evenly, "random": spread(random)}}
 
 
@@ -85,18 +100,22 @@ def test_apd_is_below_the_kept_samples_where_each_summary_is_smaller_than_both_k
     crossing = _point(4, {"bald_gap": 1.0, "max_prob_gap": 0.5, "nll_gap": -0.002, "kl": 0.005}, kept, random)
     # BALD below both; max-prob below the evenly spaced (2.0) but not the random mean (1.0); an NLL gap of
     # +0.005 above the random subsets' +0.001; KL equal to the random mean, so not below it
-    partial = _point(8, {"bald_gap": 2.0, "max_prob_gap": 1.5, "nll_gap": 0.005, "kl": 0.01}, kept, random)
+    partial = _point(8, {"bald_gap": 2.0, "max_prob_gap": 1.5, "nll_gap": 0.005, "kl": 0.01}, kept, random,
+                     ceiling={"bald_gap": 1.0, "max_prob_gap": 0.5, "nll_gap": -0.002, "kl": 0.005})
     one_sample = _point(1, {"bald_gap": 1.0, "max_prob_gap": 0.5, "nll_gap": -0.002, "kl": 0.005},
                         {**kept, "bald_gap": None}, {**random, "bald_gap": None})
     assert below_kept(crossing) == ["BALD", "max-prob", "NLL", "KL"]  # -0.002 < +0.001: signed gaps
     assert below_kept(partial) == ["BALD"]
+    assert below_kept(partial, "ceiling") == ["BALD", "max-prob", "NLL", "KL"]  # the ceiling is not APD:
     assert below_kept(one_sample) == ["max-prob", "NLL", "KL"]  # one kept network has no BALD to be below
     assert below_kept(_point(2, None, kept, random)) == []
     results = {"pipeline": "p", "dim": 10, "sgld_samples": 100, "runs": 2, "networks": 5, "ood_sets": ["a"],
                "plan": {"precision": "int8", "subsets": 3}, "points": [one_sample, crossing, partial]}
-    assert crossings(results) == [4]
+    assert crossings(results) == [4]  # ...APD's curve crosses where APD is below, not where its ceiling is
     table = render_table(results)
     assert "| 8 | APD per chain | r=3 | 8 |" in table and table.rstrip().endswith("at 4 samples' worth.")
+    assert "| 8 | SGLD coordinates (APD's ceiling) | r=3 | 50 |" in table and table.count("APD's ceiling") == 2
+    assert "ceiling" not in render_table({**results, "points": [one_sample, crossing]})
     twice = {**results, "points": [crossing, {**crossing, "budget": 8}, {**crossing, "budget": 16}]}
     assert render_table(twice).rstrip().endswith("at 4, 8 and 16 samples' worth.")
     assert crossings({**results, "points": [partial]}) == []
