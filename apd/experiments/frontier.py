@@ -37,13 +37,12 @@ import torch
 
 from apd.config import bounded
 from apd.distillation.chain_generators import chain_partition
-from apd.distillation.precision import Precision, module_bytes, stored_bytes
+from apd.distillation.precision import Precision, module_bytes
 from apd.errors import ConfigError
 from apd.evaluation.yardstick import kept_samples, mean_of, std_of
 from apd.experiments.outputs import run_study
 from apd.experiments.precision import (
     GAPS,
-    StoredCoordinates,
     chain_generators_storage,
     largest_rank,
     require_subspace,
@@ -115,7 +114,7 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
                        **scored(ctx, stored, module_bytes(stored.model, plan.precision), inputs, reference, kept,
                                 seed)}
                 if plan.ceiling:
-                    ceiling = {"rank": rank, **scored(ctx, coordinates, _coordinates_bytes(coordinates), inputs,
+                    ceiling = {"rank": rank, **scored(ctx, coordinates, coordinates.stored_bytes("float32"), inputs,
                                                       reference, kept, seed)}
             points.append({"budget": budget, "kept": kept, "apd": apd, "ceiling": ceiling})
             log.info("budget %d: %s", budget, "no generator fits" if apd is None else
@@ -125,11 +124,6 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
             "judged_on": "validation images and the OOD tuning pool (never the test split or evaluate's OOD sets)",
             "plan": dataclasses.asdict(plan), "sgld": sgld, "points": points,
             "seconds": round(time.perf_counter() - started, 2)}
-
-
-def _coordinates_bytes(coordinates: StoredCoordinates) -> int:
-    """Bytes of the codec and every sample's coordinates at float32."""
-    return module_bytes(coordinates.codec, "float32") + stored_bytes(coordinates.coordinates.numel(), "float32")
 
 
 def below_kept(point: dict, method: str = "apd") -> list[str]:

@@ -180,6 +180,10 @@ class StoredCoordinates(Posterior):
     def stored_parameters(self) -> int:
         return self.codec.stored_parameters() + self.coordinates.numel()
 
+    def stored_bytes(self, precision: str) -> int:
+        """Bytes of the codec and every sample's coordinates stored at ``precision``."""
+        return module_bytes(self.codec, precision) + stored_bytes(self.coordinates.numel(), precision)
+
     def stored_at(self, precision: str) -> StoredCoordinates:
         """A copy with the codec and the coordinates read back from ``precision``."""
         return StoredCoordinates(round_trip_module_(copy.deepcopy(self.codec), precision),
@@ -323,9 +327,9 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
             if coordinate_rank:
                 exact = coordinates_at(coordinate_rank)
                 stored = exact.stored_at(precision)
-                nbytes = module_bytes(stored.codec, precision) + stored_bytes(stored.coordinates.numel(), precision)
                 row["coordinates"] = {"rank": coordinate_rank,
-                                      **judged(ctx, exact, stored, nbytes, inputs, reference, kept, seed)}
+                                      **judged(ctx, exact, stored, stored.stored_bytes(precision), inputs,
+                                               reference, kept, seed)}
             rows.append(row)
             log.info("%s: APD rank %d, %d kept samples%s", precision, rank, k,
                      "" if row["margins"] is None else f"; APD wins {row['margins']['wins']} of "
