@@ -11,8 +11,9 @@ For each budget S of ``budgets`` (SGLD samples' worth, bytes / (4·D)):
   ``subsets`` random subsets (:func:`~apd.evaluation.yardstick.kept_samples`);
 - **APD's ceiling** (``ceiling``, on by default): every SGLD sample's own coordinates in APD's rank-r subspace,
   θ_i ↦ μ + U·diag(σ)·c_i (:func:`~apd.experiments.precision.sgld_coordinates`, float32), the best any
-  generator in that subspace can do; not a candidate (it stores all n samples' coordinates), but it tells a
-  generator that falls short of its subspace from a subspace that falls short of SGLD.
+  generator in that subspace can do. It stores all n samples' coordinates, so its storage (reported) is
+  not the budget's, and it is an analysis rather than a distiller: it tells a generator that falls short
+  of its subspace from a subspace that falls short of SGLD.
 
 Both are scored by the kept-samples yardstick (:mod:`apd.evaluation.yardstick`): worst per-set BALD and
 max-prob AUROC gap to SGLD, NLL gap, KL(SGLD's predictive ‖ the method's) on the judged images; and APD's
@@ -175,7 +176,8 @@ def render_table(results: dict) -> str:
             "both the evenly spaced samples' value and the random subsets' mean (signed: an NLL below SGLD's "
             "counts as below); APD's curve crosses the kept samples' where it is below on all four."
             + (" APD's ceiling: every SGLD sample's own coordinates in APD's subspace at float32, the best a "
-               "generator there can do (its storage holds all the samples' coordinates; not a candidate)."
+               "generator there can do; its storage column counts every sample's coordinates, so it is not held to "
+               "the budget."
                if any(point.get("ceiling") for point in results["points"]) else "") + "\n\n")
     header = ["budget", "method", "rank / k", "storage", *GAPS.values(), "KL", "wins over kept",
               "below both kept"]
