@@ -51,7 +51,7 @@ EXPERIMENTS = {
     "modes": ("apd.experiments.modes", "run_modes",
               "single networks at the chains' means, between them and from APD: do the chains sit in separate modes?"),
     "precision": ("apd.experiments.precision", "run_precision",
-                  "APD and kept samples at float32, float16 and int8 storage, at one storage budget"),
+                  "APD and kept samples at float32, float16, int8 and int4 storage, at one storage budget"),
     "frontier": ("apd.experiments.frontier", "run_frontier",
                  "APD with one generator per chain against as many kept samples, at several storage budgets"),
     "active-learning": ("apd.experiments.active_learning", "run_active_learning",

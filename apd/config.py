@@ -195,7 +195,7 @@ class DistillConfig:
     t_gan: int = bounded(10, ge=1)
     restart_every: int = bounded(0, ge=0)
     per_chain: bool = False
-    precision: Literal["float32", "float16", "int8"] = "float32"
+    precision: Literal["float32", "float16", "int8", "int4"] = "float32"
 
     def has_residual(self) -> bool:
         """Whether generated networks carry a residual outside the principal subspace."""

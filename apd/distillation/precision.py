@@ -7,14 +7,18 @@ kept at one of :data:`PRECISIONS` and read back as float32:
 - ``float16``: IEEE half precision, 2 bytes a number: a relative error of at most 2⁻¹¹ from 2⁻¹⁴ ≈ 6.1e-5
   up, an absolute one of at most 2⁻²⁵ below it (subnormals); a value beyond its range (±65,504) is an
   error, not an infinity;
-- ``int8``: the tensor flattened and cut into blocks of :data:`INT8_BLOCK` consecutive numbers, each block
+- ``int8``: the tensor flattened and cut into blocks of :data:`CODE_BLOCK` consecutive numbers, each block
   stored as round(v / s) ∈ [−127, 127] with its own float32 scale s = max|v| / 127 (block-wise absmax
   quantisation, as Dettmers et al., 2022, "8-bit optimizers via block-wise quantization", with a linear
-  code): 1 + 4/64 bytes a number, and an error of at most s/2 per number.
+  code): 1 + 4/64 bytes a number, and an error of at most s/2 per number;
+- ``int4``: the same blocks with codes round(v / s) ∈ [−7, 7], s = max|v| / 7, two codes to a byte (the
+  4-bit block-wise absmax code of Dettmers & Zettlemoyer, 2023, "The case for 4-bit precision", with a
+  linear code): 1/2 + 4/64 bytes a number, and an error of at most s/2 per number.
 
-Storage is counted in SGLD samples' worth, bytes / (4·D), so a float32 sample costs 1 and an int8 one
-about 0.27: a budget of S samples buys ⌊S/0.27⌋ int8 samples, and the kept-samples yardstick has to be
-quantised as well for the comparison to be at equal storage.
+Storage is counted in SGLD samples' worth, bytes / (4·D), so a float32 sample costs 1, an int8 one
+about 0.27 and an int4 one about 0.14: a budget of S samples buys ⌊S/0.27⌋ int8 samples (⌊S/0.14⌋ int4
+ones), and the kept-samples yardstick has to be quantised as well for the comparison to be at equal
+storage.
 """
 
 from __future__ import annotations
@@ -27,10 +31,10 @@ from torch import Tensor, nn
 
 from apd.distillation.codec import storage_in_samples
 
-Precision = Literal["float32", "float16", "int8"]
-PRECISIONS: tuple[str, ...] = ("float32", "float16", "int8")
-INT8_BLOCK = 64
-_INT8_MAX = 127
+Precision = Literal["float32", "float16", "int8", "int4"]
+PRECISIONS: tuple[str, ...] = ("float32", "float16", "int8", "int4")
+CODE_BLOCK = 64  # numbers per block of the integer codes, int8 and int4 alike
+_CODE_MAX = {"int8": 127, "int4": 7}  # largest code magnitude of each integer precision
 
 
 def _check(precision: str) -> None:
@@ -45,13 +49,16 @@ def stored_bytes(numel: int, precision: str) -> int:
         return 4 * numel
     if precision == "float16":
         return 2 * numel
-    return numel + 4 * math.ceil(numel / INT8_BLOCK)
+    code_bytes = numel if precision == "int8" else math.ceil(numel / 2)
+    return code_bytes + 4 * math.ceil(numel / CODE_BLOCK)
 
 
 def pack(values: Tensor, precision: str) -> dict[str, Tensor]:
     """``values`` as stored at ``precision`` (module docstring), by part: ``{"": values}`` (float32) or
     ``{"": half}`` (float16); for int8 ``{".int8": codes}`` (int8, the flattened tensor padded to whole
-    blocks) and ``{".scale": scales}`` (float32, one per block). :func:`unpack` reads them back."""
+    blocks), for int4 ``{".int4": pairs}`` (uint8, codes + 8 of numbers 2i and 2i + 1 in the low and high
+    four bits of byte i), each with ``{".scale": scales}`` (float32, one per block). :func:`unpack` reads
+    them back."""
     _check(precision)
     values = values.detach().float()
     if precision == "float32":
@@ -63,10 +70,23 @@ def pack(values: Tensor, precision: str) -> dict[str, Tensor]:
                              "(largest 65,504)")
         return {"": half}
     flat = values.reshape(-1)
-    padded = torch.cat([flat, flat.new_zeros(-flat.numel() % INT8_BLOCK)]).view(-1, INT8_BLOCK)
-    scale = padded.abs().amax(1, keepdim=True) / _INT8_MAX
+    padded = torch.cat([flat, flat.new_zeros(-flat.numel() % CODE_BLOCK)]).view(-1, CODE_BLOCK)
+    code_max = _CODE_MAX[precision]
+    scale = padded.abs().amax(1, keepdim=True) / code_max
     codes = torch.where(scale > 0, padded / scale.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
-    return {".int8": codes.round().clamp(-_INT8_MAX, _INT8_MAX).to(torch.int8).view(-1), ".scale": scale.view(-1)}
+    codes = codes.round().clamp(-code_max, code_max).view(-1)
+    if precision == "int8":
+        return {".int8": codes.to(torch.int8), ".scale": scale.view(-1)}
+    nibbles = (codes + 8).to(torch.uint8).view(-1, 2)
+    return {".int4": nibbles[:, 0] | (nibbles[:, 1] << 4), ".scale": scale.view(-1)}
+
+
+def _codes(parts: dict[str, Tensor]) -> Tensor:
+    """The integer codes (as float32, flattened) that :func:`pack` stored in ``parts``."""
+    if ".int8" in parts:
+        return parts[".int8"].float()
+    pairs = parts[".int4"]
+    return torch.stack([pairs & 15, pairs >> 4], 1).view(-1).float() - 8
 
 
 def unpack(parts: dict[str, Tensor], shape: torch.Size | tuple[int, ...], precision: str) -> Tensor:
@@ -74,15 +94,16 @@ def unpack(parts: dict[str, Tensor], shape: torch.Size | tuple[int, ...], precis
     ``ValueError``."""
     _check(precision)
     numel = math.prod(shape)
-    if precision != "int8":
+    if precision in ("float32", "float16"):
         if parts[""].numel() != numel:
             raise ValueError(f"{parts[''].numel()} stored numbers for a tensor of shape {list(shape)}")
         return parts[""].float().reshape(shape)
-    blocks = math.ceil(numel / INT8_BLOCK)
-    if parts[".int8"].numel() != blocks * INT8_BLOCK or parts[".scale"].numel() != blocks:
-        raise ValueError(f"{parts['.int8'].numel()} int8 codes and {parts['.scale'].numel()} scales for a tensor of "
+    blocks = math.ceil(numel / CODE_BLOCK)
+    codes = _codes(parts)
+    if codes.numel() != blocks * CODE_BLOCK or parts[".scale"].numel() != blocks:
+        raise ValueError(f"{codes.numel()} {precision} codes and {parts['.scale'].numel()} scales for a tensor of "
                          f"shape {list(shape)}")
-    blocks = parts[".int8"].float().view(-1, INT8_BLOCK) * parts[".scale"].view(-1, 1)
+    blocks = codes.view(-1, CODE_BLOCK) * parts[".scale"].view(-1, 1)
     return blocks.view(-1)[:numel].reshape(shape)
 
 

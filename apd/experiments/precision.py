@@ -1,7 +1,7 @@
 """``apd experiment precision``: does storing numbers at lower precision let APD beat the kept samples?
 
 A storage budget of S SGLD samples' worth (``budget``, bytes / (4·D)) buys, at each precision of
-:mod:`apd.distillation.precision` (float32, float16, int8):
+:mod:`apd.distillation.precision` (float32, float16, int8, int4):
 
 - **APD**: the pipeline's own distiller with one generator for the whole store (its ``[distill]``
   section: codec, residual, generator widths, steps; ``per_chain`` aside) at the largest subspace rank r

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from apd.distillation.precision import (
-    INT8_BLOCK,
+    CODE_BLOCK,
     in_samples,
     module_bytes,
     round_trip,
@@ -16,16 +16,38 @@ from apd.distillation.precision import (
 
 
 def test_int8_blocks_keep_each_blocks_largest_value_exactly_and_round_the_rest_to_its_step():
-    values = torch.zeros(INT8_BLOCK + 3)
+    values = torch.zeros(CODE_BLOCK + 3)
     values[:4] = torch.tensor([1.27, -0.5, 0.014, 0.006])  # block 1: s = 1.27 / 127 = 0.01
-    values[INT8_BLOCK:] = torch.tensor([-300.0, 2.0, 1.0])  # block 2 (padded): s = 300 / 127
+    values[CODE_BLOCK:] = torch.tensor([-300.0, 2.0, 1.0])  # block 2 (padded): s = 300 / 127
     back = round_trip(values, "int8")
     assert back.shape == values.shape
     step = 300.0 / 127
     expected = torch.zeros_like(values)
     expected[:4] = torch.tensor([1.27, -0.5, 0.01, 0.01])  # 0.014 → 1 step, 0.006 → 1 step
-    expected[INT8_BLOCK:] = torch.tensor([-300.0, step, 0.0])  # 2.0 → 1 step, 1.0 → 0 steps
+    expected[CODE_BLOCK:] = torch.tensor([-300.0, step, 0.0])  # 2.0 → 1 step, 1.0 → 0 steps
     torch.testing.assert_close(back, expected, rtol=0, atol=1e-6)
+
+
+def test_int4_blocks_keep_each_blocks_largest_value_and_round_the_rest_to_a_seventh_of_it():
+    values = torch.zeros(CODE_BLOCK + 3)
+    values[:5] = torch.tensor([-0.7, 0.36, 0.34, 0.04, 0.06])  # block 1: s = 0.7 / 7 = 0.1
+    values[CODE_BLOCK:] = torch.tensor([14.0, -5.0, 0.9])  # block 2 (padded): s = 14 / 7 = 2
+    back = round_trip(values, "int4")
+    expected = torch.zeros_like(values)
+    expected[:5] = torch.tensor([-0.7, 0.4, 0.3, 0.0, 0.1])  # 3.6 → 4, 3.4 → 3, 0.4 → 0, 0.6 → 1 steps
+    expected[CODE_BLOCK:] = torch.tensor([14.0, -4.0, 0.0])  # −2.5 → −2 steps (half to even), 0.45 → 0
+    torch.testing.assert_close(back, expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(("precision", "code_max"), [("int8", 127), ("int4", 7)])
+def test_every_integer_round_trip_error_is_within_half_a_step(precision, code_max):
+    g = torch.Generator().manual_seed(0)
+    values = torch.randn(5, 1000, generator=g) * torch.logspace(-4, 2, 5)[:, None]
+    back = round_trip(values, precision)
+    blocks = values.reshape(-1)[: (values.numel() // CODE_BLOCK) * CODE_BLOCK].view(-1, CODE_BLOCK)
+    errors = (back - values).reshape(-1)[: blocks.numel()].view(-1, CODE_BLOCK).abs()
+    assert bool((errors <= blocks.abs().amax(1, keepdim=True) / code_max / 2 + 1e-12).all())
+    assert bool((errors.amax(1) > blocks.abs().amax(1) / code_max / 4).all())  # and of that order: no finer grid
 
 
 def test_every_round_trip_error_is_within_half_a_step_and_a_zero_block_stays_zero():
@@ -33,8 +55,8 @@ def test_every_round_trip_error_is_within_half_a_step_and_a_zero_block_stays_zer
     values = torch.randn(5, 1000, generator=g) * torch.logspace(-4, 2, 5)[:, None]
     values[2] = 0.0
     back = round_trip(values, "int8")
-    blocks = values.reshape(-1)[: (values.numel() // INT8_BLOCK) * INT8_BLOCK].view(-1, INT8_BLOCK)
-    errors = (back - values).reshape(-1)[: blocks.numel()].view(-1, INT8_BLOCK).abs()
+    blocks = values.reshape(-1)[: (values.numel() // CODE_BLOCK) * CODE_BLOCK].view(-1, CODE_BLOCK)
+    errors = (back - values).reshape(-1)[: blocks.numel()].view(-1, CODE_BLOCK).abs()
     assert bool((errors <= blocks.abs().amax(1, keepdim=True) / 127 / 2 + 1e-12).all())
     assert bool((back[2] == 0).all())
     half, normal = round_trip(values, "float16"), values.abs() >= 2**-14  # float16's smallest normal number
@@ -47,13 +69,14 @@ def test_a_value_float16_cannot_hold_is_an_error_and_an_unknown_precision_too():
     with pytest.raises(ValueError, match="does not fit float16"):
         round_trip(torch.tensor([1.0, 7e4]), "float16")
     with pytest.raises(ValueError, match="precision must be one of"):
-        stored_bytes(10, "int4")
+        stored_bytes(10, "int2")
 
 
 def test_bytes_per_number_and_samples_worth():
     assert stored_bytes(100, "float32") == 400
     assert stored_bytes(100, "float16") == 200
     assert stored_bytes(100, "int8") == 100 + 4 * 2  # two blocks of 64, one scale each
+    assert stored_bytes(101, "int4") == 51 + 4 * 2  # two codes a byte
     assert in_samples(stored_bytes(640, "int8"), 640) == pytest.approx(680 / 2560)
 
 
@@ -75,13 +98,16 @@ def test_a_state_dict_is_stored_in_its_precisions_parts_and_read_back_by_name_an
     g = torch.Generator().manual_seed(0)
     state = {"w": torch.randn(3, 50, generator=g), "b": torch.randn(7, generator=g), "steps": torch.tensor(4)}
     packed = pack_state(state, "int8")
-    assert packed["w.int8"].dtype == torch.int8 and packed["w.int8"].numel() == 3 * INT8_BLOCK  # 150 → 3 blocks
+    assert packed["w.int8"].dtype == torch.int8 and packed["w.int8"].numel() == 3 * CODE_BLOCK  # 150 → 3 blocks
     assert packed["w.scale"].dtype == torch.float32 and packed["w.scale"].shape == (3,)
     assert torch.equal(packed["steps"], state["steps"])  # not a float: stored as it is
     back = unpack_state(packed, state, "int8")
     for name in ("w", "b"):
         assert torch.equal(back[name], round_trip(state[name], "int8"))
     assert pack_state(state, "float16")["w"].dtype == torch.float16
+    nibbles = pack_state(state, "int4")
+    assert nibbles["w.int4"].dtype == torch.uint8 and nibbles["w.int4"].numel() == 3 * CODE_BLOCK // 2
+    assert torch.equal(unpack_state(nibbles, state, "int4")["w"], round_trip(state["w"], "int4"))
     same = unpack_state(pack_state(state, "float32"), state, "float32")
     assert all(torch.equal(same[name], value) for name, value in state.items())
     with pytest.raises(KeyError):

@@ -39,7 +39,7 @@ def test_a_generators_float32_bytes_are_four_per_stored_number():
 
 def test_the_budget_buys_the_largest_rank_and_the_most_samples_that_fit():
     d = from_dict(TINY).distill
-    for precision, samples in (("float32", 4), ("float16", 8), ("int8", 15)):
+    for precision, samples in (("float32", 4), ("float16", 8), ("int8", 15), ("int4", 28)):
         storage = lambda r, p=precision: generator_storage(d, r, SPEC, p)  # noqa: E731
         rank = largest_rank(storage, 4.0, limit=100)
         assert storage(rank) <= 4.0 < storage(rank + 1)
@@ -76,9 +76,9 @@ def test_the_study_compares_apd_with_its_kept_samples_at_each_precision(tiny_pip
     out = run_experiment_on_copy(tiny_pipeline, tmp_path, "precision", "budget=4", "steps=20", "subsets=2")
     results = json.loads((out / "precision.json").read_text())
     rows = {row["precision"]: row for row in results["rows"]}
-    assert list(rows) == ["float32", "float16", "int8"]
-    assert rows["float32"]["rank"] < rows["float16"]["rank"] < rows["int8"]["rank"]
-    assert [rows[p]["k"] for p in rows] == [4, 8, 15]
+    assert list(rows) == ["float32", "float16", "int8", "int4"]
+    assert rows["float32"]["rank"] < rows["float16"]["rank"] < rows["int8"]["rank"] < rows["int4"]["rank"]
+    assert [rows[p]["k"] for p in rows] == [4, 8, 15, 28]
     for row in rows.values():
         assert max(row["apd"]["in_sgld_samples"], row["kept"]["in_sgld_samples"],
                    row["coordinates"]["in_sgld_samples"]) <= 4
@@ -89,6 +89,7 @@ def test_the_study_compares_apd_with_its_kept_samples_at_each_precision(tiny_pip
     assert rows["float32"]["coordinates"]["storage_shift"] == 0
     assert rows["float32"]["apd"]["storage_shift"] == 0 == rows["float32"]["kept"]["storage_shift"]
     assert 0 < rows["int8"]["kept"]["storage_shift"] < 0.05  # rounding moves the predictive, a little
+    assert rows["int8"]["kept"]["storage_shift"] < rows["int4"]["kept"]["storage_shift"]  # and 4 bits more
     float32_kept = rows["float32"]["kept"]  # issue 20's yardstick: ⌈S⌉ = 4 samples kept at float32
     for row in rows.values():
         for method in (row["apd"], row["per_chain"]):

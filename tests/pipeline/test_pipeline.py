@@ -182,6 +182,27 @@ def test_one_generator_per_chain_stored_at_int8_is_what_evaluate_loads(pipeline,
     assert APDGenerator(model, spec).storage_in_samples() == pytest.approx(storage["in_sgld_samples"], abs=0.005)
 
 
+def test_a_generator_stored_at_int4_holds_two_codes_a_byte_and_is_read_back_from_them(pipeline, tmp_path):
+    """precision int4: generator.pt holds packed 4-bit codes (uint8) and block scales only, and loads as the
+    kept generator read back from int4, counted in those bytes."""
+    from apd.distillation.precision import in_samples, module_bytes, round_trip
+    from apd.pipeline import distill
+
+    copy_samples(pipeline[0], tmp_path)
+    ctx = tiny_context(tmp_path, distill={"precision": "int4", "steps": 20})
+    path = distill.run_distill(ctx)
+    saved = torch.load(path, weights_only=True)
+    codes = {k: v for k, v in saved.items() if k.endswith(".int4")}
+    assert codes and all(v.dtype == torch.uint8 for v in codes.values())
+    assert all(k.endswith((".int4", ".scale")) for k, v in saved.items() if v.is_floating_point() or k in codes)
+    manifest = json.loads(path.with_suffix(".json").read_text())
+    model, spec = load_generator(path, manifest)
+    weights = [t for t in model.parameters() if t.numel() > 1]
+    assert all(torch.equal(t, round_trip(t, "int4")) for t in weights)  # on int4's grid: read back from it
+    assert manifest["storage"]["precision"] == "int4"
+    assert manifest["storage"]["in_sgld_samples"] == round(in_samples(module_bytes(model, "int4"), spec.numel), 2)
+
+
 def test_matched_residual_is_saved_scaled(pipeline, tmp_path):
     """With the residual on, the saved codec holds α times the fitted per-weight scale, α from the
     matching (recorded in the manifest), in both saved generators."""
