@@ -8,7 +8,11 @@ For each budget S of ``budgets`` (SGLD samples' worth, bytes / (4·D)):
   ``precision`` (:func:`~apd.experiments.precision.chain_generators_storage`), trained on float32
   coordinates and then stored at the precision;
 - **kept samples**: S SGLD samples stored at float32, evenly spaced over the store (across chains) and
-  ``subsets`` random subsets (:func:`~apd.evaluation.yardstick.kept_samples`);
+  ``subsets`` random subsets (:func:`~apd.evaluation.yardstick.kept_samples`): issue 20's yardstick, ⌈S⌉
+  samples as they are;
+- **kept samples at APD's precision** (``kept_at_precision``, on by default, none when APD is stored at
+  float32): as many SGLD samples as S buys when each is stored at ``precision`` as APD is
+  (:func:`~apd.experiments.precision.most_kept`), the comparison at equal bytes and equal rounding;
 - **APD's ceiling** (``ceiling``, on by default): every SGLD sample's own coordinates in APD's rank-r subspace,
   θ_i ↦ μ + U·diag(σ)·c_i (:func:`~apd.experiments.precision.sgld_coordinates`, float32), the best any
   generator in that subspace can do. It stores all n samples' coordinates, so its storage (reported) is
@@ -19,11 +23,13 @@ Both are scored by the kept-samples yardstick (:mod:`apd.evaluation.yardstick`):
 max-prob AUROC gap to SGLD, NLL gap, KL(SGLD's predictive ‖ the method's) on the judged images; and APD's
 margins over the kept samples (:func:`~apd.evaluation.yardstick.margins_over_kept`: a win is a margin over
 both the evenly spaced and the random subsets larger than the subsets' std). APD's curve crosses the kept
-samples' at the budgets where all four summaries are below both kept rows' (:func:`below_kept`). APD's
-storage is at most S, so every comparison gives the kept samples at least APD's bytes.
+samples' at the budgets where all four summaries are below both kept rows' (:func:`below_kept`), and the
+curve of the samples kept at APD's precision likewise. APD's storage is at most S, so every comparison
+gives the kept samples at least APD's bytes.
 
 Judged, as the precision study is, on validation images and the OOD tuning pool only; writes
-``artifacts/NAME/experiments/frontier.{json,md,png}``.
+``artifacts/NAME/experiments/frontier.{json,md,png}``, or ``frontier-PRECISION.*`` for APD stored at a
+precision other than int8 (:func:`study_stem`), so that one study does not overwrite the other.
 """
 
 from __future__ import annotations
@@ -41,11 +47,14 @@ from apd.distillation.chain_generators import chain_partition
 from apd.distillation.precision import Precision, module_bytes
 from apd.errors import ConfigError
 from apd.evaluation.yardstick import kept_samples, mean_of, std_of
-from apd.experiments.outputs import run_study
+from apd.experiments.options import plan_from_options
+from apd.experiments.outputs import write_study
 from apd.experiments.precision import (
     GAPS,
     chain_generators_storage,
+    judged_margins,
     largest_rank,
+    most_kept,
     require_subspace,
     scored,
     sgld_coordinates,
@@ -78,6 +87,14 @@ class FrontierPlan:
     subsets: int = bounded(5, ge=1)  # random kept subsets per budget: the spread a win must exceed
     steps: int = bounded(0, ge=0)  # generator steps per chain; 0: the pipeline's distill.steps
     ceiling: bool = True  # also score every sample's coordinates in APD's subspace (float32)
+    kept_at_precision: bool = True  # also keep the samples S buys at APD's precision (none at float32)
+
+
+def study_stem(plan: FrontierPlan) -> str:
+    """The study's file stem: ``frontier`` for APD at the default precision (int8), ``frontier-PRECISION``
+    otherwise."""
+    default = FrontierPlan.precision
+    return "frontier" if plan.precision == default else f"frontier-{plan.precision}"
 
 
 def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
@@ -105,6 +122,11 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
                                 ctx.device)
             rank = largest_rank(lambda r: chain_generators_storage(cfg.distill, r, spec, chains, plan.precision),
                                 budget, limit)
+            stored_kept = None
+            if plan.kept_at_precision and plan.precision != "float32":
+                stored_kept = kept_samples(store, most_kept(spec.numel, budget, plan.precision, n), inputs, reference,
+                                           plan.subsets, torch.Generator().manual_seed(seed), ctx.device,
+                                           plan.precision)
             apd = ceiling = None
             if rank:
                 t0 = time.perf_counter()
@@ -117,7 +139,11 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
                 if plan.ceiling:
                     ceiling = {"rank": rank, **scored(ctx, coordinates, coordinates.stored_bytes("float32"), inputs,
                                                       reference, kept, seed)}
-            points.append({"budget": budget, "kept": kept, "apd": apd, "ceiling": ceiling})
+                for summary in filter(None, (apd, ceiling)):
+                    summary["margins_at_precision"] = None if stored_kept is None else judged_margins(summary,
+                                                                                                       stored_kept)
+            points.append({"budget": budget, "kept": kept, "kept_at_precision": stored_kept, "apd": apd,
+                           "ceiling": ceiling})
             log.info("budget %d: %s", budget, "no generator fits" if apd is None else
                      f"APD rank {rank}, wins {apd['margins']['wins']} of {apd['margins']['compared']}")
     return {"pipeline": cfg.name, "dataset": ctx.data.name, "dim": spec.numel, "sgld_samples": n, "runs": e.runs,
@@ -127,47 +153,70 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
             "seconds": round(time.perf_counter() - started, 2)}
 
 
-def below_kept(point: dict, method: str = "apd") -> list[str]:
+def below_kept(point: dict, method: str = "apd", kept: str = "kept") -> list[str]:
     """The yardstick summaries of :data:`SUMMARIES` on which ``method`` (``"apd"`` or ``"ceiling"``) at one
-    budget is below both kept rows: its mean worst BALD or max-prob AUROC gap, NLL gap or KL smaller than
-    the evenly spaced samples' value and the random subsets' mean. Gaps are signed, so an NLL below SGLD's
-    is below any NLL above it. A summary a kept row lacks (one kept sample has no BALD) is not below.
-    APD's curve crosses the kept samples' at the budgets where it is below on all four."""
-    summary = point.get(method)
-    if summary is None:
+    budget is below both rows of the ``kept`` samples (``"kept"``: at float32; ``"kept_at_precision"``: at
+    APD's precision): its mean worst BALD or max-prob AUROC gap, NLL gap or KL smaller than the evenly
+    spaced samples' value and the random subsets' mean. Gaps are signed, so an NLL below SGLD's is below
+    any NLL above it. A summary a kept row lacks (one kept sample has no BALD) is not below, and a point
+    without those kept samples has none. APD's curve crosses the kept samples' at the budgets where it is
+    below on all four."""
+    summary, rows = point.get(method), point.get(kept)
+    if summary is None or rows is None:
         return []
     below = []
     for key, label in SUMMARIES.items():
-        ours, theirs = mean_of(summary[key]), [mean_of(point["kept"][kind][key]) for kind in KEPT]
+        ours, theirs = mean_of(summary[key]), [mean_of(rows[kind][key]) for kind in KEPT]
         if ours is not None and None not in theirs and all(ours < value for value in theirs):
             below.append(label)
     return below
 
 
-def crossings(results: dict) -> list[float]:
-    """The budgets at which APD is below both kept rows on every summary (:func:`below_kept`)."""
-    return [point["budget"] for point in results["points"] if len(below_kept(point)) == len(SUMMARIES)]
+def crossings(results: dict, kept: str = "kept") -> list[float]:
+    """The budgets at which APD is below both rows of the ``kept`` samples on every summary
+    (:func:`below_kept`)."""
+    return [point["budget"] for point in results["points"] if len(below_kept(point, "apd", kept)) == len(SUMMARIES)]
 
 
-def _rows(point: dict) -> list[tuple[str, str, dict | None]]:
-    """(method, rank or k, its yardstick summary) at one budget: APD, its ceiling where it was scored, then
-    the kept samples twice."""
-    apd, ceiling, kept = point["apd"], point.get("ceiling"), point["kept"]
-    return [(APD, "none fits" if apd is None else f"r={apd['rank']}", apd),
-            *([(CEILING, f"r={ceiling['rank']}", ceiling)] if ceiling is not None else []),
-            *((label, f"k={kept['k']}", {**kept[key], "in_sgld_samples": kept["in_sgld_samples"]})
-              for key, label in KEPT.items())]
+def _kept_rows(kept: dict, label: str) -> list[tuple[str, str, dict, None]]:
+    """The evenly spaced and the random rows of one set of kept samples, labelled ``label``."""
+    return [(f"{label}, {name.removeprefix('kept, ')}", f"k={kept['k']}",
+             {**kept[key], "in_sgld_samples": kept["in_sgld_samples"]}, None) for key, name in KEPT.items()]
+
+
+def _rows(point: dict, precision: str) -> list[tuple[str, str, dict | None, str | None]]:
+    """(method, rank or k, its yardstick summary, ``"apd"`` or ``"ceiling"`` for those two) at one budget:
+    APD, its ceiling where it was scored, the kept samples at float32, then those at APD's precision where
+    they were scored."""
+    apd, ceiling, stored_kept = point["apd"], point.get("ceiling"), point.get("kept_at_precision")
+    return [(APD, "none fits" if apd is None else f"r={apd['rank']}", apd, "apd"),
+            *([(CEILING, f"r={ceiling['rank']}", ceiling, "ceiling")] if ceiling is not None else []),
+            *_kept_rows(point["kept"], "kept"),
+            *(_kept_rows(stored_kept, f"kept at {precision}") if stored_kept is not None else [])]
+
+
+def _listed(budgets: list[float]) -> str:
+    """``2, 4 and 8 samples' worth``, or ``no budget``."""
+    names = [f"{budget:g}" for budget in budgets]
+    at = " and ".join(filter(None, [", ".join(names[:-1]), *names[-1:]]))
+    return f"{at} samples' worth" if at else "no budget"
 
 
 def render_table(results: dict) -> str:
     """The Markdown of ``frontier.md``: a note on the protocol and, per budget, APD and the kept samples on
-    each yardstick quantity, with APD's wins over the kept samples."""
-    plan = results["plan"]
+    each yardstick quantity, with APD's wins over the kept samples (and over those kept at its precision,
+    where the study kept them)."""
+    plan, points = results["plan"], results["points"]
+    precision = plan["precision"]
+    at_precision = any(point.get("kept_at_precision") for point in points)
     note = (f"# Storage frontier on {results['pipeline']}\n\nAt each budget S (SGLD samples' worth; D = "
             f"{results['dim']:,} weights, {results['sgld_samples']:,} stored samples): APD with one generator "
             f"per chain in the largest shared principal subspace whose codec and generators fit S at "
-            f"{plan['precision']}, and S SGLD samples kept at float32, evenly spaced and the mean ± std of "
-            f"{plan['subsets']} random subsets. {results['runs']} runs × {results['networks']} networks per APD "
+            f"{precision}, and S SGLD samples kept at float32, evenly spaced and the mean ± std of "
+            f"{plan['subsets']} random subsets"
+            + (f"; and as many SGLD samples as S buys at {precision}, each stored at {precision} as APD is"
+               if at_precision else "")
+            + f". {results['runs']} runs × {results['networks']} networks per APD "
             f"draw (mean ± std over runs); judged on validation images and the OOD tuning pool "
             f"({' / '.join(results['ood_sets'])}). Gaps to SGLD: worst per-set AUROC gap in points (positive: "
             "below SGLD), NLL gap in nats; KL to SGLD's predictive. Wins: APD's margins over both the evenly "
@@ -178,27 +227,36 @@ def render_table(results: dict) -> str:
             + (" APD's ceiling: every SGLD sample's own coordinates in APD's subspace at float32, the best a "
                "generator there can do; its storage column counts every sample's coordinates, so it is not held to "
                "the budget."
-               if any(point.get("ceiling") for point in results["points"]) else "") + "\n\n")
+               if any(point.get("ceiling") for point in points) else "") + "\n\n")
+    extra = [f"wins over kept at {precision}", f"below both kept at {precision}"] if at_precision else []
     header = ["budget", "method", "rank / k", "storage", *GAPS.values(), "KL", "wins over kept",
-              "below both kept"]
+              "below both kept", *extra]
+    against = [("margins", "kept"), *([("margins_at_precision", "kept_at_precision")] if at_precision else [])]
     body = []
-    for point in results["points"]:
-        for method, size, summary in _rows(point):
-            margins = summary.get("margins") if summary else None
+    for point in points:
+        for method, size, summary, key in _rows(point, precision):
             kl = None if summary is None else summary["kl"]
             body.append([f"{point['budget']:g}", method, size,
                          format_sample_count(None if summary is None else summary["in_sgld_samples"]),
-                         *(MISSING if summary is None else format_gap(summary[key], 3 if key == "nll_gap" else 1)
-                           for key in GAPS),
+                         *(MISSING if summary is None else format_gap(summary[gap], 3 if gap == "nll_gap" else 1)
+                           for gap in GAPS),
                          mean_std(kl, 4) if isinstance(kl, dict) else format_number(kl, 4),
-                         "—" if margins is None else f"{margins['wins']} of {margins['compared']}",
-                         "—" if method in KEPT.values() else
-                         ", ".join(below_kept(point, "ceiling" if method == CEILING else "apd")) or "none"])
-    crossed = [f"{budget:g}" for budget in crossings(results)]
-    at = " and ".join(filter(None, [", ".join(crossed[:-1]), *crossed[-1:]]))
-    where = f"{at} samples' worth" if at else "no budget"
-    verdict = f"\nAPD is below both kept rows on all four summaries at {where}.\n"
-    return note + markdown_table(header, body) + "\n" + verdict
+                         *(cell for margins, kept in against
+                           for cell in _judged_cells(point, summary, key, margins, kept))])
+    verdict = f"\nAPD is below both kept rows on all four summaries at {_listed(crossings(results))}"
+    if at_precision:
+        verdict += (f"; below both rows of the samples kept at {precision} at "
+                    f"{_listed(crossings(results, 'kept_at_precision'))}")
+    return note + markdown_table(header, body) + "\n" + verdict + ".\n"
+
+
+def _judged_cells(point: dict, summary: dict | None, key: str | None, margins: str, kept: str) -> list[str]:
+    """The wins and below-both cells of one row against one set of kept samples: dashes for a kept row."""
+    if key is None:
+        return ["—", "—"]
+    won = summary.get(margins) if summary else None
+    return ["—" if won is None else f"{won['wins']} of {won['compared']}",
+            ", ".join(below_kept(point, key, kept)) or "none"]
 
 
 def render_summary(results_by_pipeline: dict[str, dict]) -> str:
@@ -223,13 +281,17 @@ def render_summary(results_by_pipeline: dict[str, dict]) -> str:
 
 def draw_figure(results: dict, path: Path) -> None:
     """One panel per yardstick gap against storage (log scale): APD's curve (mean ± std over runs) and the
-    kept samples' (evenly spaced; the random subsets' mean ± std), where the gap is defined."""
+    kept samples' (evenly spaced; the random subsets' mean ± std), at float32 and at APD's precision where
+    the study kept those, where the gap is defined."""
+    precision = results["plan"]["precision"]
+    methods = [APD, *KEPT.values(), CEILING, *(f"kept at {precision}, {name.removeprefix('kept, ')}"
+                                               for name in KEPT.values())]
     figure, axes = new_figure(1, 3, panel=(5.2, 3.9))
     for ax, (key, label) in zip(axes[0], GAPS.items(), strict=True):
-        for i, method in enumerate([APD, *KEPT.values(), CEILING]):
+        for i, method in enumerate(methods):
             xs, ys, errors = [], [], []
             for point in results["points"]:
-                summary = next((s for name, _, s in _rows(point) if name == method), None)
+                summary = next((s for name, _, s, _ in _rows(point, precision) if name == method), None)
                 value = None if summary is None else summary[key]
                 if value is not None:  # one kept sample has no BALD; older studies have no ceiling
                     # the ceiling at APD's budget, not at its own storage (all the samples' coordinates)
@@ -238,7 +300,7 @@ def draw_figure(results: dict, path: Path) -> None:
                     errors.append(std_of(value))
             if xs:
                 ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, color=f"C{i}", label=method,
-                            linestyle=("-", "-", "--", ":")[i])
+                            linestyle=("-", "-", "--", ":", "-", "--")[i])
         ax.axhline(0, color="grey", linewidth=0.8)
         ax.set_xscale("log")
         budgets = [point["budget"] for point in results["points"]]
@@ -254,5 +316,9 @@ def draw_figure(results: dict, path: Path) -> None:
 
 
 def run_frontier(ctx: RunContext, options: list[str]) -> dict:
-    """``apd experiment frontier``: compare, write ``experiments/frontier.{json,md,png}``, print the table."""
-    return run_study(ctx, options, FrontierPlan, frontier, "frontier", render_table, draw_figure)
+    """``apd experiment frontier``: compare, write ``experiments/STEM.{json,md,png}`` (:func:`study_stem`),
+    print the table."""
+    plan = plan_from_options(options, FrontierPlan)
+    results = frontier(ctx, plan)
+    write_study(ctx.layout.experiments, study_stem(plan), results, render_table, draw_figure)
+    return results

@@ -12,7 +12,7 @@ from apd.cli import main
 from apd.config_load import from_dict
 from apd.docs import render_document
 from apd.experiments.frontier import below_kept, crossings, render_table
-from apd.experiments.precision import chain_generators_storage, coordinates_storage
+from apd.experiments.precision import chain_generators_storage, coordinates_storage, most_kept
 from apd.nets import ParamSpec, mlp
 from tests.tiny_pipeline import TINY, copy_samples_as_two_chains
 
@@ -51,11 +51,19 @@ def test_each_budget_buys_apd_its_largest_rank_and_the_kept_samples_as_many_samp
         ceiling = point["ceiling"]
         assert ceiling["rank"] == apd["rank"] and ceiling["margins"]["compared"] == apd["margins"]["compared"]
         assert ceiling["in_sgld_samples"] == pytest.approx(coordinates_storage(apd["rank"], SPEC, 200, "float32"))
+        # and as many samples as the budget buys at APD's precision, each stored at it, judged the same way
+        stored_kept = point["kept_at_precision"]
+        assert stored_kept["precision"] == "int8"
+        assert stored_kept["k"] == most_kept(SPEC.numel, point["budget"], "int8", 200)
+        assert point["budget"] - 0.27 < stored_kept["in_sgld_samples"] <= point["budget"]
+        assert apd["margins_at_precision"]["compared"] == ceiling["margins_at_precision"]["compared"] == 5
     assert points[0]["apd"]["rank"] < points[1]["apd"]["rank"] < points[2]["apd"]["rank"]
     table = (out / "frontier.md").read_text()
     assert f"| 4 | APD per chain | r={points[2]['apd']['rank']} |" in table
     assert f"| 4 | SGLD coordinates (APD's ceiling) | r={points[2]['apd']['rank']} |" in table
     assert "| 4 | kept, random subsets | k=4 |" in table
+    assert f"| 4 | kept at int8, random subsets | k={points[2]['kept_at_precision']['k']} |" in table
+    assert "wins over kept at int8 | below both kept at int8 |" in table
     assert (out / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -63,18 +71,24 @@ def test_a_budget_too_small_for_the_generators_still_scores_the_kept_samples(tin
     rc, err = _frontier(tiny_pipeline, tmp_path, "budgets=[1]", 'precision="float32"', "subsets=1")
     assert rc == 0, err
     out = tmp_path / "tiny" / "experiments"
-    point = json.loads((out / "frontier.json").read_text())["points"][0]
+    assert not (out / "frontier.json").exists()  # a precision other than int8 has files of its own
+    point = json.loads((out / "frontier-float32.json").read_text())["points"][0]
     assert point["apd"] is None and point["kept"]["k"] == 1  # the codec's mean alone is one sample at float32
-    assert "none fits" in (out / "frontier.md").read_text()
+    assert point["kept_at_precision"] is None  # at float32 they would be the kept samples again
+    table = (out / "frontier-float32.md").read_text()
+    assert "none fits" in table and "| kept at" not in table
 
 
-def test_the_ceiling_is_left_out_on_request(tiny_pipeline, tmp_path):
-    rc, err = _frontier(tiny_pipeline, tmp_path, "budgets=[2]", "steps=5", "subsets=1", "ceiling=false")
+def test_the_ceiling_and_the_samples_kept_at_apds_precision_are_left_out_on_request(tiny_pipeline, tmp_path):
+    rc, err = _frontier(tiny_pipeline, tmp_path, "budgets=[2]", "steps=5", "subsets=1", "ceiling=false",
+                        "kept_at_precision=false", 'precision="int4"')
     assert rc == 0, err
     out = tmp_path / "tiny" / "experiments"
-    point = json.loads((out / "frontier.json").read_text())["points"][0]
-    assert point["apd"] is not None and point["ceiling"] is None
-    assert "ceiling" not in (out / "frontier.md").read_text()
+    point = json.loads((out / "frontier-int4.json").read_text())["points"][0]
+    assert point["apd"] is not None and point["ceiling"] is None and point["kept_at_precision"] is None
+    assert point["apd"]["margins_at_precision"] is None
+    table = (out / "frontier-int4.md").read_text()
+    assert "ceiling" not in table and "| kept at" not in table and "fit S at int4" in table
 
 
 @pytest.mark.parametrize(("budgets", "message"), [("[]", "at least one budget"), ("[0, 2]", "positive integers"),
@@ -84,14 +98,21 @@ def test_budgets_that_cannot_be_kept_are_one_line_errors(tiny_pipeline, tmp_path
     assert rc == 2 and message in err and len(err.strip().splitlines()) == 1, err
 
 
-def _point(budget: float, apd: dict | None, evenly: dict, random: dict, ceiling: dict | None = None) -> dict:
-    """A frontier point with the yardstick summaries (bald_gap, max_prob_gap, nll_gap, kl) given."""
+def _point(budget: float, apd: dict | None, evenly: dict, random: dict, ceiling: dict | None = None,
+           at_precision: tuple[dict, dict] | None = None) -> dict:
+    """A frontier point with the yardstick summaries (bald_gap, max_prob_gap, nll_gap, kl) given, and the
+    (evenly spaced, random) summaries of the samples kept at APD's precision where given."""
     spread = lambda values: {key: None if v is None else {"mean": v, "std": 0.1}  # noqa: E731
                              for key, v in values.items()}
     scored = lambda values, storage: None if values is None else {  # noqa: E731
-        **spread(values), "rank": 3, "in_sgld_samples": storage, "margins": {"wins": 0, "compared": 9}}
+        **spread(values), "rank": 3, "in_sgld_samples": storage, "margins": {"wins": 0, "compared": 9},
+        "margins_at_precision": None if at_precision is None else {"wins": 1, "compared": 9}}
+    stored_kept = None if at_precision is None else {
+        "k": 7 * budget, "in_sgld_samples": budget - 0.1, "evenly_spaced": at_precision[0],
+        "random": spread(at_precision[1])}
     return {"budget": budget, "apd": scored(apd, budget), "ceiling": scored(ceiling, 50),
-            "kept": {"k": budget, "in_sgld_samples": budget, "evenly_spaced": evenly, "random": spread(random)}}
+            "kept": {"k": budget, "in_sgld_samples": budget, "evenly_spaced": evenly, "random": spread(random)},
+            "kept_at_precision": stored_kept}
 
 
 def test_apd_is_below_the_kept_samples_where_each_summary_is_smaller_than_both_kept_rows():
@@ -120,6 +141,25 @@ def test_apd_is_below_the_kept_samples_where_each_summary_is_smaller_than_both_k
     assert render_table(twice).rstrip().endswith("at 4, 8 and 16 samples' worth.")
     assert crossings({**results, "points": [partial]}) == []
     assert render_table({**results, "points": [partial]}).rstrip().endswith("at no budget.")
+    assert "| kept at" not in table and "buys at" not in table  # no samples kept at APD's precision
+
+
+def test_apd_is_judged_against_the_samples_kept_at_its_precision_on_their_own_rows():
+    kept = {"bald_gap": 3.0, "max_prob_gap": 2.0, "nll_gap": 0.010, "kl": 0.02}
+    closer = {"bald_gap": 0.5, "max_prob_gap": 0.4, "nll_gap": 0.0, "kl": 0.004}  # more samples, rounded
+    apd = {"bald_gap": 1.0, "max_prob_gap": 0.5, "nll_gap": -0.002, "kl": 0.005}
+    point = _point(2, apd, kept, kept, at_precision=(closer, {**closer, "kl": 0.006}))
+    assert below_kept(point) == ["BALD", "max-prob", "NLL", "KL"]
+    # BALD and max-prob above both; NLL -0.002 below 0.0; KL 0.005 above the evenly spaced 0.004
+    assert below_kept(point, "apd", "kept_at_precision") == ["NLL"]
+    assert below_kept(_point(2, apd, kept, kept), "apd", "kept_at_precision") == []  # none kept at it
+    results = {"pipeline": "p", "dim": 10, "sgld_samples": 100, "runs": 2, "networks": 5, "ood_sets": ["a"],
+               "plan": {"precision": "int4", "subsets": 3}, "points": [point]}
+    assert crossings(results) == [2] and crossings(results, "kept_at_precision") == []
+    table = render_table(results)
+    assert "| 2 | APD per chain | r=3 | 2 |" in table and "| 0 of 9 | BALD, max-prob, NLL, KL | 1 of 9 | NLL |" in table
+    assert "| 2 | kept at int4, evenly spaced | k=14 | 1.9 |" in table
+    assert table.rstrip().endswith("at 2 samples' worth; below both rows of the samples kept at int4 at no budget.")
 
 
 def test_the_frontiers_region_puts_several_pipelines_frontiers_side_by_side(tmp_path):
