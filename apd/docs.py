@@ -14,7 +14,8 @@ from ``apd evaluate``, the stage manifests, the experiments' JSON) or, for PIPEL
 ``benchmarks/time_pipeline.py``), ``performance`` (every benchmark record in ``docs/results/PIPELINE/``,
 written by the ``benchmarks/bench_*.py`` scripts' ``--out``), ``samplers`` (several pipelines' SGLD runs side by side:
 PIPELINE is then a comma-separated list), ``frontiers`` (several pipelines' storage frontiers, likewise)
-or an experiment (:data:`EXPERIMENT_TABLES`). ``--check``
+or an experiment (:data:`EXPERIMENT_TABLES`, and ``frontier-PRECISION``: the frontier study with APD at
+another precision than int8). ``--check``
 renders without writing and fails on any difference.
 
 ``apd report --publish`` fills ``docs/results/NAME/`` from a finished pipeline's artifacts (:func:`publish`):
@@ -71,6 +72,8 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
     results_dir = root / RESULTS_DIR / pipeline
     if table in EXPERIMENT_TABLES:
         return EXPERIMENT_TABLES[table](results_dir)
+    if table.startswith("frontier-"):  # the frontier study with APD at another precision: frontier-int4.json
+        return _experiment("apd.experiments.frontier", "render_table", f"{table}.json")(results_dir)
     if table == "toy2d":
         return render_toy2d(read_json(results_dir / "toy2d.json"))
     if table == "diagnostics":  # the sample stage's own record, published before any evaluation
@@ -98,7 +101,7 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
     else:
         raise ArtifactError(f"unknown results table {table!r} (known: {', '.join(RESULT_TABLES)}, ood-SCORE, "
                             f"machine, diagnostics, samplers, frontiers, end-to-end, performance, "
-                            f"{', '.join(EXPERIMENT_TABLES)})")
+                            f"{', '.join(EXPERIMENT_TABLES)}, frontier-PRECISION)")
     if built is None:
         raise ArtifactError(f"{results_dir}: has no data for table {table!r}")
     return built.markdown.strip()

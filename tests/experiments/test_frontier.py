@@ -179,3 +179,14 @@ def test_the_frontiers_region_puts_several_pipelines_frontiers_side_by_side(tmp_
     rows = [line for line in render_document(document, tmp_path).splitlines() if line.startswith("| `")]
     assert rows == ["| `small` | 2,410 | 2 | 1, 4 | –, 3 | 4 | –, 4/9 |",
                     "| `large` | 2,410 | 2 | 2, 4 | 3, 3 | none | 2/9, 4/9 |"]
+
+
+def test_a_frontier_at_another_precision_has_a_region_of_its_own(tmp_path):
+    kept = {"bald_gap": 3.0, "max_prob_gap": 2.0, "nll_gap": 0.010, "kl": 0.02}
+    point = _point(2, kept, kept, kept, at_precision=(kept, kept))
+    results = {"pipeline": "p", "dim": 10, "sgld_samples": 100, "runs": 2, "networks": 5, "ood_sets": ["a"],
+               "plan": {"precision": "int4", "subsets": 3}, "points": [point]}
+    (tmp_path / "docs" / "results" / "p").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "p" / "frontier-int4.json").write_text(json.dumps(results))
+    rendered = render_document("<!-- results:p:frontier-int4 -->\nold\n<!-- end -->\n", tmp_path)
+    assert render_table(results).strip() in rendered and "| 2 | kept at int4, random subsets | k=14 |" in rendered
