@@ -39,18 +39,20 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 
 from apd.config import bounded
 from apd.distillation.chain_generators import chain_partition
-from apd.distillation.precision import Precision, module_bytes
+from apd.distillation.precision import Precision
 from apd.errors import ConfigError
 from apd.evaluation.yardstick import kept_samples, mean_of, std_of
 from apd.experiments.options import plan_from_options
 from apd.experiments.outputs import write_study
 from apd.experiments.precision import (
     GAPS,
+    apd_bytes,
     chain_generators_storage,
     judged_margins,
     largest_rank,
@@ -88,13 +90,22 @@ class FrontierPlan:
     steps: int = bounded(0, ge=0)  # generator steps per chain; 0: the pipeline's distill.steps
     ceiling: bool = True  # also score every sample's coordinates in APD's subspace (float32)
     kept_at_precision: bool = True  # also keep the samples S buys at APD's precision (none at float32)
+    generators_at: Literal["", "float32", "float16", "int8", "int4"] = ""  # the generator networks' own; "": APD's
+
+
+def generators_precision(plan: FrontierPlan | dict) -> str:
+    """The precision APD's generator networks are stored at: ``generators_at``, or APD's ``precision``."""
+    plan = plan if isinstance(plan, dict) else dataclasses.asdict(plan)
+    return plan.get("generators_at") or plan["precision"]
 
 
 def study_stem(plan: FrontierPlan) -> str:
     """The study's file stem: ``frontier`` for APD at the default precision (int8), ``frontier-PRECISION``
-    otherwise."""
-    default = FrontierPlan.precision
-    return "frontier" if plan.precision == default else f"frontier-{plan.precision}"
+    otherwise, and ``-generators-PRECISION`` after it for generator networks stored at another precision
+    than the codec."""
+    generators = generators_precision(plan)
+    own = "" if generators == plan.precision else f"-generators-{generators}"
+    return "frontier" if plan.precision == FrontierPlan.precision and not own else f"frontier-{plan.precision}{own}"
 
 
 def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
@@ -120,8 +131,8 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
             seed = ctx.seed("experiment", "frontier", budget)
             kept = kept_samples(store, budget, inputs, reference, plan.subsets, torch.Generator().manual_seed(seed),
                                 ctx.device)
-            rank = largest_rank(lambda r: chain_generators_storage(cfg.distill, r, spec, chains, plan.precision),
-                                budget, limit)
+            rank = largest_rank(lambda r: chain_generators_storage(cfg.distill, r, spec, chains, plan.precision,
+                                                                   generators_precision(plan)), budget, limit)
             stored_kept = None
             if plan.kept_at_precision and plan.precision != "float32":
                 stored_kept = kept_samples(store, most_kept(spec.numel, budget, plan.precision, n), inputs, reference,
@@ -132,10 +143,10 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
                 t0 = time.perf_counter()
                 coordinates = sgld_coordinates(ctx, store, data, rank)
                 exact = train_chain_generators(ctx, store, coordinates, plan.steps or cfg.distill.steps)
-                stored = stored_apd(exact, plan.precision)
+                stored = stored_apd(exact, plan.precision, generators_precision(plan))
+                nbytes = apd_bytes(stored.model, plan.precision, generators_precision(plan))
                 apd = {"rank": rank, "chains": chains, "seconds": round(time.perf_counter() - t0, 2),
-                       **scored(ctx, stored, module_bytes(stored.model, plan.precision), inputs, reference, kept,
-                                seed)}
+                       **scored(ctx, stored, nbytes, inputs, reference, kept, seed)}
                 if plan.ceiling:
                     ceiling = {"rank": rank, **scored(ctx, coordinates, coordinates.stored_bytes("float32"), inputs,
                                                       reference, kept, seed)}
@@ -208,11 +219,13 @@ def render_table(results: dict) -> str:
     where the study kept them)."""
     plan, points = results["plan"], results["points"]
     precision = plan["precision"]
+    generators = generators_precision(plan)
+    stored_at = precision if generators == precision else f"{precision} (the generator networks at {generators})"
     at_precision = any(point.get("kept_at_precision") for point in points)
     note = (f"# Storage frontier on {results['pipeline']}\n\nAt each budget S (SGLD samples' worth; D = "
             f"{results['dim']:,} weights, {results['sgld_samples']:,} stored samples): APD with one generator "
             f"per chain in the largest shared principal subspace whose codec and generators fit S at "
-            f"{precision}, and S SGLD samples kept at float32, evenly spaced and the mean ± std of "
+            f"{stored_at}, and S SGLD samples kept at float32, evenly spaced and the mean ± std of "
             f"{plan['subsets']} random subsets"
             + (f"; and as many SGLD samples as S buys at {precision}, each stored at {precision} as APD is"
                if at_precision else "")
@@ -310,7 +323,9 @@ def draw_figure(results: dict, path: Path) -> None:
         ax.set(xlabel="storage (SGLD samples' worth)", ylabel=f"{label} to SGLD ({unit})")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
-    figure.suptitle(f"{results['pipeline']}: APD, one generator per chain at {results['plan']['precision']}, "
+    plan = results["plan"]
+    generators = "" if generators_precision(plan) == plan["precision"] else f" (generators {plan['generators_at']})"
+    figure.suptitle(f"{results['pipeline']}: APD, one generator per chain at {plan['precision']}{generators}, "
                     "against as many kept SGLD samples")
     save_figure(figure, path)
 

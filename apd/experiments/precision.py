@@ -99,11 +99,19 @@ class PrecisionPlan:
     per_chain: bool = True  # also APD with one generator per chain
 
 
-def generator_storage(d: DistillConfig, rank: int, spec: ParamSpec, precision: str, chains: int = 1) -> float:
+def generator_storage(d: DistillConfig, rank: int, spec: ParamSpec, precision: str, chains: int = 1,
+                      generators_at: str | None = None) -> float:
     """SGLD samples' worth of the generator ``d`` describes at subspace rank ``rank`` (for a store of ``chains``
-    chains), stored at ``precision`` (counted on modules of the right shapes, before any training)."""
+    chains), stored at ``precision``, its generators at ``generators_at`` where given (:func:`apd_bytes`;
+    counted on modules of the right shapes, before any training)."""
     arch = architecture(dataclasses.replace(d, subspace_rank=rank), spec.numel, spec.layer_sizes, chains)
-    return in_samples(module_bytes(build_generator(arch), precision), spec.numel)
+    return in_samples(apd_bytes(build_generator(arch), precision, generators_at), spec.numel)
+
+
+def apd_bytes(model: DistilledGenerator, precision: str, generators_at: str | None = None) -> int:
+    """Bytes of a distilled generator whose codec (mean, basis, scales, residual) is stored at ``precision``
+    and whose generator networks (and chain shares) at ``generators_at`` (None: ``precision`` too)."""
+    return module_bytes(model.codec, precision) + module_bytes(model.generator, generators_at or precision)
 
 
 def most_kept(dim: int, budget: float, precision: str, available: int) -> int:
@@ -128,11 +136,13 @@ def largest_rank(storage: Callable[[int], float], budget: float, limit: int) -> 
     return best
 
 
-def chain_generators_storage(d: DistillConfig, rank: int, spec: ParamSpec, chains: int, precision: str) -> float:
+def chain_generators_storage(d: DistillConfig, rank: int, spec: ParamSpec, chains: int, precision: str,
+                             generators_at: str | None = None) -> float:
     """SGLD samples' worth of a rank-``rank`` subspace codec without a residual plus ``chains`` generators of
-    ``d``'s widths (and their shares), stored at ``precision``."""
+    ``d``'s widths (and their shares), stored at ``precision`` (the generators at ``generators_at`` where
+    given)."""
     return generator_storage(dataclasses.replace(d, per_chain=True, residual=dataclasses.replace(
-        d.residual, model="none")), rank, spec, precision, chains)
+        d.residual, model="none")), rank, spec, precision, chains, generators_at)
 
 
 def random_batches(codes: Tensor, batch_size: int, seed: int) -> Callable[[], Tensor]:
@@ -209,10 +219,14 @@ def storage_shift(exact: Posterior, stored: Posterior, x: Tensor, networks: int,
     return float(0.5 * (means[0] - means[1]).abs().sum(-1).mean())
 
 
-def stored_apd(method: APDGenerator, precision: str) -> APDGenerator:
-    """A copy of ``method`` with every stored tensor read back from ``precision``."""
-    return APDGenerator(round_trip_module_(copy.deepcopy(method.model), precision), method.spec,
-                        f"{method.name}, {precision}")
+def stored_apd(method: APDGenerator, precision: str, generators_at: str | None = None) -> APDGenerator:
+    """A copy of ``method`` with every stored tensor read back from ``precision``, those of its generator
+    networks from ``generators_at`` where given (:func:`apd_bytes`)."""
+    model = copy.deepcopy(method.model)
+    round_trip_module_(model.codec, precision)
+    round_trip_module_(model.generator, generators_at or precision)
+    name = precision if generators_at in (None, precision) else f"{precision}, generators {generators_at}"
+    return APDGenerator(model, method.spec, f"{method.name}, {name}")
 
 
 def shipped_variant(d: DistillConfig, rank: int) -> Variant:

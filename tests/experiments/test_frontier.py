@@ -190,3 +190,18 @@ def test_a_frontier_at_another_precision_has_a_region_of_its_own(tmp_path):
     (tmp_path / "docs" / "results" / "p" / "frontier-int4.json").write_text(json.dumps(results))
     rendered = render_document("<!-- results:p:frontier-int4 -->\nold\n<!-- end -->\n", tmp_path)
     assert render_table(results).strip() in rendered and "| 2 | kept at int4, random subsets | k=14 |" in rendered
+
+
+def test_generators_stored_at_another_precision_than_the_codec_are_counted_and_rounded_at_theirs(tiny_pipeline,
+                                                                                                 tmp_path):
+    rc, err = _frontier(tiny_pipeline, tmp_path, "budgets=[2]", "steps=5", "subsets=1", "ceiling=false",
+                        "precision=int4", "generators_at=float32")
+    assert rc == 0, err
+    out = tmp_path / "tiny" / "experiments"
+    apd = json.loads((out / "frontier-int4-generators-float32.json").read_text())["points"][0]["apd"]
+    d = from_dict(TINY).distill
+    storage = lambda r: chain_generators_storage(d, r, SPEC, 2, "int4", "float32")  # noqa: E731
+    assert storage(apd["rank"]) <= 2 < storage(apd["rank"] + 1)
+    assert apd["in_sgld_samples"] == pytest.approx(storage(apd["rank"]))
+    table = (out / "frontier-int4-generators-float32.md").read_text()
+    assert "fit S at int4 (the generator networks at float32)" in table

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import math
 
@@ -13,8 +15,9 @@ from apd.distillation.chain_generators import ChainGenerators
 from apd.distillation.codec import WeightCodec
 from apd.distillation.gan import Generator
 from apd.distillation.generator import DistilledGenerator, architecture, build_generator
-from apd.distillation.precision import module_bytes
+from apd.distillation.precision import module_bytes, module_tensors, round_trip_module_
 from apd.experiments.precision import (
+    apd_bytes,
     chain_generators_storage,
     coordinates_storage,
     generator_storage,
@@ -112,3 +115,23 @@ def test_a_budget_too_small_for_the_generator_still_scores_the_kept_samples(tiny
     assert row["rank"] == 0 and row["apd"] is None and row["margins"] is None and row["kept"]["k"] == 1
     assert row["coordinates"] is None
     assert "none fits" in (out / "precision.md").read_text()
+
+
+def test_a_generators_codec_and_networks_may_be_stored_at_precisions_of_their_own():
+    d = dataclasses.replace(from_dict(TINY).distill, per_chain=True)
+    model = build_generator(architecture(d, SPEC.numel, SPEC.layer_sizes, 2))
+    torch.manual_seed(0)
+    for tensor in module_tensors(model):
+        tensor.data.normal_()
+    for precision in ("float32", "float16", "int8", "int4"):  # one precision: every stored tensor at it
+        assert apd_bytes(model, precision) == module_bytes(model, precision)
+    assert apd_bytes(model, "int4", "float32") == module_bytes(model.codec, "int4") + 4 * sum(
+        t.numel() for t in (*model.generator.parameters(), *model.generator.buffers()))
+    method = APDGenerator(model, SPEC)
+    whole = round_trip_module_(copy.deepcopy(model), "int8").state_dict()
+    assert all(torch.equal(whole[k], v) for k, v in stored_apd(method, "int8").model.state_dict().items())
+    mixed = stored_apd(method, "int4", "float32").model
+    assert all(torch.equal(a, b) for a, b in zip(mixed.generator.state_dict().values(),
+                                                 model.generator.state_dict().values(), strict=True))
+    codec = round_trip_module_(copy.deepcopy(model.codec), "int4").state_dict()
+    assert all(torch.equal(codec[k], v) for k, v in mixed.codec.state_dict().items())
