@@ -6,7 +6,8 @@ For each budget S of ``budgets`` (SGLD samples' worth, bytes / (4·D)):
   trains it; :func:`~apd.experiments.precision.train_chain_generators`) over every sample's coordinates in
   one shared principal subspace, at the largest rank r whose codec and generators fit S when stored at
   ``precision`` (:func:`~apd.experiments.precision.chain_generators_storage`), trained on float32
-  coordinates and then stored at the precision;
+  coordinates and then stored at the precision (the generator networks at ``generators_at`` where given,
+  the codec at ``precision``: :func:`~apd.experiments.precision.apd_bytes`);
 - **kept samples**: S SGLD samples stored at float32, evenly spaced over the store (across chains) and
   ``subsets`` random subsets (:func:`~apd.evaluation.yardstick.kept_samples`): issue 20's yardstick, ⌈S⌉
   samples as they are;
@@ -227,8 +228,8 @@ def render_table(results: dict) -> str:
             f"per chain in the largest shared principal subspace whose codec and generators fit S at "
             f"{stored_at}, and S SGLD samples kept at float32, evenly spaced and the mean ± std of "
             f"{plan['subsets']} random subsets"
-            + (f"; and as many SGLD samples as S buys at {precision}, each stored at {precision} as APD is"
-               if at_precision else "")
+            + (f"; and as many SGLD samples as S buys at {precision}, each stored at {precision} as APD"
+               + ("'s codec is" if generators != precision else " is") if at_precision else "")
             + f". {results['runs']} runs × {results['networks']} networks per APD "
             f"draw (mean ± std over runs); judged on validation images and the OOD tuning pool "
             f"({' / '.join(results['ood_sets'])}). Gaps to SGLD: worst per-set AUROC gap in points (positive: "

@@ -204,4 +204,4 @@ def test_generators_stored_at_another_precision_than_the_codec_are_counted_and_r
     assert storage(apd["rank"]) <= 2 < storage(apd["rank"] + 1)
     assert apd["in_sgld_samples"] == pytest.approx(storage(apd["rank"]))
     table = (out / "frontier-int4-generators-float32.md").read_text()
-    assert "fit S at int4 (the generator networks at float32)" in table
+    assert "fit S at int4 (the generator networks at float32)" in table and "at int4 as APD's codec is" in table
