@@ -86,26 +86,23 @@ class FrontierPlan:
     """The budgets and APD's storage precision (``--option KEY=VALUE``, e.g. ``--option budgets=[2,4,8]``)."""
 
     budgets: list[int] = bounded([2, 4, 8, 16])  # SGLD samples' worth; S kept samples at each
-    precision: Precision = "int8"  # APD's stored tensors; the kept samples stay float32
+    precision: Precision = "int8"  # APD's stored tensors (S kept samples stay float32)
     subsets: int = bounded(5, ge=1)  # random kept subsets per budget: the spread a win must exceed
     steps: int = bounded(0, ge=0)  # generator steps per chain; 0: the pipeline's distill.steps
     ceiling: bool = True  # also score every sample's coordinates in APD's subspace (float32)
     kept_at_precision: bool = True  # also keep the samples S buys at APD's precision (none at float32)
     generators_at: Literal["", "float32", "float16", "int8", "int4"] = ""  # the generator networks' own; "": APD's
 
-
-def generators_precision(plan: FrontierPlan | dict) -> str:
-    """The precision APD's generator networks are stored at: ``generators_at``, or APD's ``precision``."""
-    plan = plan if isinstance(plan, dict) else dataclasses.asdict(plan)
-    return plan.get("generators_at") or plan["precision"]
+    def generators(self) -> str:
+        """The precision APD's generator networks are stored at: ``generators_at``, or APD's ``precision``."""
+        return self.generators_at or self.precision
 
 
 def study_stem(plan: FrontierPlan) -> str:
     """The study's file stem: ``frontier`` for APD at the default precision (int8), ``frontier-PRECISION``
     otherwise, and ``-generators-PRECISION`` after it for generator networks stored at another precision
     than the codec."""
-    generators = generators_precision(plan)
-    own = "" if generators == plan.precision else f"-generators-{generators}"
+    own = "" if plan.generators() == plan.precision else f"-generators-{plan.generators()}"
     return "frontier" if plan.precision == FrontierPlan.precision and not own else f"frontier-{plan.precision}{own}"
 
 
@@ -133,7 +130,7 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
             kept = kept_samples(store, budget, inputs, reference, plan.subsets, torch.Generator().manual_seed(seed),
                                 ctx.device)
             rank = largest_rank(lambda r: chain_generators_storage(cfg.distill, r, spec, chains, plan.precision,
-                                                                   generators_precision(plan)), budget, limit)
+                                                                   plan.generators()), budget, limit)
             stored_kept = None
             if plan.kept_at_precision and plan.precision != "float32":
                 stored_kept = kept_samples(store, most_kept(spec.numel, budget, plan.precision, n), inputs, reference,
@@ -144,8 +141,8 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
                 t0 = time.perf_counter()
                 coordinates = sgld_coordinates(ctx, store, data, rank)
                 exact = train_chain_generators(ctx, store, coordinates, plan.steps or cfg.distill.steps)
-                stored = stored_apd(exact, plan.precision, generators_precision(plan))
-                nbytes = apd_bytes(stored.model, plan.precision, generators_precision(plan))
+                stored = stored_apd(exact, plan.precision, plan.generators())
+                nbytes = apd_bytes(stored.model, plan.precision, plan.generators())
                 apd = {"rank": rank, "chains": chains, "seconds": round(time.perf_counter() - t0, 2),
                        **scored(ctx, stored, nbytes, inputs, reference, kept, seed)}
                 if plan.ceiling:
@@ -219,17 +216,17 @@ def render_table(results: dict) -> str:
     each yardstick quantity, with APD's wins over the kept samples (and over those kept at its precision,
     where the study kept them)."""
     plan, points = results["plan"], results["points"]
-    precision = plan["precision"]
-    generators = generators_precision(plan)
+    precision, generators = plan["precision"], FrontierPlan(**plan).generators()
     stored_at = precision if generators == precision else f"{precision} (the generator networks at {generators})"
+    rounded_as = "APD is" if generators == precision else "APD's codec is"
     at_precision = any(point.get("kept_at_precision") for point in points)
     note = (f"# Storage frontier on {results['pipeline']}\n\nAt each budget S (SGLD samples' worth; D = "
             f"{results['dim']:,} weights, {results['sgld_samples']:,} stored samples): APD with one generator "
             f"per chain in the largest shared principal subspace whose codec and generators fit S at "
             f"{stored_at}, and S SGLD samples kept at float32, evenly spaced and the mean ± std of "
             f"{plan['subsets']} random subsets"
-            + (f"; and as many SGLD samples as S buys at {precision}, each stored at {precision} as APD"
-               + ("'s codec is" if generators != precision else " is") if at_precision else "")
+            + (f"; and as many SGLD samples as S buys at {precision}, each stored at {precision} as {rounded_as}"
+               if at_precision else "")
             + f". {results['runs']} runs × {results['networks']} networks per APD "
             f"draw (mean ± std over runs); judged on validation images and the OOD tuning pool "
             f"({' / '.join(results['ood_sets'])}). Gaps to SGLD: worst per-set AUROC gap in points (positive: "
@@ -324,9 +321,9 @@ def draw_figure(results: dict, path: Path) -> None:
         ax.set(xlabel="storage (SGLD samples' worth)", ylabel=f"{label} to SGLD ({unit})")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
-    plan = results["plan"]
-    generators = "" if generators_precision(plan) == plan["precision"] else f" (generators {plan['generators_at']})"
-    figure.suptitle(f"{results['pipeline']}: APD, one generator per chain at {plan['precision']}{generators}, "
+    plan = FrontierPlan(**results["plan"])
+    generators = "" if plan.generators() == plan.precision else f" (generators {plan.generators()})"
+    figure.suptitle(f"{results['pipeline']}: APD, one generator per chain at {plan.precision}{generators}, "
                     "against as many kept SGLD samples")
     save_figure(figure, path)
 
