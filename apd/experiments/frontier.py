@@ -13,7 +13,8 @@ For each budget S of ``budgets`` (SGLD samples' worth, bytes / (4·D)):
   samples as they are;
 - **kept samples at APD's precision** (``kept_at_precision``, on by default, none when APD is stored at
   float32): as many SGLD samples as S buys when each is stored at ``precision`` as APD is
-  (:func:`~apd.experiments.precision.most_kept`), the comparison at equal bytes and equal rounding;
+  (:func:`~apd.experiments.precision.most_kept`), the comparison at equal rounding; whole samples, so they
+  may take up to one of them less than S, and less than APD;
 - **APD's ceiling** (``ceiling``, on by default): every SGLD sample's own coordinates in APD's rank-r subspace,
   θ_i ↦ μ + U·diag(σ)·c_i (:func:`~apd.experiments.precision.sgld_coordinates`, float32), the best any
   generator in that subspace can do. It stores all n samples' coordinates, so its storage (reported) is
@@ -25,8 +26,9 @@ max-prob AUROC gap to SGLD, NLL gap, KL(SGLD's predictive ‖ the method's) on t
 margins over the kept samples (:func:`~apd.evaluation.yardstick.margins_over_kept`: a win is a margin over
 both the evenly spaced and the random subsets larger than the subsets' std). APD's curve crosses the kept
 samples' at the budgets where all four summaries are below both kept rows' (:func:`below_kept`), and the
-curve of the samples kept at APD's precision likewise. APD's storage is at most S, so every comparison
-gives the kept samples at least APD's bytes.
+curve of the samples kept at APD's precision likewise. APD's storage is at most S, so the float32 kept
+samples have at least APD's bytes; those kept at APD's precision may have less (⌊S / s⌋ samples of s
+samples' worth each), so a win over them is at equal bytes only where APD's storage is within theirs.
 
 Judged, as the precision study is, on validation images and the OOD tuning pool only; writes
 ``artifacts/NAME/experiments/frontier.{json,md,png}``, or ``frontier-PRECISION.*`` for APD stored at a
