@@ -227,8 +227,8 @@ def render_table(results: dict) -> str:
             f"per chain in the largest shared principal subspace whose codec and generators fit S at "
             f"{stored_at}, and S SGLD samples kept at float32, evenly spaced and the mean ± std of "
             f"{plan['subsets']} random subsets"
-            + (f"; and as many SGLD samples as S buys at {precision}, each stored at {precision} as {rounded_as}"
-               if at_precision else "")
+            + (f"; and as many SGLD samples as S buys at {precision}, each stored at {precision} as {rounded_as} "
+               "(whole samples: they may take less storage than APD, see the storage column)" if at_precision else "")
             + f". {results['runs']} runs × {results['networks']} networks per APD "
             f"draw (mean ± std over runs); judged on validation images and the OOD tuning pool "
             f"({' / '.join(results['ood_sets'])}). Gaps to SGLD: worst per-set AUROC gap in points (positive: "
