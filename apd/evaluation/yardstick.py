@@ -22,6 +22,7 @@ run context: callers pass the store, inputs and generators.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -168,6 +169,13 @@ def kept_samples(store: SampleStore, k: int, inputs: EvaluationInputs, reference
              for _ in range(subsets)]
     return {"k": k, "in_sgld_samples": k * in_samples(stored_bytes(dim, precision), dim), "evenly_spaced": even,
             "random": spread(drawn), "subsets": subsets, "precision": precision}
+
+
+def kept_for(worth: float, dim: int, precision: str, available: int) -> int:
+    """How many SGLD samples, each stored at ``precision``, a method of storage ``worth`` (SGLD samples' worth)
+    is set against: ⌈S / s_p⌉, s_p = one sample's storage at ``precision`` (1 at float32: ⌈S⌉), so that
+    they take at least the method's bytes; at most ``available``."""
+    return min(available, math.ceil(worth / in_samples(stored_bytes(dim, precision), dim) - 1e-9))
 
 
 def kept_curve(store: SampleStore, sizes: Iterable[int], inputs: EvaluationInputs, reference: Reference,

@@ -12,9 +12,10 @@ For each budget S of ``budgets`` (SGLD samples' worth, bytes / (4·D)):
   ``subsets`` random subsets (:func:`~apd.evaluation.yardstick.kept_samples`): issue 20's yardstick, ⌈S⌉
   samples as they are;
 - **kept samples at APD's precision** (``kept_at_precision``, on by default, none when APD is stored at
-  float32): as many SGLD samples as S buys when each is stored at ``precision`` as APD is
-  (:func:`~apd.experiments.precision.most_kept`), the comparison at equal rounding; whole samples, so they
-  may take up to one of them less than S, and less than APD;
+  float32): ⌈S / s⌉ SGLD samples, each stored at ``precision`` as APD is (s: one sample's storage at it;
+  :func:`~apd.evaluation.yardstick.kept_for`, as ``apd evaluate`` sets a method at a lower precision
+  against them), the comparison at equal rounding; like the float32 samples they take at least S, so at
+  least APD's storage;
 - **APD's ceiling** (``ceiling``, on by default): every SGLD sample's own coordinates in APD's rank-r subspace,
   θ_i ↦ μ + U·diag(σ)·c_i (:func:`~apd.experiments.precision.sgld_coordinates`, float32), the best any
   generator in that subspace can do. It stores all n samples' coordinates, so its storage (reported) is
@@ -26,9 +27,9 @@ max-prob AUROC gap to SGLD, NLL gap, KL(SGLD's predictive ‖ the method's) on t
 margins over the kept samples (:func:`~apd.evaluation.yardstick.margins_over_kept`: a win is a margin over
 both the evenly spaced and the random subsets larger than the subsets' std). APD's curve crosses the kept
 samples' at the budgets where all four summaries are below both kept rows' (:func:`below_kept`), and the
-curve of the samples kept at APD's precision likewise. APD's storage is at most S, so the float32 kept
-samples have at least APD's bytes; those kept at APD's precision may have less (⌊S / s⌋ samples of s
-samples' worth each), so a win over them is at equal bytes only where APD's storage is within theirs.
+curve of the samples kept at APD's precision likewise. APD's storage is at most S, so both sets of kept
+samples have at least APD's bytes; a crossing counts only where they do (:func:`crossings`: studies written
+before ⌈S / s⌉ kept ⌊S / s⌋ whole samples at APD's precision, which may take less than APD).
 
 Judged, as the precision study is, on validation images and the OOD tuning pool only; writes
 ``artifacts/NAME/experiments/frontier.{json,md,png}``, or ``frontier-PRECISION.*`` for APD stored at a
@@ -50,7 +51,7 @@ from apd.config import bounded
 from apd.distillation.chain_generators import chain_partition
 from apd.distillation.precision import Precision
 from apd.errors import ConfigError
-from apd.evaluation.yardstick import kept_samples, mean_of, std_of
+from apd.evaluation.yardstick import kept_for, kept_samples, mean_of, std_of
 from apd.experiments.options import plan_from_options
 from apd.experiments.outputs import write_study
 from apd.experiments.precision import (
@@ -59,7 +60,6 @@ from apd.experiments.precision import (
     chain_generators_storage,
     judged_margins,
     largest_rank,
-    most_kept,
     require_subspace,
     scored,
     sgld_coordinates,
@@ -135,8 +135,8 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
                                                                    plan.generators()), budget, limit)
             stored_kept = None
             if plan.kept_at_precision and plan.precision != "float32":
-                stored_kept = kept_samples(store, most_kept(spec.numel, budget, plan.precision, n), inputs, reference,
-                                           plan.subsets, torch.Generator().manual_seed(seed), ctx.device,
+                stored_kept = kept_samples(store, kept_for(budget, spec.numel, plan.precision, n), inputs,
+                                           reference, plan.subsets, torch.Generator().manual_seed(seed), ctx.device,
                                            plan.precision)
             apd = ceiling = None
             if rank:
@@ -183,10 +183,18 @@ def below_kept(point: dict, method: str = "apd", kept: str = "kept") -> list[str
     return below
 
 
+def fewer_bytes(point: dict, kept: str) -> bool:
+    """Whether the ``kept`` samples at one budget take less storage than APD there (only samples kept at
+    APD's precision by studies written before they were ⌈S / s⌉ can)."""
+    apd, rows = point.get("apd"), point.get(kept)
+    return apd is not None and rows is not None and rows["in_sgld_samples"] < apd["in_sgld_samples"]
+
+
 def crossings(results: dict, kept: str = "kept") -> list[float]:
     """The budgets at which APD is below both rows of the ``kept`` samples on every summary
-    (:func:`below_kept`)."""
-    return [point["budget"] for point in results["points"] if len(below_kept(point, "apd", kept)) == len(SUMMARIES)]
+    (:func:`below_kept`) and those samples take at least APD's storage (:func:`fewer_bytes`)."""
+    return [point["budget"] for point in results["points"]
+            if len(below_kept(point, "apd", kept)) == len(SUMMARIES) and not fewer_bytes(point, kept)]
 
 
 def _kept_rows(kept: dict, label: str) -> list[tuple[str, str, dict, None]]:
@@ -222,13 +230,17 @@ def render_table(results: dict) -> str:
     stored_at = precision if generators == precision else f"{precision} (the generator networks at {generators})"
     rounded_as = "APD is" if generators == precision else "APD's codec is"
     at_precision = any(point.get("kept_at_precision") for point in points)
+    if all(point["kept_at_precision"]["in_sgld_samples"] >= point["budget"] - 1e-9
+           for point in points if point.get("kept_at_precision")):
+        how_many = f"⌈S / s⌉ SGLD samples (s: one sample's storage at {precision}; at least S)"
+    else:  # studies written before ⌈S / s⌉ kept the whole samples that fit S
+        how_many = f"as many whole SGLD samples as S buys at {precision}"
     note = (f"# Storage frontier on {results['pipeline']}\n\nAt each budget S (SGLD samples' worth; D = "
             f"{results['dim']:,} weights, {results['sgld_samples']:,} stored samples): APD with one generator "
             f"per chain in the largest shared principal subspace whose codec and generators fit S at "
             f"{stored_at}, and S SGLD samples kept at float32, evenly spaced and the mean ± std of "
             f"{plan['subsets']} random subsets"
-            + (f"; and as many SGLD samples as S buys at {precision}, each stored at {precision} as {rounded_as} "
-               "(whole samples: they may take less storage than APD, see the storage column)" if at_precision else "")
+            + (f"; and {how_many}, each stored at {precision} as {rounded_as}" if at_precision else "")
             + f". {results['runs']} runs × {results['networks']} networks per APD "
             f"draw (mean ± std over runs); judged on validation images and the OOD tuning pool "
             f"({' / '.join(results['ood_sets'])}). Gaps to SGLD: worst per-set AUROC gap in points (positive: "
@@ -258,8 +270,12 @@ def render_table(results: dict) -> str:
                            for cell in _judged_cells(point, summary, key, margins, kept))])
     verdict = f"\nAPD is below both kept rows on all four summaries at {_listed(crossings(results))}"
     if at_precision:
-        verdict += (f"; below both rows of the samples kept at {precision} at "
+        verdict += (f"; below both rows of the samples kept at {precision}, with at least its storage, at "
                     f"{_listed(crossings(results, 'kept_at_precision'))}")
+    short = [point["budget"] for point in points if fewer_bytes(point, "kept_at_precision")]
+    if short:
+        verdict += (f". At {_listed(short)} the samples kept at {precision} take less storage than APD, so no "
+                    "crossing is counted there")
     return note + markdown_table(header, body) + "\n" + verdict + ".\n"
 
 

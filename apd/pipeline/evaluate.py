@@ -24,11 +24,18 @@ import torch
 
 from apd.config import config_hash
 from apd.data import available_ood, ood_set
-from apd.distillation.precision import in_samples, stored_bytes
 from apd.errors import DataError
 from apd.evaluation.fidelity import fidelity
 from apd.evaluation.protocol import EvaluationInputs, Judgement, judge
-from apd.evaluation.yardstick import Reference, kept_curve, kept_samples, kl_to_reference, quality, reference_predictive
+from apd.evaluation.yardstick import (
+    Reference,
+    kept_curve,
+    kept_for,
+    kept_samples,
+    kl_to_reference,
+    quality,
+    reference_predictive,
+)
 from apd.io import hdf5_atomic, read_json, replace_directory, restore_directory, write_json_atomic
 from apd.metrics import mean_std
 from apd.pipeline.adversarial import evaluate_adversarial
@@ -356,7 +363,7 @@ def yardstick(ctx: RunContext, methods: dict[str, Posterior], inputs: Evaluation
             equal[name] = {"in_sgld_samples": round(worth, 3), "k": k}
             if method.precision != "float32":
                 p = method.precision
-                kp = min(n, math.ceil(worth / in_samples(stored_bytes(dim, p), dim) - 1e-9))
+                kp = kept_for(worth, dim, p, n)
                 key = f"{kp} {p}"
                 if key not in at_precision:
                     rng = torch.Generator().manual_seed(ctx.seed("evaluate", "yardstick", kp, p))

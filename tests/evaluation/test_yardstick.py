@@ -13,6 +13,7 @@ from apd.evaluation.yardstick import (
     Reference,
     judge_rows,
     kept_curve,
+    kept_for,
     kept_samples,
     kl_to_reference,
     margins_over_kept,
@@ -126,3 +127,15 @@ def test_a_values_mean_and_std_are_its_spreads_or_itself_and_zero():
     assert (mean_of(drawn), std_of(drawn)) == (2.0, 1.0)
     assert (mean_of(4.5), std_of(4.5)) == (4.5, 0.0)
     assert mean_of(None) is None
+
+
+@pytest.mark.parametrize(("worth", "precision", "expected"), [
+    (2.0, "float32", 2), (1.99, "float32", 2), (2.0000000001, "float32", 2),  # ⌈S⌉, forgiving rounding noise
+    # D = 6,400: an int4 sample is 3,200 code bytes + 100 scales × 4 bytes = 3,600 of 25,600, 0.140625 samples;
+    # 2 samples' worth buys 14.2 of them, so 15 reach it (14 would take 1.97, less than the method)
+    (2.0, "int4", 15), (1.96875, "int4", 14),
+    (2.0, "int8", 8), (4.0, "float16", 8),  # int8: 6,400 + 400 bytes, 0.265625 samples: 7.5 → 8
+    (100.0, "int4", 50),  # at most the store's samples
+])
+def test_a_method_is_set_against_the_fewest_samples_at_its_precision_that_take_its_storage(worth, precision, expected):
+    assert kept_for(worth, 6_400, precision, available=50) == expected

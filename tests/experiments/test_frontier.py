@@ -11,8 +11,8 @@ import pytest
 from apd.cli import main
 from apd.config_load import from_dict
 from apd.docs import render_document
-from apd.experiments.frontier import below_kept, crossings, render_table
-from apd.experiments.precision import chain_generators_storage, coordinates_storage, most_kept
+from apd.experiments.frontier import below_kept, crossings, fewer_bytes, render_table
+from apd.experiments.precision import chain_generators_storage, coordinates_storage
 from apd.nets import ParamSpec, mlp
 from tests.tiny_pipeline import TINY, copy_samples_as_two_chains
 
@@ -51,11 +51,13 @@ def test_each_budget_buys_apd_its_largest_rank_and_the_kept_samples_as_many_samp
         ceiling = point["ceiling"]
         assert ceiling["rank"] == apd["rank"] and ceiling["margins"]["compared"] == apd["margins"]["compared"]
         assert ceiling["in_sgld_samples"] == pytest.approx(coordinates_storage(apd["rank"], SPEC, 200, "float32"))
-        # and as many samples as the budget buys at APD's precision, each stored at it, judged the same way
+        # and ⌈S / s⌉ samples each stored at APD's precision (s = 0.2656 at int8), judged the same way: the
+        # fewest whose storage reaches the budget, so at least APD's
         stored_kept = point["kept_at_precision"]
         assert stored_kept["precision"] == "int8"
-        assert stored_kept["k"] == most_kept(SPEC.numel, point["budget"], "int8", 200)
-        assert point["budget"] - 0.27 < stored_kept["in_sgld_samples"] <= point["budget"]
+        assert stored_kept["k"] == {1: 4, 2: 8, 4: 16}[point["budget"]]
+        assert point["budget"] <= stored_kept["in_sgld_samples"] < point["budget"] + 0.27
+        assert stored_kept["in_sgld_samples"] >= apd["in_sgld_samples"]
         assert apd["margins_at_precision"]["compared"] == ceiling["margins_at_precision"]["compared"] == 5
     assert points[0]["apd"]["rank"] < points[1]["apd"]["rank"] < points[2]["apd"]["rank"]
     table = (out / "frontier.md").read_text()
@@ -99,16 +101,17 @@ def test_budgets_that_cannot_be_kept_are_one_line_errors(tiny_pipeline, tmp_path
 
 
 def _point(budget: float, apd: dict | None, evenly: dict, random: dict, ceiling: dict | None = None,
-           at_precision: tuple[dict, dict] | None = None) -> dict:
+           at_precision: tuple[dict, dict] | None = None, at_precision_storage: float | None = None) -> dict:
     """A frontier point with the yardstick summaries (bald_gap, max_prob_gap, nll_gap, kl) given, and the
-    (evenly spaced, random) summaries of the samples kept at APD's precision where given."""
+    (evenly spaced, random) summaries of the samples kept at APD's precision where given, of storage
+    ``at_precision_storage`` (default: 0.1 above the budget, as ⌈S / s⌉ samples take)."""
     spread = lambda values: {key: None if v is None else {"mean": v, "std": 0.1}  # noqa: E731
                              for key, v in values.items()}
     scored = lambda values, storage: None if values is None else {  # noqa: E731
         **spread(values), "rank": 3, "in_sgld_samples": storage, "margins": {"wins": 0, "compared": 9},
         "margins_at_precision": None if at_precision is None else {"wins": 1, "compared": 9}}
     stored_kept = None if at_precision is None else {
-        "k": 7 * budget, "in_sgld_samples": budget - 0.1, "evenly_spaced": at_precision[0],
+        "k": 7 * budget + 1, "in_sgld_samples": at_precision_storage or budget + 0.1, "evenly_spaced": at_precision[0],
         "random": spread(at_precision[1])}
     return {"budget": budget, "apd": scored(apd, budget), "ceiling": scored(ceiling, 50),
             "kept": {"k": budget, "in_sgld_samples": budget, "evenly_spaced": evenly, "random": spread(random)},
@@ -158,8 +161,30 @@ def test_apd_is_judged_against_the_samples_kept_at_its_precision_on_their_own_ro
     assert crossings(results) == [2] and crossings(results, "kept_at_precision") == []
     table = render_table(results)
     assert "| 2 | APD per chain | r=3 | 2 |" in table and "| 0 of 9 | BALD, max-prob, NLL, KL | 1 of 9 | NLL |" in table
-    assert "| 2 | kept at int4, evenly spaced | k=14 | 1.9 |" in table
-    assert table.rstrip().endswith("at 2 samples' worth; below both rows of the samples kept at int4 at no budget.")
+    assert "| 2 | kept at int4, evenly spaced | k=15 | 2.1 |" in table
+    assert "and ⌈S / s⌉ SGLD samples (s: one sample's storage at int4; at least S), each stored at int4" in table
+    assert table.rstrip().endswith("at 2 samples' worth; below both rows of the samples kept at int4, with at least "
+                                   "its storage, at no budget.")
+
+
+def test_no_crossing_is_counted_where_the_samples_kept_at_apds_precision_take_less_storage_than_apd():
+    """Studies written before ⌈S / s⌉ kept the whole samples that fit S: at 2 samples' worth, 1.9 against
+    APD's 2. APD below them on every summary there is no crossing at equal bytes; at 4, with 4.1, it is."""
+    kept = {"bald_gap": 3.0, "max_prob_gap": 2.0, "nll_gap": 0.010, "kl": 0.02}
+    apd = {"bald_gap": 1.0, "max_prob_gap": 0.5, "nll_gap": -0.002, "kl": 0.005}
+    short = _point(2, apd, kept, kept, at_precision=(kept, kept), at_precision_storage=1.9)
+    enough = _point(4, apd, kept, kept, at_precision=(kept, kept), at_precision_storage=4.1)
+    assert below_kept(short, "apd", "kept_at_precision") == below_kept(enough, "apd", "kept_at_precision") == [
+        "BALD", "max-prob", "NLL", "KL"]
+    assert not fewer_bytes(short, "kept") and fewer_bytes(short, "kept_at_precision")
+    assert not fewer_bytes(enough, "kept_at_precision")
+    results = {"pipeline": "p", "dim": 10, "sgld_samples": 100, "runs": 2, "networks": 5, "ood_sets": ["a"],
+               "plan": {"precision": "int4", "subsets": 3}, "points": [short, enough]}
+    assert crossings(results) == [2, 4] and crossings(results, "kept_at_precision") == [4]
+    table = render_table(results)
+    assert "and as many whole SGLD samples as S buys at int4, each stored at int4" in table
+    assert table.rstrip().endswith("with at least its storage, at 4 samples' worth. At 2 samples' worth the samples "
+                                   "kept at int4 take less storage than APD, so no crossing is counted there.")
 
 
 def test_the_frontiers_region_puts_several_pipelines_frontiers_side_by_side(tmp_path):
@@ -189,7 +214,7 @@ def test_a_frontier_at_another_precision_has_a_region_of_its_own(tmp_path):
     (tmp_path / "docs" / "results" / "p").mkdir(parents=True)
     (tmp_path / "docs" / "results" / "p" / "frontier-int4.json").write_text(json.dumps(results))
     rendered = render_document("<!-- results:p:frontier-int4 -->\nold\n<!-- end -->\n", tmp_path)
-    assert render_table(results).strip() in rendered and "| 2 | kept at int4, random subsets | k=14 |" in rendered
+    assert render_table(results).strip() in rendered and "| 2 | kept at int4, random subsets | k=15 |" in rendered
 
 
 def test_generators_stored_at_another_precision_than_the_codec_are_counted_and_rounded_at_theirs(tiny_pipeline,
