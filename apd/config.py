@@ -162,9 +162,10 @@ class DistillConfig:
     mean on training images to those of the first chain's mean (for chains in different unit orders).
     ``per_chain`` (offline only) trains one generator per chain of the store in the one codec, a draw split
     over the chains by their shares (:mod:`apd.distillation.chain_generators`). ``precision`` is what the
-    generator's tensors (generator, codec, residual) are stored at (:mod:`apd.distillation.precision`); the
-    generator is trained and selected in float32 and stored at it once, and its storage is counted in its
-    bytes."""
+    generator's tensors (generator, codec, residual) are stored at (:mod:`apd.distillation.precision`), and
+    ``generators_at``, where given, what the generator networks (and chain shares) are stored at instead,
+    the codec staying at ``precision``; the generator is trained and selected in float32 and stored at them
+    once, and its storage is counted in its bytes."""
 
     mode: Literal["offline", "online"] = "offline"
     generator: Literal["dense", "subspace"] = "dense"
@@ -196,6 +197,11 @@ class DistillConfig:
     restart_every: int = bounded(0, ge=0)
     per_chain: bool = False
     precision: Literal["float32", "float16", "int8", "int4"] = "float32"
+    generators_at: Literal["", "float32", "float16", "int8", "int4"] = ""  # "": at ``precision``
+
+    def generator_precision(self) -> str:
+        """What the generator networks are stored at: ``generators_at``, or ``precision``."""
+        return self.generators_at or self.precision
 
     def has_residual(self) -> bool:
         """Whether generated networks carry a residual outside the principal subspace."""
@@ -309,8 +315,9 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
 # Fields that say how a stage runs, not what it makes: left out of the config hash.
 UNHASHED: tuple[tuple[str, str], ...] = (("sgld", "workers"), ("evaluate", "threads"))
 # Fields left out of the hash while they hold this value (what the pipelines made before the field existed),
-# so that existing artifacts stay reusable: an empty ``net.conv`` is the MLP every earlier pipeline had.
-HASHED_UNLESS: tuple[tuple[str, str, Any], ...] = (("net", "conv", []),)
+# so that existing artifacts stay reusable: an empty ``net.conv`` is the MLP every earlier pipeline had, an
+# empty ``distill.generators_at`` the generator stored at one precision throughout.
+HASHED_UNLESS: tuple[tuple[str, str, Any], ...] = (("net", "conv", []), ("distill", "generators_at", ""))
 
 
 def config_hash(cfg: PipelineConfig, stage: str | None = None) -> str:

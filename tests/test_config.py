@@ -114,6 +114,23 @@ def test_an_mlp_pipeline_hashes_as_before_net_conv_existed():
         assert config_hash(cnn, stage) != config_hash(plain, stage)
 
 
+def test_a_generator_at_one_precision_hashes_as_before_distill_generators_at_existed():
+    """``distill.generators_at`` empty (the generator networks at ``precision``) leaves the hashes as they were
+    before the field existed (commit 86da1b2's values), so generators distilled then stay reusable; a
+    precision of their own changes the distill and evaluate hashes, not the sample stage's."""
+    plain = from_dict({"name": "x"})
+    assert (config_hash(plain, "distill"), config_hash(plain, "evaluate")) == ("51d11f35ae544470", "0549c67b746ecde9")
+    assert plain.distill.generator_precision() == "float32"
+    mixed = from_dict({"name": "x", "distill": {"precision": "int4", "generators_at": "int8"}})
+    codec_only = from_dict({"name": "x", "distill": {"precision": "int4"}})
+    assert (mixed.distill.generator_precision(), codec_only.distill.generator_precision()) == ("int8", "int4")
+    for stage in ("distill", "evaluate"):
+        assert config_hash(mixed, stage) != config_hash(codec_only, stage)
+    assert config_hash(mixed, "sample") == config_hash(codec_only, "sample")
+    with pytest.raises(ConfigError, match="generators_at"):
+        from_dict({"name": "x", "distill": {"generators_at": "int2"}})
+
+
 def test_evaluation_threads_say_how_it_runs_not_what_it_makes():
     one = from_dict({"name": "x", "evaluate": {"threads": 1}})
     two = from_dict({"name": "x", "evaluate": {"threads": 2}})

@@ -1,8 +1,8 @@
 """The distilled posterior: θ = codec.decode(G(z)), z ~ 𝒩(0, I) (Wang et al., 2018, with the codecs of
 :mod:`apd.distillation.codec`), and how it is described, rebuilt and loaded.
 
-A generator is saved as a weights-only state_dict, stored at its precision
-(:func:`apd.distillation.precision.pack_state`), plus a JSON description (``architecture``) from which
+A generator is saved as a weights-only state_dict, stored at its precisions
+(:meth:`DistilledGenerator.pack`), plus a JSON description (``architecture``) from which
 :func:`build_generator` makes modules of the right shapes; :func:`load_generator` joins the two.
 """
 
@@ -18,7 +18,7 @@ from apd.distillation.chain_generators import ChainGenerators
 from apd.distillation.codec import WeightCodec
 from apd.distillation.gan import Generator
 from apd.distillation.kronecker import KroneckerResidual
-from apd.distillation.precision import in_samples, module_bytes, module_tensors, unpack_state
+from apd.distillation.precision import in_samples, module_bytes, module_tensors, pack_state, unpack_state
 from apd.errors import ArtifactError
 from apd.io import load_torch
 from apd.nets import ParamSpec
@@ -27,12 +27,14 @@ from apd.nets import ParamSpec
 class DistilledGenerator(nn.Module):
     """θ = codec.decode(G(z)), z ~ N(0, I): the APD posterior approximation over flat weight vectors. ``G``
     is one generator or one per chain (:class:`~apd.distillation.chain_generators.ChainGenerators`);
-    ``precision`` is what its tensors are stored at."""
+    ``precision`` is what its codec's tensors are stored at, and ``generators_at`` (default: ``precision``)
+    what its generator networks' are."""
 
     def __init__(self, generator: Generator | ChainGenerators, codec: WeightCodec,
-                 precision: str = "float32") -> None:
+                 precision: str = "float32", generators_at: str | None = None) -> None:
         super().__init__()
         self.generator, self.codec, self.precision = generator, codec, precision
+        self.generators_at = generators_at or precision
 
     @torch.no_grad()
     def sample_weights(self, k: int, generator: torch.Generator | None = None) -> Tensor:
@@ -43,8 +45,34 @@ class DistilledGenerator(nn.Module):
         return sum(t.numel() for t in module_tensors(self))
 
     def stored_bytes(self) -> int:
-        """Bytes of every stored tensor at the generator's precision."""
-        return module_bytes(self, self.precision)
+        """Bytes of every stored tensor: the codec's at ``precision``, the generator networks' at
+        ``generators_at``."""
+        return module_bytes(self.codec, self.precision) + module_bytes(self.generator, self.generators_at)
+
+    def rounds(self) -> bool:
+        """Whether storing loses anything: some part is stored below float32."""
+        return {self.precision, self.generators_at} != {"float32"}
+
+    def _parts(self, state: dict[str, Tensor]) -> list[tuple[dict[str, Tensor], str]]:
+        """``state`` split into the codec's and the generator networks' entries, each with its precision."""
+        return [({name: t for name, t in state.items() if name.startswith(f"{part}.")}, precision)
+                for part, precision in (("codec", self.precision), ("generator", self.generators_at))]
+
+    def pack(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """``state`` (this module's state_dict, or one of the same names) as stored: each part at its
+        precision (:func:`~apd.distillation.precision.pack_state`)."""
+        return {name: t for part, precision in self._parts(state) for name, t in pack_state(part, precision).items()}
+
+    def unpack(self, packed: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The state_dict :meth:`pack` stored, read back on this module's names and shapes; errors as
+        :func:`~apd.distillation.precision.unpack_state`'s (a stored tensor of neither part has no place)."""
+        if extra := sorted(name for name in packed if not name.startswith(("codec.", "generator."))):
+            raise ValueError(f"stored tensor {extra[0]!r} has no place in the module")
+        state: dict[str, Tensor] = {}
+        for (template, precision), (stored, _) in zip(self._parts(self.state_dict()), self._parts(packed),
+                                                      strict=True):
+            state.update(unpack_state(stored, template, precision))
+        return state
 
     def storage_in_samples(self) -> float:
         return in_samples(self.stored_bytes(), self.codec.dim)
@@ -66,7 +94,8 @@ def architecture(cfg: DistillConfig, dim: int, layer_sizes: list[int], chains: i
             "residual": cfg.generator == "subspace" and cfg.residual.model == "diagonal",
             "kronecker_rank": cfg.residual.kronecker_rank if kronecker else 0, "layer_sizes": layer_sizes,
             "z_dim": cfg.z_dim, "gen_hidden": cfg.gen_hidden, "critic_hidden": cfg.critic_hidden, "loss": cfg.loss,
-            "chains": chains if cfg.per_chain else 0, "precision": cfg.precision}
+            "chains": chains if cfg.per_chain else 0, "precision": cfg.precision,
+            "generators_at": cfg.generator_precision()}
 
 
 def build_generator(arch: dict) -> DistilledGenerator:
@@ -80,7 +109,7 @@ def build_generator(arch: dict) -> DistilledGenerator:
     chains = arch.get("chains", 0)  # 0: one generator for the whole store
     shares = torch.full((chains,), 1 / max(chains, 1))  # the saved shares replace these
     g = ChainGenerators([generator() for _ in range(chains)], shares) if chains else generator()
-    return DistilledGenerator(g, codec, arch.get("precision", "float32"))
+    return DistilledGenerator(g, codec, arch.get("precision", "float32"), arch.get("generators_at"))
 
 
 def load_generator(weights: Path, manifest: dict, expect_spec: ParamSpec | None = None,
@@ -97,7 +126,7 @@ def load_generator(weights: Path, manifest: dict, expect_spec: ParamSpec | None 
                             f"network is {expect_spec.describe()}; run `apd distill --force`")
     model = build_generator(arch)
     try:
-        model.load_state_dict(unpack_state(load_torch(weights), model.state_dict(), model.precision))
+        model.load_state_dict(model.unpack(load_torch(weights)))
     except (KeyError, RuntimeError, ValueError) as exc:
         raise ArtifactError(f"{weights}: does not match its manifest ({str(exc).splitlines()[0]})") from None
     return model.to(device).eval(), spec

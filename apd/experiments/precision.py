@@ -111,7 +111,7 @@ def generator_storage(d: DistillConfig, rank: int, spec: ParamSpec, precision: s
 def apd_bytes(model: DistilledGenerator, precision: str, generators_at: str | None = None) -> int:
     """Bytes of a distilled generator whose codec (mean, basis, scales, residual) is stored at ``precision``
     and whose generator networks (and chain shares) at ``generators_at`` (None: ``precision`` too)."""
-    return module_bytes(model.codec, precision) + module_bytes(model.generator, generators_at or precision)
+    return DistilledGenerator(model.generator, model.codec, precision, generators_at).stored_bytes()
 
 
 def most_kept(dim: int, budget: float, precision: str, available: int) -> int:

@@ -9,7 +9,8 @@ kept (``selection = "last"`` keeps the last). The kept generator becomes ``gener
 ``generator-last.pt``, and ``generator.json`` records the criterion at every evaluation and the step
 kept. With ``per_chain`` one generator per chain of the store learns from that chain's samples
 (:mod:`apd.distillation.chain_generators`), all judged together as one generator. Both generators are
-stored at ``precision`` (:func:`apd.distillation.precision.pack_state`). Files are built under temporary
+stored at ``precision``, the generator networks at ``generators_at`` where given
+(:meth:`~apd.distillation.generator.DistilledGenerator.pack`). Files are built under temporary
 names and swapped in only when the run has finished.
 """
 
@@ -33,7 +34,7 @@ from apd.distillation.chain_generators import ChainTrainers, chain_partition
 from apd.distillation.codec import WeightCodec
 from apd.distillation.gan import GANTrainer
 from apd.distillation.generator import DistilledGenerator, architecture
-from apd.distillation.precision import in_samples, pack_state, unpack_state
+from apd.distillation.precision import in_samples
 from apd.distillation.training import (
     StoreBatches,
     ValidationMonitor,
@@ -237,15 +238,16 @@ def _train(ctx: RunContext, trainer: GANTrainer | ChainTrainers, codec: WeightCo
            between_steps: Callable[[int], None] | None = None, generators: tuple[torch.Generator, ...] = ()) -> dict:
     """The GAN loop shared by both modes: checkpoints, judging, keeping the best step, and at the end the
     residual's scale matched to SGLD's (:mod:`apd.distillation.residual`) when so configured. The kept
-    and the last generator are written to their partial files, stored at ``[distill] precision``; for a
-    precision below float32 the stored generator is judged once more (``selection.stored``).
+    and the last generator are written to their partial files, stored at ``[distill] precision`` (the
+    generator networks at ``generators_at`` where given); stored below float32, the stored generator is
+    judged once more (``selection.stored``).
 
     ``generators`` (e.g. the real-batch sampler's) are checkpointed with the trainer, so a resumed run
     repeats an uninterrupted one exactly."""
     generators = (*generators, monitor.rng)
     d = ctx.cfg.distill
     stage_hash = config_hash(ctx.cfg, "distill")
-    model = DistilledGenerator(trainer.generator, codec, d.precision)
+    model = DistilledGenerator(trainer.generator, codec, d.precision, d.generator_precision())
     checkpoint = checkpoint_of(ctx.layout.generator)
     history: list[dict] = []
     best: dict = {"step": 0, "criterion": math.inf, "state": None}
@@ -289,15 +291,15 @@ def _train(ctx: RunContext, trainer: GANTrainer | ChainTrainers, codec: WeightCo
     model.load_state_dict(best["state"])
     residual = _match_residual(ctx, model, monitor) if codec.has_residual else {}
     last.update({f"codec.{name}": value.clone() for name, value in codec.state_dict().items()})
-    save_torch_atomic(partial_of(ctx.layout.generator_last), pack_state(last, d.precision))
-    stored = pack_state(model.state_dict(), d.precision)
+    save_torch_atomic(partial_of(ctx.layout.generator_last), model.pack(last))
+    stored = model.pack(model.state_dict())
     save_torch_atomic(partial_of(ctx.layout.generator), stored)
     kept = next(entry for entry in history if entry["step"] == best["step"])
     selection = {"criterion": "mean KL(SGLD ‖ generated) + mean |BALD gap| on validation inputs (nats)",
                  "rule": d.selection, "inputs": len(monitor.x), "reference_samples": REFERENCE_SAMPLES,
                  "kept_step": best["step"], "kept": kept, "last": history[-1]}
-    if d.precision != "float32":  # what the stored numbers give, judged as the kept step was
-        model.load_state_dict(unpack_state(stored, model.state_dict(), d.precision))
+    if model.rounds():  # what the stored numbers give, judged as the kept step was
+        model.load_state_dict(model.unpack(stored))
         selection["stored"] = {key: round(value, 6) for key, value in monitor.judge(model.eval()).items()}
     return {"selection": selection, "history": history, "sgld_val_accuracy": monitor.reference.accuracy,
             "sgld_val_mean_bald": monitor.reference.mean_information,
@@ -323,6 +325,7 @@ def _finish(ctx: RunContext, spec: ParamSpec, summary: dict, inputs: dict, n_sam
                              machine=machine(ctx.device),
                              architecture=architecture(d, spec.numel, spec.layer_sizes, chains), mode=d.mode,
                              storage={"generator_parameters": parameters, "precision": d.precision,
+                                      "generators_at": d.generator_precision(),
                                       "generator_bytes": partial_of(layout.generator).stat().st_size,
                                       "in_sgld_samples": round(worth, 2),
                                       "store_samples": n_samples, "store_bytes": store_bytes},
@@ -334,7 +337,9 @@ def _finish(ctx: RunContext, spec: ParamSpec, summary: dict, inputs: dict, n_sam
     log.info("generator: step %d kept (criterion %.4f, KL %.4f, BALD gap %.4f; validation accuracy %.4f vs SGLD's "
              "%.4f); %s parameters at %s (%.2f SGLD samples' worth); %.0f s → %s", kept["step"], kept["criterion"],
              kept["kl"], kept["bald_gap"], kept["accuracy"], summary["sgld_val_accuracy"], f"{parameters:,}",
-             d.precision, worth, summary["seconds"], layout.generator)
+             d.precision if d.generator_precision() == d.precision else
+             f"{d.precision} (generator networks {d.generator_precision()})", worth, summary["seconds"],
+             layout.generator)
 
 
 def distill_online(ctx: RunContext) -> Path:

@@ -116,3 +116,29 @@ def test_a_state_dict_is_stored_in_its_precisions_parts_and_read_back_by_name_an
         unpack_state(packed, {**state, "w": state["w"][:2]}, "int8")  # one block too many, silently cut otherwise
     with pytest.raises(ValueError, match="'b.int8' has no place"):
         unpack_state(packed, {"w": state["w"], "steps": state["steps"]}, "int8")
+
+
+def test_a_generator_with_its_networks_at_another_precision_stores_each_part_at_its_own():
+    """DistilledGenerator(precision int4, generators_at int8): the codec's tensors packed at int4, the
+    generator networks' at int8, read back on each grid; a stored tensor of neither part has no place."""
+    from apd.distillation.codec import WeightCodec
+    from apd.distillation.gan import Generator
+    from apd.distillation.generator import DistilledGenerator
+    from apd.distillation.precision import module_bytes
+
+    torch.manual_seed(0)
+    codec = WeightCodec.empty("subspace", 300, 4, residual=False)
+    for tensor in codec.state_dict().values():
+        tensor.copy_(torch.randn_like(tensor))
+    model = DistilledGenerator(Generator(3, [8], 4), codec, "int4", "int8")
+    packed = model.pack(model.state_dict())
+    assert {name.rsplit(".", 1)[1] for name in packed if name.startswith("codec.")} == {"int4", "scale"}
+    assert {name.rsplit(".", 1)[1] for name in packed if name.startswith("generator.")} == {"int8", "scale"}
+    back = model.unpack(packed)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(back[name], round_trip(tensor, "int4" if name.startswith("codec.") else "int8")), name
+    assert model.stored_bytes() == module_bytes(model.codec, "int4") + module_bytes(model.generator, "int8")
+    assert DistilledGenerator(model.generator, codec, "int4").generators_at == "int4"  # default: the codec's
+    assert model.rounds() and not DistilledGenerator(model.generator, codec).rounds()
+    with pytest.raises(ValueError, match="'stray.int8' has no place"):
+        model.unpack({**packed, "stray.int8": packed["generator.net.0.weight.int8"]})

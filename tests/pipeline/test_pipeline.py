@@ -203,6 +203,32 @@ def test_a_generator_stored_at_int4_holds_two_codes_a_byte_and_is_read_back_from
     assert manifest["storage"]["in_sgld_samples"] == round(in_samples(module_bytes(model, "int4"), spec.numel), 2)
 
 
+def test_generator_networks_stored_at_their_own_precision_are_saved_and_read_back_at_it(pipeline, tmp_path):
+    """precision int4 with generators_at int8: the codec's tensors are stored as 4-bit codes, the generator
+    networks' as 8-bit ones; the loaded generator is on each part's grid, counted in those bytes, and judged
+    once more as stored."""
+    from apd.distillation.precision import in_samples, module_bytes, round_trip
+    from apd.pipeline import distill
+
+    copy_samples(pipeline[0], tmp_path)
+    ctx = tiny_context(tmp_path, distill={"precision": "int4", "generators_at": "int8", "steps": 20})
+    path = distill.run_distill(ctx)
+    for name in ("generator.pt", "generator-last.pt"):
+        saved = torch.load(path.with_name(name), weights_only=True)
+        codes = [k for k in saved if k.endswith((".int4", ".int8"))]
+        assert {k.split(".")[0] + k[k.rfind("."):] for k in codes} == {"codec.int4", "generator.int8"}, name
+    manifest = json.loads(path.with_suffix(".json").read_text())
+    model, spec = load_generator(path, manifest)
+    assert (model.precision, model.generators_at) == ("int4", "int8")
+    for part, precision in ((model.codec, "int4"), (model.generator, "int8")):
+        assert all(torch.equal(t, round_trip(t, precision)) for t in part.parameters() if t.numel() > 1)
+    stored = module_bytes(model.codec, "int4") + module_bytes(model.generator, "int8")
+    assert model.stored_bytes() == stored < module_bytes(model, "int8")
+    assert manifest["storage"]["generators_at"] == "int8" and manifest["architecture"]["generators_at"] == "int8"
+    assert manifest["storage"]["in_sgld_samples"] == round(in_samples(stored, spec.numel), 2)
+    assert set(manifest["selection"]["stored"]) >= {"criterion", "kl", "bald_gap", "accuracy"}
+
+
 def test_matched_residual_is_saved_scaled(pipeline, tmp_path):
     """With the residual on, the saved codec holds α times the fitted per-weight scale, α from the
     matching (recorded in the manifest), in both saved generators."""
