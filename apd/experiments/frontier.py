@@ -28,8 +28,8 @@ margins over the kept samples (:func:`~apd.evaluation.yardstick.margins_over_kep
 both the evenly spaced and the random subsets larger than the subsets' std). APD's curve crosses the kept
 samples' at the budgets where all four summaries are below both kept rows' (:func:`below_kept`), and the
 curve of the samples kept at APD's precision likewise. APD's storage is at most S, so both sets of kept
-samples have at least APD's bytes; a crossing counts only where they do (:func:`crossings`: studies written
-before ⌈S / s⌉ kept ⌊S / s⌋ whole samples at APD's precision, which may take less than APD).
+samples have at least APD's bytes, unless the store holds fewer than ⌈S / s⌉; a crossing counts only where
+they do (:func:`crossings`).
 
 Judged, as the precision study is, on validation images and the OOD tuning pool only; writes
 ``artifacts/NAME/experiments/frontier.{json,md,png}``, or ``frontier-PRECISION.*`` for APD stored at a
@@ -184,8 +184,8 @@ def below_kept(point: dict, method: str = "apd", kept: str = "kept") -> list[str
 
 
 def fewer_bytes(point: dict, kept: str) -> bool:
-    """Whether the ``kept`` samples at one budget take less storage than APD there (only samples kept at
-    APD's precision by studies written before they were ⌈S / s⌉ can)."""
+    """Whether the ``kept`` samples at one budget take less storage than APD there: only samples kept at
+    APD's precision can, where the store holds fewer than ⌈S / s⌉."""
     apd, rows = point.get("apd"), point.get(kept)
     return apd is not None and rows is not None and rows["in_sgld_samples"] < apd["in_sgld_samples"]
 
@@ -230,17 +230,13 @@ def render_table(results: dict) -> str:
     stored_at = precision if generators == precision else f"{precision} (the generator networks at {generators})"
     rounded_as = "APD is" if generators == precision else "APD's codec is"
     at_precision = any(point.get("kept_at_precision") for point in points)
-    if all(point["kept_at_precision"]["in_sgld_samples"] >= point["budget"] - 1e-9
-           for point in points if point.get("kept_at_precision")):
-        how_many = f"⌈S / s⌉ SGLD samples (s: one sample's storage at {precision}; at least S)"
-    else:  # studies written before ⌈S / s⌉ kept the whole samples that fit S
-        how_many = f"as many whole SGLD samples as S buys at {precision}"
     note = (f"# Storage frontier on {results['pipeline']}\n\nAt each budget S (SGLD samples' worth; D = "
             f"{results['dim']:,} weights, {results['sgld_samples']:,} stored samples): APD with one generator "
             f"per chain in the largest shared principal subspace whose codec and generators fit S at "
             f"{stored_at}, and S SGLD samples kept at float32, evenly spaced and the mean ± std of "
             f"{plan['subsets']} random subsets"
-            + (f"; and {how_many}, each stored at {precision} as {rounded_as}" if at_precision else "")
+            + (f"; and ⌈S / s⌉ SGLD samples (s: one sample's storage at {precision}; at least S where the store "
+               f"holds that many), each stored at {precision} as {rounded_as}" if at_precision else "")
             + f". {results['runs']} runs × {results['networks']} networks per APD "
             f"draw (mean ± std over runs); judged on validation images and the OOD tuning pool "
             f"({' / '.join(results['ood_sets'])}). Gaps to SGLD: worst per-set AUROC gap in points (positive: "
