@@ -141,9 +141,9 @@ def distill_offline(ctx: RunContext) -> Path:
             trainer = make_trainer(d, codec.code_dim, ctx.seed("distill", "gan"), ctx.device)
             summary = _train(ctx, trainer, codec, real, monitor, inputs, generators=(real.rng,))
         summary["alignment"] = data.alignment
-        n_samples, chains = len(store), len(np.unique(store.chains))
+        n_samples, chains, store_bytes = len(store), len(np.unique(store.chains)), store.file_bytes
     summary["seconds"] = round(time.perf_counter() - started, 2)
-    _finish(ctx, spec, summary, inputs, n_samples, source.stat().st_size, chains)
+    _finish(ctx, spec, summary, inputs, n_samples, store_bytes, chains)
     return path
 
 

@@ -197,8 +197,9 @@ def _summarise_detection(runs: list[dict | None]) -> dict | None:
 def _storage(ctx: RunContext, name: str, method: Posterior) -> dict:
     parameters = method.stored_parameters()
     artifact = METHODS[name].artifact(ctx.layout)
-    if name == "sgld":  # the store, and the shards a joined store reads its samples from
-        size = sum((artifact.parent / file).stat().st_size for file in read_json(manifest_of(artifact))["files"])
+    if name == "sgld":
+        with SampleStore.open(artifact) as store:
+            size = store.file_bytes
     else:
         size = artifact.stat().st_size if name in ("sgd", "mcdropout", "apd") else 4 * parameters
     return {"parameters": int(parameters), "bytes": int(size),

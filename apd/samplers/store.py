@@ -242,6 +242,11 @@ class SampleStore:
         return list(dict.fromkeys(source_path(self.path, m.file_name) for m in self._samples.virtual_sources()))
 
     @property
+    def file_bytes(self) -> int:
+        """Bytes on disk of the store's file and of the shards a joined store reads its rows from."""
+        return sum(path.stat().st_size for path in (self.path, *self.shards))
+
+    @property
     def dim(self) -> int:
         """D, the length of one weight vector."""
         return self.spec.numel

@@ -257,6 +257,7 @@ def test_joined_store_works_unchanged_in_distill_and_evaluate(joined_pipeline, c
     assert diagnostics["chains_used"] == 2 and diagnostics["families"]["function"]["quantities"] == 300
     stored = sum((layout / name).stat().st_size for name in ("samples.h5", "samples-0.h5", "samples-1.h5"))
     assert results["storage"]["sgld"]["bytes"] == stored
+    assert read_json(layout / "generator.json")["storage"]["store_bytes"] == stored
     assert main(["info", "--config", str(cfg_path), "--artifacts", str(root)]) == 0
     out = capsys.readouterr().out
     assert "sgld       2 chain(s) on 2 worker(s); convergence diagnostics, 2 chains" in out
