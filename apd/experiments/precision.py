@@ -8,9 +8,11 @@ A storage budget of S SGLD samples' worth (``budget``, bytes / (4·D)) buys, at 
   whose stored tensors (generator weights, codec mean, basis, scales and residual factors) fit the budget
   at that precision, trained on float32 samples as ``apd distill`` trains it and then stored at the
   precision;
-- **kept samples**: the most SGLD samples that fit the budget at that precision, k = ⌊S / (bytes of one
-  sample / 4D)⌋, evenly spaced over the store (across chains) and ``subsets`` random subsets for the
-  spread, each sample stored at the precision.
+- **kept samples**: the fewest SGLD samples that take the budget at that precision, k = ⌈S / s⌉ with s
+  = bytes of one sample / 4D (:func:`~apd.evaluation.yardstick.kept_for`, as ``apd evaluate`` and the
+  frontier keep them), so at least every method's storage; evenly spaced over the store (across chains)
+  and ``subsets`` random subsets for the spread, each sample stored at the precision. (Studies written
+  before kept ⌊S / s⌋, which may take less than a method: the table says where.)
 
 - **SGLD coordinates**: the ceiling of any generator in a rank-r subspace, and a distilled store of its
   own: the codec (mean, basis, scales, no residual) plus every stored sample's r coordinates, at the
@@ -22,11 +24,12 @@ A storage budget of S SGLD samples' worth (``budget``, bytes / (4·D)) buys, at 
   largest rank for which the codec and the generators fit. The chains of a store may sit in separate
   modes, which one generator fed one Gaussian latent cannot keep apart (its image is connected).
 
-So lower precision buys APD a larger rank and the kept samples more members, and the comparison stays at
-equal storage. Both are scored by the kept-samples yardstick (:mod:`apd.evaluation.yardstick`): worst
-per-set BALD and max-prob AUROC gap to SGLD, NLL gap and KL to SGLD's predictive, and the margins of APD
-and of the coordinates over their kept samples (:func:`~apd.evaluation.yardstick.margins_over_kept`: a win
-is a margin larger than the random subsets' spread over both the evenly spaced and the random subsets).
+So lower precision buys APD a larger rank and the kept samples more members, and the kept samples never have
+fewer bytes than the method they are set against. Both are scored by the kept-samples yardstick
+(:mod:`apd.evaluation.yardstick`): worst per-set BALD and max-prob AUROC gap to SGLD, NLL gap and KL to
+SGLD's predictive, and the margins of APD and of the coordinates over their kept samples
+(:func:`~apd.evaluation.yardstick.margins_over_kept`: a win is a margin larger than the random subsets'
+spread over both the evenly spaced and the random subsets).
 The *storage shift* is the mean total variation ½ Σ_y |p̄₃₂(y | x) − p̄(y | x)| on validation images
 between an ensemble stored at float32 and the same ensemble (the same codes and residual draws; the same
 rows) stored at the precision: what the rounding alone changes.
@@ -67,7 +70,7 @@ from apd.distillation.precision import (
 from apd.distillation.training import encode_store, make_trainer
 from apd.errors import ConfigError
 from apd.evaluation.protocol import EvaluationInputs
-from apd.evaluation.yardstick import Reference, kept_samples, margins_over_kept, mean_of, std_of
+from apd.evaluation.yardstick import Reference, kept_for, kept_samples, margins_over_kept, mean_of, std_of
 from apd.experiments.distillers import DistillerPlan, Variant, build
 from apd.experiments.outputs import run_study
 from apd.experiments.storage import judge_runs, sgld_reference
@@ -112,11 +115,6 @@ def apd_bytes(model: DistilledGenerator, precision: str, generators_at: str | No
     """Bytes of a distilled generator whose codec (mean, basis, scales, residual) is stored at ``precision``
     and whose generator networks (and chain shares) at ``generators_at`` (None: ``precision`` too)."""
     return DistilledGenerator(model.generator, model.codec, precision, generators_at).stored_bytes()
-
-
-def most_kept(dim: int, budget: float, precision: str, available: int) -> int:
-    """The most samples of ``dim`` numbers stored at ``precision`` that fit ``budget`` (at most ``available``)."""
-    return min(available, int(budget // in_samples(stored_bytes(dim, precision), dim)))
 
 
 def coordinates_storage(rank: int, spec: ParamSpec, samples: int, precision: str) -> float:
@@ -317,7 +315,7 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
                                            limit)
             chain_rank = largest_rank(lambda r, p=precision: chain_generators_storage(
                 cfg.distill, r, spec, chains, p), plan.budget, limit) if plan.per_chain else 0
-            k = most_kept(dim, plan.budget, precision, n)
+            k = kept_for(plan.budget, dim, precision, n)
             seed = ctx.seed("experiment", "precision", precision)
             kept = kept_row(ctx, store, k, inputs, reference, plan, precision, seed) if k else None
             row: dict = {"precision": precision, "rank": rank, "k": k, "kept": kept, "apd": None, "margins": None,
@@ -369,6 +367,16 @@ def _method_rows(row: dict) -> list[tuple[str, str, dict | None, dict | None]]:
             ("kept, random subsets", f"k={row['k']}", None if kept is None else kept["random"], None)]
 
 
+def fewer_bytes_than_kept(row: dict) -> list[str]:
+    """The judged methods of one precision's row whose storage exceeds that of the row's kept samples (only
+    studies written before the kept samples were ⌈S / s⌉ have any): their wins over kept are not at equal
+    storage."""
+    kept = row["kept"]
+    return [] if kept is None else [
+        method for method, _, summary, margins in _method_rows(row)
+        if margins is not None and summary["in_sgld_samples"] > kept["in_sgld_samples"]]
+
+
 def wins_over_float32_kept(summary: dict, float32_kept: dict | None) -> dict | None:
     """A judged method's margins over ⌈S⌉ kept samples stored at float32 (issue 20's yardstick), S its
     storage: over ``float32_kept`` (the float32 row's kept samples) when there are ⌈S⌉ of them; None
@@ -381,6 +389,10 @@ def wins_over_float32_kept(summary: dict, float32_kept: dict | None) -> dict | N
 def render_table(results: dict) -> str:
     """The Markdown of ``precision.md``: a note on the protocol and, per precision, APD, the SGLD coordinates
     and the kept samples on each yardstick quantity."""
+    kept_rows = [row["kept"] for row in results["rows"] if row["kept"] is not None]
+    kept_phrase = ("the fewest SGLD samples that take the budget (⌈S / s⌉, s one sample's storage)"
+                   if all(kept["in_sgld_samples"] >= results["budget"] - 1e-9 for kept in kept_rows)
+                   else "the most SGLD samples that fit")
     note = (f"# Storage precision on {results['pipeline']}\n\nA budget of {results['budget']:g} SGLD samples' "
             f"worth (D = {results['dim']:,} weights, {results['sgld_samples']:,} stored samples) at each precision: "
             "APD (the pipeline's distiller at the largest rank that fits, stored at the precision), "
@@ -388,7 +400,7 @@ def render_table(results: dict) -> str:
                if results["plan"].get("per_chain") else "") +
             "every SGLD "
             "sample's coordinates in the largest principal subspace that fits with them (the ceiling of a "
-            "generator in that subspace) and the most SGLD samples that fit, evenly spaced and the mean ± std "
+            f"generator in that subspace) and {kept_phrase}, evenly spaced and the mean ± std "
             f"of {results['plan']['subsets']} random subsets, all stored at the same precision. "
             f"{results['runs']} runs × {results['networks']} networks per draw (mean ± std over runs); judged on "
             f"validation images and the OOD tuning pool ({' / '.join(results['ood_sets'])}). Gaps to SGLD: "
@@ -420,7 +432,11 @@ def render_table(results: dict) -> str:
                          "—" if margins is None else f"{margins['wins']} of {margins['compared']}",
                          "—" if over_float32 is None else f"{over_float32['wins']} of {over_float32['compared']}",
                          format_number(shift, 4)])
-    return note + markdown_table(header, body) + "\n"
+    short = [f"at {row['precision']} than {' and '.join(f'“{m}”' for m in methods)}" for row in results["rows"]
+             if (methods := fewer_bytes_than_kept(row))]
+    caveat = (f"\nThe kept samples take less storage {'; '.join(short)}: those wins over kept are not at equal "
+              "storage.\n" if short else "")
+    return note + markdown_table(header, body) + "\n" + caveat
 
 
 def draw_figure(results: dict, path: Path) -> None:

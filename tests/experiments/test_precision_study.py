@@ -16,13 +16,15 @@ from apd.distillation.codec import WeightCodec
 from apd.distillation.gan import Generator
 from apd.distillation.generator import DistilledGenerator, architecture, build_generator
 from apd.distillation.precision import module_bytes, module_tensors, round_trip_module_
+from apd.evaluation.yardstick import kept_for
 from apd.experiments.precision import (
     apd_bytes,
     chain_generators_storage,
     coordinates_storage,
+    fewer_bytes_than_kept,
     generator_storage,
     largest_rank,
-    most_kept,
+    render_table,
     stored_apd,
     wins_over_float32_kept,
 )
@@ -40,18 +42,19 @@ def test_a_generators_float32_bytes_are_four_per_stored_number():
     assert generator_storage(d, d.subspace_rank, SPEC, "float32") == pytest.approx(model.storage_in_samples())
 
 
-def test_the_budget_buys_the_largest_rank_and_the_most_samples_that_fit():
+def test_the_budget_buys_the_largest_rank_and_the_fewest_samples_that_take_it():
     d = from_dict(TINY).distill
-    for precision, samples in (("float32", 4), ("float16", 8), ("int8", 15), ("int4", 28)):
+    # one sample of D = 2,410 numbers: 1, 0.5, 0.2658 (int8) and 0.1408 (int4) samples' worth
+    for precision, samples in (("float32", 4), ("float16", 8), ("int8", 16), ("int4", 29)):
         storage = lambda r, p=precision: generator_storage(d, r, SPEC, p)  # noqa: E731
         rank = largest_rank(storage, 4.0, limit=100)
         assert storage(rank) <= 4.0 < storage(rank + 1)
-        assert most_kept(SPEC.numel, 4.0, precision, available=1000) == samples
+        assert kept_for(4.0, SPEC.numel, precision, available=1000) == samples
     assert largest_rank(lambda r: generator_storage(d, r, SPEC, "float32"), 0.5, limit=100) == 0  # the mean: 1
     assert largest_rank(lambda r: 0.0, 4.0, limit=7) == 7  # never more than the limit
     # the coordinates' codec: mean, basis and scales; then 200 samples × r coordinates, all at 4 bytes
     assert coordinates_storage(3, SPEC, 200, "float32") == pytest.approx((SPEC.numel * 4 + 3 + 600) / SPEC.numel)
-    assert most_kept(SPEC.numel, 4.0, "int8", available=10) == 10
+    assert kept_for(4.0, SPEC.numel, "int8", available=10) == 10
 
 
 def test_one_generator_per_chain_is_counted_with_its_codec_and_shares_and_stored_at_int8():
@@ -81,10 +84,11 @@ def test_the_study_compares_apd_with_its_kept_samples_at_each_precision(tiny_pip
     rows = {row["precision"]: row for row in results["rows"]}
     assert list(rows) == ["float32", "float16", "int8", "int4"]
     assert rows["float32"]["rank"] < rows["float16"]["rank"] < rows["int8"]["rank"] < rows["int4"]["rank"]
-    assert [rows[p]["k"] for p in rows] == [4, 8, 15, 28]
-    for row in rows.values():
-        assert max(row["apd"]["in_sgld_samples"], row["kept"]["in_sgld_samples"],
-                   row["coordinates"]["in_sgld_samples"]) <= 4
+    assert [rows[p]["k"] for p in rows] == [4, 8, 16, 29]
+    for row in rows.values():  # every method within the budget, the kept samples at least at it
+        assert max(row["apd"]["in_sgld_samples"], row["coordinates"]["in_sgld_samples"]) <= 4
+        assert 4 <= row["kept"]["in_sgld_samples"] < 4.27
+        assert fewer_bytes_than_kept(row) == []
         assert row["apd"]["steps"] == 20
         assert row["margins"]["compared"] == row["coordinates"]["margins"]["compared"] == 5  # 2 sets × 2, NLL
         assert row["per_chain"]["chains"] == 1 and row["per_chain"]["in_sgld_samples"] <= 4
@@ -105,6 +109,16 @@ def test_the_study_compares_apd_with_its_kept_samples_at_each_precision(tiny_pip
     table = (out / "precision.md").read_text()
     assert "| int8 | SGLD coordinates |" in table and "none fits" not in table
     assert "wins over ⌈S⌉ float32 kept" in table
+    assert "the fewest SGLD samples that take the budget (⌈S / s⌉" in table and "not at equal storage" not in table
+    # a study written before ⌈S / s⌉ kept the most samples that fit, which may take less than APD: said so
+    older = json.loads(json.dumps(results))
+    int8 = next(row for row in older["rows"] if row["precision"] == "int8")
+    int8["kept"]["in_sgld_samples"] = int8["apd"]["in_sgld_samples"] - 0.01
+    assert fewer_bytes_than_kept(int8)[0] == "APD"
+    older_table = render_table(older)
+    assert "and the most SGLD samples that fit, evenly spaced" in older_table
+    assert "The kept samples take less storage at int8 than “APD”" in older_table
+    assert "those wins over kept are not at equal storage." in older_table
     assert (out / "precision.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
