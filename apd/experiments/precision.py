@@ -219,10 +219,11 @@ def storage_shift(exact: Posterior, stored: Posterior, x: Tensor, networks: int,
 
 def stored_apd(method: APDGenerator, precision: str, generators_at: str | None = None) -> APDGenerator:
     """A copy of ``method`` with every stored tensor read back from ``precision``, those of its generator
-    networks from ``generators_at`` where given (:func:`apd_bytes`)."""
-    model = copy.deepcopy(method.model)
-    round_trip_module_(model.codec, precision)
-    round_trip_module_(model.generator, generators_at or precision)
+    networks from ``generators_at`` where given: what ``apd distill`` stores
+    (:meth:`~apd.distillation.generator.DistilledGenerator.pack`) and loads."""
+    exact = copy.deepcopy(method.model)
+    model = DistilledGenerator(exact.generator, exact.codec, precision, generators_at)
+    model.load_state_dict(model.unpack(model.pack(model.state_dict())))
     name = precision if generators_at in (None, precision) else f"{precision}, generators {generators_at}"
     return APDGenerator(model, method.spec, f"{method.name}, {name}")
 

@@ -14,7 +14,6 @@ Everything is built in ``eval.partial/`` and swapped in for ``eval/`` when compl
 from __future__ import annotations
 
 import logging
-import math
 import shutil
 import time
 from contextlib import ExitStack
@@ -355,7 +354,7 @@ def yardstick(ctx: RunContext, methods: dict[str, Posterior], inputs: Evaluation
         equal = {}
         for name, method in methods.items():
             worth = method.storage_in_samples()
-            k = math.ceil(worth - 1e-9)
+            k = kept_for(worth, dim, "float32", n)
             if name in ("sgld", "kept") or k >= n:  # kept: the yardstick itself
                 continue
             if k not in by_k:  # a stream per size: the subsets of k do not depend on the other methods
