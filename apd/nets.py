@@ -292,24 +292,42 @@ def _linear_stack(layers: list[tuple[int, int, int, int]], block: Tensor, h: Ten
 
 def _cnn_forward(convs: list[tuple[int, int, int, int]], layers: list[tuple[int, int, int, int]], block: Tensor,
                  x: Tensor) -> Tensor:
-    """Forward pass of k CNNs (rows of ``block``) on shared flat images x [N, side²] → [k, N, C]: the k
-    networks' feature maps side by side in one tensor [N, k·c, s, s], convolved in k groups.
+    """Forward pass of k CNNs (rows of ``block``) on flat images → [k, N, C]: shared images x [N, side²], or
+    each network its own, x [k, N, side²]. The k networks' feature maps lie side by side in one tensor
+    [N, k·c, s, s], convolved in k groups (the first convolution too when each network has its own images).
 
     The grouped convolutions read channels-last tensors, on which this CPU ran them about 5× faster than
     on contiguous ones; pooling comes before the ReLU (max pooling commutes with it) and is
     :func:`_max_pool`."""
-    k, n_inputs = block.shape[0], x.shape[0]
-    side = math.isqrt(x.shape[1])
-    h = x.view(n_inputs, 1, side, side)
+    k, n_inputs = block.shape[0], x.shape[-2]
+    side = math.isqrt(x.shape[-1])
+    own_inputs = x.dim() == 3
+    h = x.transpose(0, 1).reshape(n_inputs, k, side, side) if own_inputs else x.view(n_inputs, 1, side, side)
     for i, (w_start, b_start, n_out, n_in) in enumerate(convs):
         w = block[:, w_start:w_start + n_out * n_in * KERNEL * KERNEL].reshape(k * n_out, n_in, KERNEL, KERNEL)
         b = block[:, b_start:b_start + n_out].reshape(k * n_out)
-        if i:
+        grouped = i > 0 or own_inputs
+        if grouped:
             h = h.contiguous(memory_format=torch.channels_last)
-        h = F.conv2d(h, w, b, padding=_padding(i), groups=1 if i == 0 else k)
+        h = F.conv2d(h, w, b, padding=_padding(i), groups=k if grouped else 1)
         h = _max_pool(h).relu_()  # in place: the pooled maps are our own, and max's backward never reads them
     h = h.reshape(n_inputs, k, -1).transpose(0, 1)  # [k, N, c·s·s], each network's maps flattened as nn.Flatten
     return _linear_stack(layers, block, h)
+
+
+def per_network_logits(spec: ParamSpec, weights: Tensor, x: Tensor) -> Tensor:
+    """Logits of K networks, each on its own inputs: weights [K, D], x [K, N, features] → [K, N, C].
+
+    The training step of K SGLD chains on their own minibatches (:class:`apd.samplers.chain.SGLDChains`): an
+    MLP is K batched ``baddbmm`` products per layer (:func:`_linear_stack`), a CNN K-group convolutions
+    (:func:`_cnn_forward`). Computes in ``weights``' dtype on its device, in one block; differentiable."""
+    if weights.dim() != 2 or weights.shape[1] != spec.numel:
+        raise ValueError(f"weights must be [K, {spec.numel}], got {list(weights.shape)}")
+    if x.dim() != 3 or x.shape[0] != weights.shape[0]:
+        raise ValueError(f"inputs must be [{weights.shape[0]}, N, features], one set per network; got {list(x.shape)}")
+    convs, layers = spec.conv_layers(), spec.linear_layers()
+    x = x.to(device=weights.device, dtype=weights.dtype)
+    return _cnn_forward(convs, layers, weights, x) if convs else _linear_stack(layers, weights, x)
 
 
 def _max_pool(h: Tensor) -> Tensor:

@@ -73,45 +73,55 @@ def _check_hyperparameters(group: dict[str, Any]) -> None:
         raise ValueError(f"SGLD temperature must be non-negative, got {temperature!r}")
 
 
+def langevin_update_(params: list[Tensor], grads: list[Tensor], noise: list[Tensor] | None, lr: float,
+                     num_data: int, prior_std: float, temperature: float) -> None:
+    """One SGLD step in place (module docstring): θ ← θ·(1 − lr/(2·N·prior_std²)) − (lr/2)·∇mean_nll(θ)
+    + √(lr·T/N)·ξ, for each θ of ``params`` with its gradient in ``grads`` and its ξ ~ 𝒩(0, I) in ``noise``
+    (unused, and may be None, when T = 0)."""
+    torch._foreach_mul_(params, 1.0 - lr / (2.0 * num_data * prior_std**2))
+    torch._foreach_add_(params, grads, alpha=-lr / 2.0)
+    if temperature > 0:
+        torch._foreach_add_(params, noise, alpha=math.sqrt(lr * temperature / num_data))
+
+
 def _group_views(flat: Tensor, shapes: list[list[torch.Size]]) -> list[list[Tensor]]:
     """``flat`` cut into consecutive views of the given shapes, one list per param group."""
     pieces = iter(flat.split([shape.numel() for group in shapes for shape in group]))
     return [[next(pieces).view(shape) for shape in group] for group in shapes]
 
 
-class _GaussianNoise:
-    """Standard-normal draws for every parameter of every param group, as views into one flat vector, from
-    one generator, optionally drawn one ahead.
+class GaussianNoise:
+    """Standard-normal draws ξ [R, numel], row r from ``generators[r]`` (one flat draw of ``numel`` values per
+    row and call, so row r's sequence does not depend on the other rows), optionally drawn one call ahead.
 
-    ``shapes`` gives each group's parameter shapes; the views of each buffer are made once. With
-    ``prefetch``, :meth:`prefetch` starts the draw for the next call on a single worker thread into a second
-    buffer, so the views returned by :meth:`next` stay valid until the following call. The sampler starts
-    it after its update, so that the draw runs beside the next gradient, not beside the update.
+    :meth:`next` returns the index into :attr:`buffers` of the buffer holding the next draw. With
+    ``prefetch``, :meth:`prefetch` starts the draw for the following call on a single worker thread into a
+    second buffer, so the buffer returned by :meth:`next` stays valid until the following call. A sampler
+    starts it after its update, so that the draw runs beside the next gradient, not beside the update.
     """
 
-    def __init__(self, shapes: list[list[torch.Size]], like: Tensor, generator: torch.Generator,
-                 prefetch: bool) -> None:
-        self.generator = generator
-        numel = sum(shape.numel() for group in shapes for shape in group)
+    def __init__(self, generators: list[torch.Generator], numel: int, like: Tensor, prefetch: bool) -> None:
+        self.generators = generators
         copies = 2 if prefetch else 1
-        self._buffers = [torch.empty(numel, dtype=like.dtype, device=like.device) for _ in range(copies)]
-        self._views = [_group_views(buffer, shapes) for buffer in self._buffers]
+        self.buffers = [torch.empty(len(generators), numel, dtype=like.dtype, device=like.device)
+                        for _ in range(copies)]
         self._turn = 0
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="sgld-noise") if prefetch else None
         self._pending: Future[int] | None = None
-        self._state_before_pending: Tensor | None = None
+        self._states_before_pending: list[Tensor] | None = None
 
     def _draw(self, turn: int) -> int:
-        self._buffers[turn].normal_(generator=self.generator)
+        for row, generator in zip(self.buffers[turn], self.generators, strict=True):
+            row.normal_(generator=generator)
         return turn
 
-    def next(self) -> list[list[Tensor]]:
-        """The next ξ ~ 𝒩(0, I) of the generator's sequence (the prefetched draw, or one drawn now), as
-        each group's list of views shaped like its parameters."""
+    def next(self) -> int:
+        """The index of the buffer holding the next ξ of every row's sequence (the prefetched draw, or one
+        drawn now)."""
         if self._pending is None:
-            return self._views[self._draw(self._turn)]
+            return self._draw(self._turn)
         turn, self._pending = self._pending.result(), None
-        return self._views[turn]
+        return turn
 
     def prefetch(self) -> None:
         """Start drawing the following ξ on the worker thread (nothing without ``prefetch`` or when a draw
@@ -119,22 +129,25 @@ class _GaussianNoise:
         if self._executor is None or self._pending is not None:
             return
         self._turn = 1 - self._turn
-        self._state_before_pending = self.generator.get_state()
+        self._states_before_pending = [generator.get_state() for generator in self.generators]
         self._pending = self._executor.submit(self._draw, self._turn)
 
-    def consumed_state(self) -> Tensor:
-        """Generator state after the last draw handed out by :meth:`next` (a prefetch not counted)."""
+    def consumed_states(self) -> list[Tensor]:
+        """Each generator's state after the last draw handed out by :meth:`next` (a prefetch not counted)."""
         if self._pending is not None:
-            return self._state_before_pending.clone()
-        return self.generator.get_state()
+            return [state.clone() for state in self._states_before_pending]
+        return [generator.get_state() for generator in self.generators]
 
-    def rewind(self, state: Tensor | None = None) -> None:
-        """Drop any prefetched draw and set the generator to ``state`` (default: the consumed state)."""
-        state = self.consumed_state() if state is None else state
+    def rewind(self, states: list[Tensor] | None = None) -> None:
+        """Drop any prefetched draw and set the generators to ``states`` (default: the consumed states)."""
+        states = self.consumed_states() if states is None else states
+        if len(states) != len(self.generators):
+            raise ValueError(f"{len(states)} generator states for {len(self.generators)} noise streams")
         if self._pending is not None:
             self._pending.result()
             self._pending = None
-        self.generator.set_state(state)
+        for generator, state in zip(self.generators, states, strict=True):
+            generator.set_state(state)
 
 
 class SGLD(Optimizer):
@@ -165,7 +178,8 @@ class SGLD(Optimizer):
     ) -> None:
         if seed is not None and generator is not None:
             raise ValueError("SGLD takes either a seed or a generator, not both")
-        self._noise: _GaussianNoise | None = None
+        self._noise: GaussianNoise | None = None
+        self._noise_views: list[list[list[Tensor]]] = []
         defaults = {"lr": lr, "num_data": num_data, "prior_std": prior_std, "temperature": temperature}
         super().__init__(params, defaults)
         like = self.param_groups[0]["params"][0]
@@ -200,8 +214,10 @@ class SGLD(Optimizer):
         """ξ for every parameter of every group (views into one flat draw), in param-group order."""
         if self._noise is None:
             shapes = [[p.shape for p in group["params"]] for group in self.param_groups]
-            self._noise = _GaussianNoise(shapes, self.param_groups[0]["params"][0], self.generator, self._prefetch)
-        return self._noise.next()
+            numel = sum(shape.numel() for group in shapes for shape in group)
+            self._noise = GaussianNoise([self.generator], numel, self.param_groups[0]["params"][0], self._prefetch)
+            self._noise_views = [_group_views(buffer[0], shapes) for buffer in self._noise.buffers]
+        return self._noise_views[self._noise.next()]
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -217,13 +233,12 @@ class SGLD(Optimizer):
             if not with_grad:
                 continue
             params = [p for _, p in with_grad]
-            lr, num_data, temperature = group["lr"], group["num_data"], group["temperature"]
-            torch._foreach_mul_(params, 1.0 - lr / (2.0 * num_data * group["prior_std"] ** 2))
-            torch._foreach_add_(params, [p.grad for p in params], alpha=-lr / 2.0)
-            if temperature > 0:
+            group_noise = None
+            if group["temperature"] > 0:
                 noise = self._next_noise() if noise is None else noise
                 group_noise = [noise[index][i] for i, _ in with_grad]
-                torch._foreach_add_(params, group_noise, alpha=math.sqrt(lr * temperature / num_data))
+            langevin_update_(params, [p.grad for p in params], group_noise, group["lr"], group["num_data"],
+                             group["prior_std"], group["temperature"])
         if noise is not None:
             self._noise.prefetch()
         return loss
@@ -231,7 +246,7 @@ class SGLD(Optimizer):
     def state_dict(self) -> dict[str, Any]:
         """The usual optimizer state plus the noise generator's state as of the last consumed draw."""
         state = super().state_dict()
-        consumed = self.generator.get_state() if self._noise is None else self._noise.consumed_state()
+        consumed = self.generator.get_state() if self._noise is None else self._noise.consumed_states()[0]
         state[_STATE_KEY] = consumed
         return state
 
@@ -245,7 +260,7 @@ class SGLD(Optimizer):
         if self._noise is None:
             self.generator.set_state(generator_state)
         else:
-            self._noise.rewind(generator_state)
+            self._noise.rewind([generator_state])
 
 
 class StepSchedule(ABC):
