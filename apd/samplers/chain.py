@@ -1,5 +1,5 @@
-"""One SGLD chain over a target MLP: its net, optimizer, step-size schedule and minibatch order, each
-seeded from its own stream (initialisation, minibatch order and Langevin noise are independent)."""
+"""SGLD chains over a target network, stepped together as one batch (:class:`SGLDChains`): each chain's
+initialisation, minibatch order and Langevin noise come from streams of its own (:class:`ChainSeeds`)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from apd.config import SGLDConfig
-from apd.data import MinibatchOrder
+from apd.data import MinibatchOrders
 from apd.errors import DivergenceError
-from apd.nets import ParamSpec, network
-from apd.samplers.sgld import SGLD, StepSchedule, make_schedule
+from apd.nets import ParamSpec, network, per_network_logits
+from apd.samplers.langevin_kernel import fused_update_available, keyed_langevin_update_
+from apd.samplers.sgld import GaussianNoise, StepSchedule, langevin_update_, make_schedule
 
 
 @dataclass(frozen=True)
@@ -27,67 +28,114 @@ class ChainSeeds:
     noise: int
 
 
-class SGLDChain:
-    """Chain ``index``: a network of ``sizes`` and ``conv`` (:func:`apd.nets.network`) initialised from
-    ``seeds.init``, SGLD steps (:class:`SGLD`) on minibatches of (x_train, y_train) in the order of
-    ``seeds.batches``, noise from ``seeds.noise``.
-    The initial weights are ``cfg.init`` (``default``: PyTorch's layer initialisation; ``prior``: a draw
-    of N(0, prior_var·I), every weight and bias) times ``cfg.init_scale``; both draw from ``seeds.init``
-    on the CPU, so a chain starts from the same weights on every device."""
+def initial_weights(sizes: list[int], cfg: SGLDConfig, seed: int, conv: Sequence[int] = ()) -> Tensor:
+    """A chain's starting θ [D] for a :func:`apd.nets.network` of ``sizes`` and ``conv``: ``cfg.init``
+    (``default``: PyTorch's layer initialisation; ``prior``: a draw of N(0, prior_var·I), every weight and
+    bias) times ``cfg.init_scale``, drawn from ``seed`` on the CPU, so a chain starts from the same weights on
+    every device."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        net = network(sizes, conv)
+        theta = ParamSpec.from_module(net).flatten(net)
+        if cfg.init == "prior":
+            theta.normal_(0.0, math.sqrt(cfg.prior_var))
+    return theta * cfg.init_scale if cfg.init_scale != 1.0 else theta
 
-    def __init__(self, sizes: list[int], cfg: SGLDConfig, index: int, x_train: Tensor, y_train: Tensor,
-                 seeds: ChainSeeds, prefetch_noise: bool | None = None, conv: Sequence[int] = ()) -> None:
-        self.index, self.x_train, self.y_train = index, x_train, y_train
+
+class SGLDChains:
+    """C SGLD chains of one network stepped together: θ [C, D], chain j of the batch being chain
+    ``indices[j]`` with the streams ``seeds[j]``.
+
+    Each iteration is one batched forward and backward pass (:func:`apd.nets.per_network_logits`), every
+    chain on its own minibatch (:class:`apd.data.MinibatchOrders` of ``seeds[j].batches``), then the SGLD
+    step of :func:`apd.samplers.sgld.langevin_update_` for every chain with its own noise: on CUDA with
+    Triton the fused kernel of :mod:`apd.samplers.langevin_kernel` keyed by ``seeds[j].noise``; elsewhere
+    a torch generator per chain seeded by it (:class:`GaussianNoise`, drawn one step ahead on a worker
+    thread with ``prefetch_noise``). Chain j's trajectory does not depend on the other chains of the batch
+    or their number (up to the float rounding of batched products), so C chains stepped together give the
+    samples that C processes of one chain each would.
+    """
+
+    def __init__(self, sizes: list[int], cfg: SGLDConfig, indices: Sequence[int], x_train: Tensor, y_train: Tensor,
+                 seeds: Sequence[ChainSeeds], prefetch_noise: bool = False, conv: Sequence[int] = ()) -> None:
+        if len(indices) != len(seeds) or not indices:
+            raise ValueError(f"{len(indices)} chain ids for {len(seeds)} seed sets")
+        self.indices, self.x_train, self.y_train = list(indices), x_train, y_train
         device = x_train.device
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seeds.init)
-            net = network(sizes, conv)
-            if cfg.init == "prior":
-                with torch.no_grad():
-                    for parameter in net.parameters():
-                        parameter.normal_(0.0, math.sqrt(cfg.prior_var))
-        if cfg.init_scale != 1.0:
-            with torch.no_grad():
-                for parameter in net.parameters():
-                    parameter.mul_(cfg.init_scale)
-        self.net = net.to(device)
-        self.optimizer = SGLD(self.net.parameters(), lr=cfg.lr, num_data=len(y_train),
-                              prior_std=math.sqrt(cfg.prior_var), temperature=cfg.temperature, seed=seeds.noise,
-                              prefetch_noise=prefetch_noise)
+        self.spec = ParamSpec.from_module(network(sizes, conv))
+        self.theta = torch.stack([initial_weights(sizes, cfg, s.init, conv) for s in seeds]).to(device)
+        self.num_data, self.prior_std, self.temperature = len(y_train), math.sqrt(cfg.prior_var), cfg.temperature
+        self.lr = cfg.lr  # the configured step, which a divergence message names
         self.schedule = make_schedule(cfg)
-        self.temperature = cfg.temperature
-        self.order = MinibatchOrder(len(y_train), cfg.batch_size, seeds.batches, device)
+        self.orders = MinibatchOrders(len(y_train), cfg.batch_size, [s.batches for s in seeds], device)
+        self.fused = fused_update_available(device)
+        if self.fused:
+            self.keys = torch.tensor([s.noise for s in seeds], dtype=torch.int64, device=device)
+        else:
+            generators = [torch.Generator(device=device).manual_seed(s.noise) for s in seeds]
+            self.noise = GaussianNoise(generators, self.spec.numel, self.theta, prefetch_noise)
 
-    def step(self, t: int, spec: ParamSpec | None = None) -> tuple[Tensor, Tensor | None]:
-        """SGLD iteration t (0-based) on its minibatch: θ_t → θ_{t+1}. Returns the minibatch mean NLL at
-        θ_t and, when ``spec`` is given (iterate t is kept), θ_t itself as a checked flat vector, so the
-        loss describes exactly the weights kept."""
-        self.schedule.apply(self.optimizer, t, self.temperature)
-        idx = self.order.indices(t)
-        loss = F.cross_entropy(self.net(self.x_train[idx]), self.y_train[idx])
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        vec = None if spec is None else self.checked_vector(spec, t, loss)
-        self.optimizer.step()
-        return loss.detach(), vec
+    def __len__(self) -> int:
+        return len(self.indices)
 
-    def checked_vector(self, spec: ParamSpec, t: int, loss: Tensor) -> Tensor:
-        """The weights as a flat vector, or a :class:`DivergenceError` when the loss or θ is not finite."""
-        vec = spec.flatten(self.net)
-        loss_value = loss.item()
-        if not (math.isfinite(loss_value) and torch.isfinite(vec).all()):
-            lr = self.optimizer.defaults["lr"]
-            raise DivergenceError(f"SGLD diverged at iteration {t} of chain {self.index} (minibatch loss "
-                                  f"{loss_value}); try a smaller sgld.lr (now {lr}); complete artifacts are "
-                                  "unchanged")
-        return vec
+    @property
+    def noise_source(self) -> str:
+        """How the chains draw their Langevin noise, as stores and checkpoints record it."""
+        return "philox-keyed" if self.fused else "torch-generator"
+
+    def step(self, t: int, keep: bool = False) -> tuple[Tensor, Tensor | None]:
+        """SGLD iteration t (0-based) of every chain on its minibatch: θ_t → θ_{t+1}. Returns each chain's
+        minibatch mean NLL at θ_t [C] and, with ``keep`` (iterate t is kept), θ_t itself [C, D], checked
+        finite, so each loss describes exactly the weights kept."""
+        lr = self.schedule.lr(t)
+        temperature = self.temperature if self.schedule.noise_on(t) else 0.0
+        idx = self.orders.indices(t)
+        theta = self.theta.detach().requires_grad_(True)
+        logits = per_network_logits(self.spec, theta, self.x_train[idx])
+        nll = F.cross_entropy(logits.flatten(0, 1), self.y_train[idx].flatten(), reduction="none")
+        loss = nll.view(idx.shape).mean(1)
+        (grad,) = torch.autograd.grad(loss.sum(), theta)
+        loss = loss.detach()
+        kept = self.checked_weights(t, loss) if keep else None
+        with torch.no_grad():
+            if self.fused:
+                keyed_langevin_update_(self.theta, grad, self.keys, t, lr, self.num_data, self.prior_std, temperature)
+            else:
+                xi = self.noise.buffers[self.noise.next()] if temperature > 0 else None
+                langevin_update_([self.theta], [grad], [xi], lr, self.num_data, self.prior_std, temperature)
+                if temperature > 0:
+                    self.noise.prefetch()
+        return loss, kept
+
+    def checked_weights(self, t: int, loss: Tensor | None = None) -> Tensor:
+        """A copy of θ [C, D], or a :class:`DivergenceError` naming the first chain whose θ (or minibatch
+        loss, when given) is not finite."""
+        finite = torch.isfinite(self.theta).all(1)
+        if loss is not None:
+            finite &= torch.isfinite(loss)
+        if not bool(finite.all()):
+            bad = int((~finite).nonzero()[0, 0])
+            what = f"minibatch loss {loss[bad].item()}" if loss is not None else "weights not finite"
+            raise DivergenceError(f"SGLD diverged at iteration {t} of chain {self.indices[bad]} ({what}); try a "
+                                  f"smaller sgld.lr (now {self.lr}); complete artifacts are unchanged")
+        return self.theta.clone()
 
     def state_dict(self) -> dict:
-        return {"net": self.net.state_dict(), "optimizer": self.optimizer.state_dict()}
+        """θ and, for torch generators, each chain's noise generator state as of its last consumed draw (the
+        keyed noise is a function of the iteration and needs none)."""
+        state = {"theta": self.theta.cpu(), "noise_source": self.noise_source}
+        if not self.fused:
+            state["noise_states"] = self.noise.consumed_states()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        self.net.load_state_dict(state["net"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if state.get("noise_source") != self.noise_source or tuple(state["theta"].shape) != tuple(self.theta.shape):
+            raise ValueError(f"the checkpoint holds {tuple(state['theta'].shape)} weights with "
+                             f"{state.get('noise_source')} noise; these chains are {tuple(self.theta.shape)} with "
+                             f"{self.noise_source} noise")
+        self.theta.copy_(state["theta"])
+        if not self.fused:
+            self.noise.rewind(state["noise_states"])
 
 
 def is_thinned_sample(s: SGLDConfig, schedule: StepSchedule, t: int) -> bool:
