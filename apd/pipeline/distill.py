@@ -49,7 +49,7 @@ from apd.nets import ParamSpec
 from apd.pipeline.layout import checkpoint_of, manifest_of, partial_of
 from apd.pipeline.manifests import load_checkpoint, manifest_record
 from apd.pipeline.runtime import RunContext, machine
-from apd.pipeline.sample_chains import make_chain
+from apd.pipeline.sample_chains import make_chains
 from apd.pipeline.stage import publish, require_input, reusable, weights_load
 from apd.posteriors.modes import chain_means
 from apd.samplers.chain import is_thinned_sample
@@ -352,24 +352,22 @@ def distill_online(ctx: RunContext) -> Path:
     started = time.perf_counter()
     spec = ParamSpec.from_module(ctx.network())
     x, y = ctx.data.x_train.to(ctx.device), ctx.data.y_train.to(ctx.device)
-    chains = [make_chain(ctx, i, x, y) for i in range(s.chains)]
+    chains = make_chains(ctx, list(range(s.chains)), x, y)
     buffer = torch.empty(d.buffer_size, spec.numel, device=ctx.device)
-    position = {"t": [0] * s.chains, "count": 0, "round": 0}
+    position = {"t": 0, "count": 0, "round": 0}
 
     def add_samples(n: int) -> None:
-        """Advance the chains round robin until ``n`` thinned samples have entered the buffer."""
-        for _ in range(n):
-            chain_index = position["count"] % s.chains
-            chain, t = chains[chain_index], position["t"][chain_index]
-            while True:
-                keep = is_thinned_sample(s, chain.schedule, t)
-                _, vec = chain.step(t, spec if keep else None)
-                t += 1
-                if keep:
-                    break
-            position["t"][chain_index] = t
-            buffer[position["count"] % d.buffer_size] = vec
-            position["count"] += 1
+        """Step the chains together until at least ``n`` thinned samples (one per chain at each kept
+        iteration) have entered the buffer."""
+        added = 0
+        while added < n:
+            t = position["t"]
+            _, kept = chains.step(t, is_thinned_sample(s, chains.schedule, t))
+            position["t"] = t + 1
+            for vec in kept if kept is not None else ():
+                buffer[position["count"] % d.buffer_size] = vec
+                position["count"] += 1
+                added += 1
 
     log.info("online distillation: warming up the buffer with %d samples", d.buffer_size)
     add_samples(d.buffer_size)
@@ -391,8 +389,7 @@ def distill_online(ctx: RunContext) -> Path:
         add_samples(d.t_sgld)
         position["round"] += 1
         if d.restart_every and position["round"] % d.restart_every == 0:
-            for chain, theta in zip(chains, model.sample_weights(len(chains)), strict=True):
-                spec.load_into(chain.net, theta)
+            chains.theta.copy_(model.sample_weights(len(chains)))
 
     summary = _train(ctx, trainer, codec, real_batch, monitor, {}, between_steps)
     summary["seconds"] = round(time.perf_counter() - started, 2)

@@ -8,9 +8,11 @@ Two ways in, the same group afterwards:
   ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``; :func:`torchrun_env` reads
   them and the group forms through ``env://``.
 
-The backend is gloo on CPU and NCCL on CUDA (worker ``LOCAL_RANK`` on GPU ``LOCAL_RANK mod count``). The
-group carries little: each worker's report at the end (:meth:`Group.gather`), a sum of the workers'
-monitoring tensors, rank 0's outcome and a barrier; samples go to each worker's own file. Its collectives
+The group carries little: each worker's report at the end (:meth:`Group.gather`), a sum of the workers'
+monitoring tensors (a few kB), rank 0's outcome and a barrier; samples go to each worker's own file. So
+the backend is gloo on every device, over TCP: it needs no GPU per rank, where NCCL refuses two ranks on one
+card ("Duplicate GPU detected"), and its messages cost nothing beside the sampling. A worker on CUDA samples
+on GPU ``LOCAL_RANK mod count``. Its collectives
 wait up to :data:`TIMEOUT`, since a worker with fewer chains waits at the gather for the others to finish
 sampling (a worker that dies is noticed by the launcher, which stops the rest).
 """
@@ -74,7 +76,6 @@ class Group:
 
     rank: int
     size: int
-    device: torch.device
 
     def gather(self, obj: Any) -> list[Any]:
         """Every worker's ``obj`` (picklable), in rank order, on every worker."""
@@ -101,23 +102,22 @@ class Group:
         """The element-wise sum of every worker's ``tensor`` (same shape everywhere)."""
         if self.size == 1:
             return tensor
-        total = tensor.to(self.device).clone()
+        total = tensor.cpu().clone()
         dist.all_reduce(total)
         return total.to(tensor.device)
 
 
 @contextlib.contextmanager
 def process_group(rank: int, size: int, device: torch.device, init_method: str = "env://") -> Iterator[Group]:
-    """Join the group (gloo, or NCCL on CUDA) for the ``with`` block; ``size`` 1 forms none."""
+    """Join the group (gloo, module docstring) for the ``with`` block; ``size`` 1 forms none."""
     if size == 1:
-        yield Group(0, 1, device)
+        yield Group(0, 1)
         return
-    backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size, timeout=TIMEOUT)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=size, timeout=TIMEOUT)
     try:
-        yield Group(rank, size, device)
+        yield Group(rank, size)
     finally:
         dist.destroy_process_group()
 

@@ -6,19 +6,21 @@ Each chain starts from its own seeded initialisation (``sgld.init``; streams ``(
 sampling phase of the step-size schedule) is appended to the store with the minibatch mean
 log-likelihood at exactly those weights.
 
-**One worker** (``sgld.workers = 1``, the default) runs the chains one after another into
-``samples.partial.h5``. **Several workers** (``sgld.workers`` > 1 on this machine, or the processes of a
-``torchrun`` launch; :mod:`apd.pipeline.distributed`) each run chains c ≡ rank (mod workers), one
-compute thread each, into their own shard ``samples-RANK.partial.h5``; when all have finished, rank 0
+A process steps all its chains together as one batch (:class:`apd.samplers.chain.SGLDChains`) into its
+shard ``samples-RANK.partial.h5``, one row per chain at each kept iteration. **One worker**
+(``sgld.workers = 1``) holds every chain. **Several workers** (``sgld.workers`` > 1 on this machine, at
+most one per GPU on CUDA, or the processes of a ``torchrun`` launch; :mod:`apd.pipeline.distributed`)
+each hold chains c ≡ rank (mod workers), one compute thread each on a CPU. When all have finished, rank 0
 checks every shard, joins them into ``samples.h5`` as an HDF5 virtual dataset ordered by chain
 (:func:`~apd.samplers.store_join.join_stores`: no sample copied, chain ids global) and publishes the shards and
 the joined store under one manifest that holds every file's digest. Chain c's samples do not depend on
-the number of workers: the joined store equals the one-worker store row for row.
+the number of workers or on how many chains share its step: the joined store equals the one-worker store
+row for row (to the float rounding of batched products).
 
-Each store being built has a checkpoint beside it (``*.ckpt.pt``: the running chain's net and optimizer
-with its noise generator, iteration, store length, running ensemble), written every
-``checkpoint_every`` iterations and when a chain ends, so an interrupted run, or a worker that dies,
-resumes where its checkpoint left it and stores exactly the samples an uninterrupted run would. Before
+Each store being built has a checkpoint beside it (``*.ckpt.pt``: the chains' weights and noise generators,
+iteration, store length, running ensemble), written every ``checkpoint_every`` iterations and at the end,
+so an interrupted run, or a worker that dies, resumes where its checkpoint left it and stores exactly the
+samples an uninterrupted run would. Before
 publishing, the convergence diagnostics (:mod:`apd.samplers.diagnostics`: rank-normalised split R-hat
 and bulk/tail ESS in function space, on the training log-likelihood and on the top weight principal
 components) are computed on the finished store, logged, stored in the manifest and drawn in
@@ -112,15 +114,29 @@ def sample_sgld(ctx: RunContext) -> Path:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
         with process_group(env.rank, env.world_size, ctx.device) as group:
             sample_shard(ctx, spec, group, local)
-    elif s.workers == 1:
-        finished = run_chains(ctx, spec, list(range(s.chains)), partial_of(path), checkpoint_of(path), 1)
-        publish_samples(ctx, spec, [finished], {partial_of(path): path})
+    elif _local_workers(ctx) == 1:
+        shard = ctx.layout.shard(0)
+        finished = run_chains(ctx, spec, list(range(s.chains)), partial_of(shard), checkpoint_of(shard), 1)
+        publish_samples(ctx, spec, [finished], {partial_of(shard): shard})
     else:
         portable = {"cfg": ctx.cfg, "artifacts_root": ctx.artifacts_root, "data_dir": ctx.data_dir,
                     "device_name": ctx.device_name, "force": ctx.force, "quiet": ctx.quiet}
-        log.info("sampling %d chains on %d workers", s.chains, s.workers)
-        spawn(spawned_worker, s.workers, portable, on_death=lambda rank, how: death_notice(ctx, rank, how))
+        workers = _local_workers(ctx)
+        log.info("sampling %d chains on %d workers", s.chains, workers)
+        spawn(spawned_worker, workers, portable, on_death=lambda rank, how: death_notice(ctx, rank, how))
     return path
+
+
+def _local_workers(ctx: RunContext) -> int:
+    """Sampling processes on this machine: ``sgld.workers``, but on CUDA at most one per GPU, since a process
+    steps all its chains as one batch and two processes on one card only take turns on it."""
+    workers = ctx.cfg.sgld.workers
+    if ctx.device.type == "cuda" and workers > torch.cuda.device_count():
+        log.info("sampling on %d GPU%s: %d worker%s instead of sgld.workers = %d, each stepping its chains "
+                 "together", torch.cuda.device_count(), "s" if torch.cuda.device_count() > 1 else "",
+                 torch.cuda.device_count(), "s" if torch.cuda.device_count() > 1 else "", workers)
+        return torch.cuda.device_count()
+    return workers
 
 
 def _store_is_sound(path: Path) -> bool:

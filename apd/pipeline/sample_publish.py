@@ -43,7 +43,7 @@ def publish_samples(ctx: RunContext, spec: ParamSpec, reports: list[Finished], b
         diagnostics = _diagnose(ctx, spec, next(iter(built)), figure)
         files = built
     else:
-        meta = {**store_meta(ctx, list(range(s.chains))), "workers": len(reports)}
+        meta = {**store_meta(ctx, list(range(s.chains)), reports[0].noise_source), "workers": len(reports)}
         probe = path.with_name("samples.probe.h5")  # the same join over the shards' names while unpublished
         join_stores(probe, list(built), meta=meta)
         try:

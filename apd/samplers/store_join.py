@@ -35,11 +35,13 @@ def join_stores(path: str | Path, shards: Sequence[str | Path], names: Sequence[
     returns its row count.
 
     The joined ``samples`` is an HDF5 virtual dataset (HDF5 ≥ 1.10) whose rows map onto the shards' rows;
-    the small per-sample columns (step, chain, lr, log_lik) are copied. Rows are ordered by chain id,
-    each chain's rows in sampling order, so ``k`` evenly spaced rows of the joined store take an equal share
-    of every chain of equal length. Each chain must lie in one shard, its rows contiguous (as a sampler
-    that runs its chains one after another writes them); a chain in two shards, a shard left open by its
-    writer (``writing`` = 1), or shards of different networks are an :class:`ArtifactError`.
+    the small per-sample columns (step, chain, lr, log_lik) are copied. Rows are ordered by chain id, each
+    chain's rows in sampling order, so ``k`` evenly spaced rows of the joined store take an equal share of
+    every chain of equal length, and the join of W workers' shards equals, row for row, the join of one
+    worker's. Each chain must lie in one shard, its rows there evenly spaced: contiguous (chains run one after
+    another) or one per kept iteration among the shard's other chains (chains stepped together, rows ordered
+    by iteration then chain); a chain in two shards, a shard left open by its writer (``writing`` = 1), or
+    shards of different networks are an :class:`ArtifactError`.
 
     ``names`` are the file names the virtual dataset records, one per shard (default: each shard's path
     relative to ``path``'s folder): relative names are looked up beside the joined file when it is read,
@@ -55,7 +57,7 @@ def join_stores(path: str | Path, shards: Sequence[str | Path], names: Sequence[
         names = [os.path.relpath(shard.resolve(), path.resolve().parent) for shard in shards]
     if len(names) != len(shards):
         raise ValueError(f"{len(shards)} shards but {len(names)} names")
-    spec, first_meta, segments, columns = None, None, [], {name: [] for name in COLUMNS}
+    spec, first_meta, lengths, pieces, columns = None, None, [], [], {name: [] for name in COLUMNS}
     owner: dict[int, Path] = {}
     for index, shard in enumerate(shards):
         with SampleStore.open(shard) as store:
@@ -67,26 +69,28 @@ def join_stores(path: str | Path, shards: Sequence[str | Path], names: Sequence[
                 raise ArtifactError(f"{shard}: samples are for a different network ({describe(store.spec)}; "
                                     f"{shards[0]} has {describe(spec)})")
             values = {name: store._column(name) for name in COLUMNS}
-            chains = values["chain"]
-            for chain in dict.fromkeys(chains.tolist()):
-                rows = np.flatnonzero(chains == chain)
-                if chain in owner or rows[-1] - rows[0] + 1 != rows.size:
-                    where = f"{owner[chain]} and {shard}" if chain in owner else f"{shard}, not contiguously"
-                    raise ArtifactError(f"cannot join: chain {chain} is in {where}")
+            for chain in dict.fromkeys(values["chain"].tolist()):
+                if chain in owner:
+                    raise ArtifactError(f"cannot join: chain {chain} is in {owner[chain]} and {shard}")
                 owner[chain] = shard
-                segments.append((chain, index, int(rows[0]), int(rows[-1]) + 1, len(store)))
+                pieces.append((chain, index, np.flatnonzero(values["chain"] == chain)))
+            lengths.append(len(store))
             for name in COLUMNS:
                 columns[name].append(values[name])
-    segments.sort()
-    total = sum(stop - start for _, _, start, stop, _ in segments)
+    pieces.sort(key=lambda piece: piece[0])
+    first_rows = np.cumsum([0, *lengths])
+    total = int(first_rows[-1])
     layout = h5py.VirtualLayout(shape=(total, spec.numel), dtype=np.float32)
     offset = 0
-    for _, index, start, stop, length in segments:
-        source = h5py.VirtualSource(names[index], SAMPLES, shape=(length, spec.numel), dtype=np.float32)
-        layout[offset:offset + stop - start] = source[start:stop]
-        offset += stop - start
-    order = np.concatenate([np.arange(start, stop) + sum(len(c) for c in columns["chain"][:index])
-                            for _, index, start, stop, _ in segments]) if segments else np.zeros(0, np.int64)
+    for chain, index, rows in pieces:
+        sources = _progression(rows)
+        if sources is None:
+            raise ArtifactError(f"cannot join: chain {chain}'s rows in {shards[index]} are not evenly spaced "
+                                "among the shard's other chains")
+        source = h5py.VirtualSource(names[index], SAMPLES, shape=(lengths[index], spec.numel), dtype=np.float32)
+        layout[offset:offset + rows.size] = source[sources]
+        offset += rows.size
+    order = np.concatenate([rows + first_rows[index] for _, index, rows in pieces])
     meta_json = json.dumps(first_meta if meta is None else meta, sort_keys=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -105,3 +109,11 @@ def join_stores(path: str | Path, shards: Sequence[str | Path], names: Sequence[
         for name, dtype in COLUMNS.items():
             file.create_dataset(name, data=np.concatenate(columns[name]).astype(dtype)[order])
     return total
+
+
+def _progression(rows: np.ndarray) -> slice | None:
+    """``rows`` (increasing) as a slice start:stop:step, or None when they are not evenly spaced."""
+    step = int(rows[1] - rows[0]) if rows.size > 1 else 1
+    if step < 1 or np.any(np.diff(rows) != step):
+        return None
+    return slice(int(rows[0]), int(rows[-1]) + 1, step)

@@ -135,7 +135,7 @@ def test_workers_are_not_part_of_the_config_hash_and_never_outnumber_chains():
 
 def test_a_missing_or_short_shard_is_named_before_joining(tmp_path):
     shards = [tmp_path / "samples-0.h5", tmp_path / "samples-1.h5"]
-    reports = [Finished(rank, "node-a", [rank], 5, 0, 1.0, 1.0, None) for rank in (0, 1)]
+    reports = [Finished(rank, "node-a", [rank], 5, 0, 1.0, 1.0, None, "torch-generator") for rank in (0, 1)]
     with SampleStore.create(partial_of(shards[0]), _spec(), {}) as store:
         for i in range(5):
             store.append(np.zeros(_spec().numel), step=i, chain=0)

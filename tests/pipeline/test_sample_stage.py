@@ -13,6 +13,7 @@ from apd.nets import mlp
 from apd.pipeline.layout import checkpoint_of, manifest_of, partial_of
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.sample import run_sample, sample_sgld
+from apd.samplers import chain as chain_module
 from apd.samplers.store import SampleStore
 
 SMALL = {
@@ -58,25 +59,26 @@ def test_interrupted_and_resumed_run_stores_the_same_samples(tmp_path, monkeypat
     expected = read_store(reference.layout.samples)
 
     ctx = context(tmp_path / "b")
-    real_append, calls = SampleStore.append, []
+    real_append, calls = SampleStore.append_many, []
 
     def append_then_interrupt(self, *args, **kwargs):
         calls.append(1)
-        if len(calls) == 75:  # chain 1, after its checkpoint at iteration 200 (chain 0 stored 50)
+        if len(calls) == 25:  # iteration 349, after the checkpoint at iteration 200 (10 kept iterations before it)
             raise KeyboardInterrupt
         return real_append(self, *args, **kwargs)
 
-    monkeypatch.setattr(SampleStore, "append", append_then_interrupt)
+    monkeypatch.setattr(SampleStore, "append_many", append_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
         sample_sgld(ctx)
-    monkeypatch.setattr(SampleStore, "append", real_append)
-    assert checkpoint_of(ctx.layout.samples).is_file() and partial_of(ctx.layout.samples).is_file()
+    monkeypatch.setattr(SampleStore, "append_many", real_append)
+    shard = ctx.layout.shard(0)
+    assert checkpoint_of(shard).is_file() and partial_of(shard).is_file()
     assert not manifest_of(ctx.layout.samples).exists() and not ctx.layout.samples.exists()
     sample_sgld(ctx)
     resumed = read_store(ctx.layout.samples)
     for got, want in zip(resumed, expected, strict=True):
         np.testing.assert_array_equal(got, want)
-    assert not checkpoint_of(ctx.layout.samples).exists() and not partial_of(ctx.layout.samples).exists()
+    assert not checkpoint_of(shard).exists() and not partial_of(shard).exists()
 
 
 def test_complete_stage_is_reused_and_force_redoes_it(tmp_path, caplog):
@@ -98,27 +100,26 @@ def test_divergence_is_one_clear_error_and_leaves_the_complete_store(tmp_path, m
     sample_sgld(ctx)
     before = ctx.layout.samples.read_bytes(), manifest_of(ctx.layout.samples).read_bytes()
     ctx.force = True
-    real_append, calls = SampleStore.append, []
+    real_append, calls = SampleStore.append_many, []
 
-    def poison_after_ten(self, vec, *args, **kwargs):
+    def poison_after_ten(self, *args, **kwargs):
         calls.append(1)
-        index = real_append(self, vec, *args, **kwargs)
+        index = real_append(self, *args, **kwargs)
         if len(calls) == 10:
             raise_nan.append(True)
         return index
 
     raise_nan: list[bool] = []
-    real_step = torch.optim.Optimizer.zero_grad
+    real_update = chain_module.langevin_update_
 
-    def zero_grad_with_nan(self, set_to_none=True):
+    def update_with_nan(params, *args):
+        real_update(params, *args)
         if raise_nan:
-            for group in self.param_groups:
-                for p in group["params"]:
-                    p.data.fill_(math.nan)
-        return real_step(self, set_to_none)
+            for p in params:
+                p.fill_(math.nan)
 
-    monkeypatch.setattr(SampleStore, "append", poison_after_ten)
-    monkeypatch.setattr(torch.optim.Optimizer, "zero_grad", zero_grad_with_nan)
+    monkeypatch.setattr(SampleStore, "append_many", poison_after_ten)
+    monkeypatch.setattr(chain_module, "langevin_update_", update_with_nan)
     with pytest.raises(DivergenceError, match=r"SGLD diverged at iteration \d+ .*smaller sgld.lr"):
         sample_sgld(ctx)
     assert (ctx.layout.samples.read_bytes(), manifest_of(ctx.layout.samples).read_bytes()) == before

@@ -306,12 +306,12 @@ def test_second_process_is_refused_while_a_writer_holds_the_file(tmp_path):
 
 
 def write_shard(path: Path, chains: list[int], per_chain: int, **kwargs) -> None:
-    """A shard holding ``chains`` one after another; chain c's k-th sample is row(100·c + k)."""
+    """A shard holding ``chains`` stepped together, as a sampler writes them: at step 10·k, one row per chain;
+    chain c's k-th sample is row(100·c + k)."""
     with SampleStore.create(path, SPEC, {**META, "chains": chains}, **kwargs) as store:
-        for chain in chains:
-            store.append_many(np.stack([row(100 * chain + k) for k in range(per_chain)]),
-                              steps=np.arange(per_chain) * 10 + chain, chains=chain, lrs=0.1 * chain,
-                              log_liks=-np.arange(per_chain) - chain)
+        for k in range(per_chain):
+            store.append_many(np.stack([row(100 * chain + k) for chain in chains]), steps=10 * k, chains=chains,
+                              lrs=[0.1 * chain for chain in chains], log_liks=[-k - chain for chain in chains])
 
 
 def test_joined_store_maps_every_shard_row_in_chain_order_without_copying(tmp_path):
@@ -329,7 +329,7 @@ def test_joined_store_maps_every_shard_row_in_chain_order_without_copying(tmp_pa
                                       np.stack([row(100 * c + k) for c in range(5) for k in range(6)]))
         np.testing.assert_array_equal(store.read([29, 0, 7, 8]).numpy(), np.stack([row(405), row(0), row(101),
                                                                                      row(102)]))
-        np.testing.assert_array_equal(store.steps, [10 * k + c for c in range(5) for k in range(6)])
+        np.testing.assert_array_equal(store.steps, [10 * k for _ in range(5) for k in range(6)])
         np.testing.assert_allclose(store.lrs, [0.1 * c for c in range(5) for _ in range(6)])
         np.testing.assert_array_equal(store.log_liks, [-k - c for c in range(5) for k in range(6)])
         assert store.shards == [tmp_path / "s-0.h5", tmp_path / "s-1.h5"]
@@ -379,8 +379,8 @@ def test_join_refuses_split_chains_open_shards_and_other_networks(tmp_path):
     with pytest.raises(ArtifactError, match="chain 1 is in .*a.h5 and .*b.h5"):
         join_stores(tmp_path / "j.h5", [tmp_path / "a.h5", tmp_path / "b.h5"])
     with SampleStore.create(tmp_path / "c.h5", SPEC, META) as store:
-        store.append_many(rows(3), steps=[0, 1, 2], chains=[5, 6, 5])
-    with pytest.raises(ArtifactError, match="chain 5 is in .*c.h5, not contiguously"):
+        store.append_many(rows(4), steps=[0, 1, 1, 2], chains=[5, 5, 6, 5])
+    with pytest.raises(ArtifactError, match="chain 5's rows in .*c.h5 are not evenly spaced"):
         join_stores(tmp_path / "j.h5", [tmp_path / "c.h5"])
     with SampleStore.create(tmp_path / "other.h5", OTHER_SPEC, META) as store:
         store.append(np.zeros(OTHER_SPEC.numel), step=0, chain=7)
