@@ -306,9 +306,9 @@ def storage_quality_figure(results: dict) -> Figure | None:
 
 def distillation_figure(generator: dict) -> Figure | None:
     """The generator's training: the selection criterion of the generated ensemble on validation inputs
-    (KL + |BALD gap|, nats) against generator steps with the kept step marked (top), and the critic's
-    Wasserstein estimate in a panel and on a scale of its own (bottom). Not drawn, and said so in the log,
-    from fewer than :data:`MIN_CURVE_POINTS` evaluations: so few points show no trend."""
+    (KL + |BALD gap|, nats, on an axis from 0) against generator steps with the kept step marked (top), and
+    the critic's Wasserstein estimate in a panel and on a scale of its own (bottom). Not drawn, and said so
+    in the log, from fewer than :data:`MIN_CURVE_POINTS` evaluations: so few points show no trend."""
     history = [h for h in generator.get("history") or [] if "criterion" in h]
     if len(history) < MIN_CURVE_POINTS:
         if history:
@@ -319,13 +319,14 @@ def distillation_figure(generator: dict) -> Figure | None:
     wasserstein = [(h["step"], h["wasserstein"]) for h in history if "wasserstein" in h]
     figure, axes = new_figure(2 if wasserstein else 1, 1, panel=(6.0, 3.0), sharex=True)
     ax = axes[0, 0]
-    ax.plot([h["step"] for h in history], [h["criterion"] for h in history], "o-", color="C0",
-            label="KL + |BALD gap| (validation)")
+    criterion = [h["criterion"] for h in history]
+    ax.plot([h["step"] for h in history], criterion, "o-", color="C0", label="KL + |BALD gap| (validation)")
     kept = generator.get("selection", {}).get("kept_step")
     if kept is not None:
         ax.axvline(kept, color="C0", linestyle="--", label=f"kept: step {kept}")
-    ax.set(xlabel="generator steps", ylabel="criterion (nats)",
-           title="Distillation: validation criterion (lower is closer to SGLD's predictive)")
+    ax.set_ylim(0, 1.1 * max(criterion))  # the criterion is ≥ 0: its changes are seen against its size
+    ax.set(xlabel="generator steps", ylabel="criterion (nats, from 0)",
+           title="Validation criterion (lower = closer to SGLD)")
     ax.legend(fontsize=8)
     if wasserstein:
         critic = axes[1, 0]
