@@ -1,13 +1,21 @@
 """Figures of an evaluation: PNG from ``results.json``, ``scores.h5`` and the generator's manifest.
 
-Figures are drawn on matplotlib's object-oriented :class:`~matplotlib.figure.Figure`, which renders PNG
-through the Agg canvas without pyplot: no display is needed, no global backend is switched and no
-figure stays registered after it is saved.
+Each figure has a builder that returns a matplotlib :class:`~matplotlib.figure.Figure`, or None where its
+data are missing or too few to show anything; :func:`build_figures` calls them all and :func:`write_figures`
+saves what they return. Figures are drawn on the object-oriented Figure, which renders PNG through the Agg
+canvas without pyplot: no display is needed, no global backend is switched and no figure stays registered
+after it is saved.
+
+Every figure keeps the same rules: each axis names its quantity and unit; panels that are compared share
+their x scale and bins (or their titles say what is each panel's own); tick labels are plain numbers (no
+offset, no powers of ten); linear y axes for signed values; a reference level (SGLD's own value, chance) is
+a labelled line; a curve of fewer than :data:`MIN_CURVE_POINTS` points is not drawn.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,9 +27,19 @@ import numpy as np
 from apd.errors import ArtifactError
 from apd.io import read_json, write_bytes_atomic
 from apd.pipeline.table_format import HISTOGRAM_SCORES, method_label, methods_in_order, ordered, score_label
+from apd.pipeline.tables import mean_auroc
 
 if TYPE_CHECKING:
+    from matplotlib.axis import Axis
     from matplotlib.figure import Figure
+
+log = logging.getLogger(__name__)
+
+MIN_CURVE_POINTS = 3  # fewer points than this show no trend: such a curve is not drawn
+SCORE_UNITS = {"bald": "nats", "variation_ratio": "fraction of members"}
+CHANCE_AUROC = 50.0  # percent: a score that ranks OOD inputs no better than a coin
+DODGE_POINTS = 8.0  # sideways spacing, in typographic points, of markers at about one storage (a marker's width)
+DODGE_SPAN = 1.15  # storages within this factor are one run (on a two-decade axis, about a marker's width)
 
 
 def save_figure(figure: Figure, path: Path) -> Path:
@@ -32,17 +50,45 @@ def save_figure(figure: Figure, path: Path) -> Path:
     return path
 
 
-def new_figure(rows: int = 1, cols: int = 1, panel: tuple[float, float] = (3.2, 2.4)) -> tuple[Figure, Any]:
+def new_figure(rows: int = 1, cols: int = 1, panel: tuple[float, float] = (3.2, 2.4),
+               **shared: Any) -> tuple[Figure, Any]:
+    """A figure of ``rows`` × ``cols`` panels of ``panel`` inches each (a 2-D array of axes); ``shared`` goes
+    to :meth:`~matplotlib.figure.Figure.subplots` (``sharex=True`` for panels compared along x)."""
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(panel[0] * cols, panel[1] * rows), layout="constrained")
-    return figure, figure.subplots(rows, cols, squeeze=False)
+    return figure, figure.subplots(rows, cols, squeeze=False, **shared)
 
 
-def storage_axes(ax: Any, ylabel: str, level: float) -> None:
+def plain_ticks(figure: Figure) -> Figure:
+    """Plain numbers on every axis of ``figure`` (returned): no offset or scientific notation on linear axes;
+    on log axes the decades as decimals (0.1, 1, 10) and the ticks between them only where the axis spans
+    less than a decade. Call it after the last change of scale (a new scale resets the formatters)."""
+    from matplotlib.ticker import FuncFormatter, ScalarFormatter
+
+    def between_decades(axis: Axis) -> FuncFormatter:
+        def label(value: float, _: int) -> str:
+            low, high = sorted(axis.get_view_interval())
+            return f"{value:g}" if high < 10 * low else ""
+        return FuncFormatter(label)
+
+    for ax in figure.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            if axis.get_scale() == "log":
+                axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+                axis.set_minor_formatter(between_decades(axis))
+            elif axis.get_scale() == "linear":
+                formatter = ScalarFormatter(useOffset=False)
+                formatter.set_scientific(False)
+                axis.set_major_formatter(formatter)
+    return figure
+
+
+def storage_axes(ax: Any, ylabel: str, level: float | None, level_label: str | None = None) -> None:
     """The storage-against-quality axes every storage figure shares: storage in SGLD samples' worth on a
-    log x axis, ``ylabel`` on y, and a grey line at SGLD's own ``level`` (0 for gaps, 100 for shares)."""
-    ax.axhline(level, color="grey", linewidth=0.8)
+    log x axis, ``ylabel`` on y, and a grey line at SGLD's own ``level`` (in the legend as ``level_label``)."""
+    if level is not None:
+        ax.axhline(level, color="grey", linewidth=0.8, label=level_label)
     ax.set(xscale="log", xlabel="storage (SGLD samples' worth)", ylabel=ylabel)
 
 
@@ -65,37 +111,76 @@ def plot_growth(ax: Any, worth: Sequence[float], values: Sequence[float], label:
     ax.plot(worth, values, ":", color="C7", marker=".", label=label)
 
 
-def _histogram_figure(scores: h5py.File, score: str, results: dict) -> Figure | None:
-    """In-distribution vs OOD histograms of one score: a panel per method, the test inputs filled and each
-    OOD set as a line, on bins common to all of that method's inputs."""
+def figure_legend(figure: Figure, loc: str = "outside right upper", **options: Any) -> None:
+    """One legend for the whole figure, outside its panels (so that it hides no data): every labelled
+    artist of every panel, each label once."""
+    entries: dict[str, Any] = {}
+    for ax in figure.axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+    figure.legend(list(entries.values()), list(entries), fontsize=7, loc=loc, **options)
+
+
+def dodge(storages: dict[str, float]) -> dict[str, float]:
+    """Sideways offsets (typographic points) for markers at ``storages`` (x values on a log axis): each run
+    of names within :data:`DODGE_SPAN` of the run's first is spread :data:`DODGE_POINTS` apart about its
+    true x, in the order of storage, so that no marker hides another; a name alone gets 0."""
+    offsets: dict[str, float] = {}
+    run: list[str] = []
+    for name in [*sorted(storages, key=storages.__getitem__), None]:
+        if run and (name is None or storages[name] > DODGE_SPAN * storages[run[0]]):
+            offsets.update({n: DODGE_POINTS * (i - (len(run) - 1) / 2) for i, n in enumerate(run)})
+            run = []
+        if name is not None:
+            run.append(name)
+    return offsets
+
+
+def histogram_figure(scores: h5py.File, score: str, results: dict) -> Figure | None:
+    """In-distribution against OOD histograms of one score, a panel per method: the test inputs filled and
+    each OOD set as a line (one colour per set in every panel), as the percentage of that set's inputs in
+    each bin. Every panel has the same bins and x range, from 0 (both scores are ≥ 0) to the largest score of
+    any method, so that a method whose scores are a tenth of another's sits a tenth as far out; y is each
+    panel's own."""
     methods = methods_in_order(results, (m for m in scores if isinstance(scores[m], h5py.Group)
                                  and f"in/{score}" in scores[m]))
     sets = ordered((name for m in methods for name in scores[m].get("out", {})
                      if score in scores[m]["out"][name]), results.get("ood", {}))
     if not methods or not sets:
         return None
+    values = {m: {name: scores[m][f"out/{name}/{score}"][()] for name in sets if f"out/{name}/{score}" in scores[m]}
+              for m in methods}
+    every = np.concatenate([scores[m]["in"][score][()] for m in methods]
+                           + [v for per_set in values.values() for v in per_set.values()])
+    edges = np.histogram_bin_edges(every, bins=40, range=(min(0.0, every.min()), every.max()))
     cols = min(len(methods), 4)
-    figure, axes = new_figure(math.ceil(len(methods) / cols), cols)
+    figure, axes = new_figure(math.ceil(len(methods) / cols), cols, sharex=True)
     for ax in axes.flat[len(methods):]:
         ax.axis("off")
+    unit = SCORE_UNITS.get(score)
     for ax, method in zip(axes.flat, methods, strict=False):
-        scores_in = scores[method]["in"][score][()]
-        outside = {name: scores[method][f"out/{name}/{score}"][()] for name in sets
-                   if f"out/{name}/{score}" in scores[method]}
-        edges = np.histogram_bin_edges(np.concatenate([scores_in, *outside.values()]), bins=30)
-        ax.hist(scores_in, edges, density=True, histtype="stepfilled", alpha=0.4, color="grey", label="test")
-        for col, (name, values) in enumerate(outside.items()):
-            ax.hist(values, edges, density=True, histtype="step", color=f"C{col}", label=name)
+        test = scores[method]["in"][score][()]
+        ax.hist(test, edges, weights=np.full(len(test), 100 / len(test)), histtype="stepfilled", alpha=0.4,
+                color="grey", label="test (in-distribution)")
+        for name, v in values[method].items():
+            ax.hist(v, edges, weights=np.full(len(v), 100 / len(v)), histtype="step", color=f"C{sets.index(name)}",
+                    label=f"OOD: {name}")
+        ax.set_xlim(edges[0], edges[-1])
         ax.set_title(method_label(method), fontsize=8)
-        ax.tick_params(labelsize=7)
-    axes.flat[0].legend(fontsize=6)
-    figure.supxlabel(f"{score_label(score)} (higher = more uncertain)")
-    return figure
+        ax.set_xlabel(score_label(score) + (f" ({unit})" if unit else ""), fontsize=7)
+        ax.set_ylabel("% of the set's inputs", fontsize=7)
+        ax.tick_params(labelsize=7, labelbottom=True)
+    figure_legend(figure)
+    figure.suptitle(f"{score_label(score)} of test and OOD inputs (higher = more uncertain): "
+                    "x and bins shared by all panels, y each panel's own", fontsize=9)
+    return plain_ticks(figure)
 
 
-def _reliability_figure(scores: h5py.File, results: dict) -> Figure | None:
-    """Reliability diagrams (Guo et al., 2017) of each method's test predictive: accuracy per confidence
-    bin against the diagonal of perfect calibration."""
+def reliability_figure(scores: h5py.File, results: dict) -> Figure | None:
+    """Reliability diagrams (Guo et al., 2017) of each method's test predictive: per equal-width confidence
+    bin, the accuracy of the test inputs in it as a bar against the diagonal of perfect calibration. Bins hold
+    very different numbers of inputs (most sit near confidence 1), so each bar is labelled with its count and
+    an empty bin has no bar; the legend sits below the panels, where it hides no bar."""
     from apd.metrics import ece, reliability
 
     methods = methods_in_order(results, (m for m in scores if isinstance(scores[m], h5py.Group)
@@ -110,109 +195,146 @@ def _reliability_figure(scores: h5py.File, results: dict) -> Figure | None:
     for ax, method in zip(axes.flat, methods, strict=False):
         probs = scores[method]["test_probs"][()]
         bins = reliability(probs, labels)
-        width = np.diff(bins.edges)
-        ax.bar(bins.edges[:-1], np.nan_to_num(bins.accuracy), width=width, align="edge",
-               edgecolor="black", linewidth=0.5, label="accuracy")
+        filled = bins.counts > 0
+        bars = ax.bar(bins.edges[:-1][filled], bins.accuracy[filled], width=np.diff(bins.edges)[filled],
+                      align="edge", color="C0", alpha=0.5, edgecolor="black", linewidth=0.5,
+                      label="accuracy of the bin's inputs")
+        for bar, count in zip(bars, bins.counts[filled], strict=True):
+            ax.text(bar.get_x() + bar.get_width() / 2, 0.02, f"{count}", rotation=90, ha="center", va="bottom",
+                    fontsize=6)
         ax.plot([0, 1], [0, 1], "--", color="grey", label="perfect calibration")
-        ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy",
-               title=f"{method_label(method)} (ECE {ece(probs, labels):.3f})")
-        ax.legend(fontsize=7, loc="upper left")
-    return figure
+        ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence (max probability)",
+               ylabel="accuracy (fraction correct)", title=f"{method_label(method)} (ECE {ece(probs, labels):.3f})")
+        ax.title.set_fontsize(9)
+    figure_legend(figure, loc="outside lower center", ncols=2)
+    figure.suptitle(f"Reliability on {len(labels)} test inputs (number in a bar: inputs in that bin)", fontsize=10)
+    return plain_ticks(figure)
 
 
-def _first_layer_figure(scores: h5py.File) -> Figure | None:
-    """First-layer weight rows of one SGLD sample shown as images (the input's shape; a CNN's filters)."""
-    if "sgld_first_layer" not in scores:
+def first_layer_figure(scores: h5py.File) -> Figure | None:
+    """First-layer weight rows of one SGLD sample shown as images (the input's shape; a CNN's filters), on
+    one colour scale symmetric about 0 for all of them."""
+    images = scores["sgld_first_layer"][()] if "sgld_first_layer" in scores else []
+    if not len(images):
         return None
-    images = scores["sgld_first_layer"][()]
     cols = math.ceil(math.sqrt(len(images)))
     figure, axes = new_figure(math.ceil(len(images) / cols), cols, panel=(1.6, 1.6))
     limit = float(np.abs(images).max()) or 1.0
     for ax in axes.flat:
         ax.axis("off")
     for ax, image in zip(axes.flat, images, strict=False):
-        ax.imshow(image, cmap="RdBu_r", vmin=-limit, vmax=limit)
-    figure.suptitle("SGLD sample: first-layer weights")
-    return figure
+        shown = ax.imshow(image, cmap="RdBu_r", vmin=-limit, vmax=limit)
+    figure.colorbar(shown, ax=axes, shrink=0.6, label="weight (one scale for all rows)")
+    figure.suptitle("SGLD sample: first-layer weights, one image per hidden unit")
+    return plain_ticks(figure)
 
 
-def _storage_figure(results: dict) -> Figure | None:
-    """Share of SGLD's accuracy and BALD AUROC against storage (SGLD samples' worth, log scale): MoG as a
-    line over its number of components, APD as a marked point."""
+def storage_share_figure(results: dict) -> Figure | None:
+    """MoG's growth against APD in absolute numbers: test accuracy (left) and BALD AUROC averaged over the
+    OOD sets (right), both in percent, against storage (SGLD samples' worth, log scale). MoG is a line over
+    its number of components k (mean ± std over its draws), APD a star, SGLD's own value a grey line, and
+    chance AUROC (50) a dotted line: an AUROC below it ranks OOD inputs as less uncertain than test inputs."""
     mog, apd = results.get("mog") or [], results.get("apd_share")
     if not mog and not apd:
         return None
-    figure, axes = new_figure(panel=(6.0, 4.0))
-    ax = axes[0, 0]
-    series = (("accuracy_share", "accuracy", "C0"), ("bald_auroc_share", "BALD AUROC", "C1"))
-    for key, label, color in series:
+    accuracy, ood = results.get("accuracy", {}), results.get("ood", {})
+
+    def accuracy_of(method: str) -> float | None:
+        return 100 * accuracy[method]["acc"]["mean"] if method in accuracy else None
+
+    panels = (("accuracy", 100.0, "test accuracy (%)", accuracy_of, None, "Accuracy against storage"),
+              ("bald_auroc", 1.0, "BALD AUROC, mean over OOD sets (%)", lambda m: mean_auroc(ood, "bald", m),
+               CHANCE_AUROC, "OOD detection against storage"))
+    figure, axes = new_figure(1, 2, panel=(4.4, 3.8))
+    for ax, (key, scale, ylabel, value_of, chance, title) in zip(axes[0], panels, strict=True):
         if mog:
             worth = [r["in_sgld_samples"] for r in mog]
-            ax.plot(worth, [100 * r[key] for r in mog], "o-", color=color, label=f"MoG {label}")
-        if apd:
-            ax.plot([apd["in_sgld_samples"]], [100 * apd[key]], "*", color=color, markersize=14,
-                    markeredgecolor="black", label=f"APD {label}")
-    for r in mog:
-        ax.annotate(f"k={r['components']}", (r["in_sgld_samples"], 100 * r["accuracy_share"]),
-                    textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
-    storage_axes(ax, "% of SGLD", 100)
-    ax.set_title("Share of SGLD's performance against storage")
-    ax.legend(fontsize=8)
-    return figure
+            means = [scale * r[key]["mean"] for r in mog]
+            ax.errorbar(worth, means, yerr=[scale * r[key]["std"] for r in mog], fmt="o-", color="C0", capsize=2,
+                        label="MoG, k components (mean ± std over draws)")
+            for r, mean in zip(mog, means, strict=True):
+                ax.annotate(f"k={r['components']}", (r["in_sgld_samples"], mean), textcoords="offset points",
+                            xytext=(0, 6), ha="center", fontsize=7)
+        if apd and (value := value_of("apd")) is not None:
+            ax.plot([apd["in_sgld_samples"]], [value], "*", color="C3", markersize=14, markeredgecolor="black",
+                    label="APD")
+        if chance is not None:
+            ax.axhline(chance, color="black", linestyle=":", linewidth=1.0, label="chance (AUROC 50)")
+        storage_axes(ax, ylabel, value_of("sgld"), "SGLD's own value")
+        ax.set_title(title, fontsize=9)
+    figure_legend(figure)
+    return plain_ticks(figure)
 
 
-def _yardstick_figure(results: dict) -> Figure | None:
-    """Storage against quality (issue 20's frontier): x = stored numbers in SGLD samples (log), y = the worst
-    per-set gap to SGLD's BALD AUROC (left) and the NLL gap (right); kept SGLD samples (evenly spaced, and
-    random subsets' mean ± std) and MoG growth as curves, every evaluated method as a point."""
+def storage_quality_figure(results: dict) -> Figure | None:
+    """Storage against quality (the kept-samples yardstick): x = stored numbers in SGLD samples' worth (log),
+    y = the signed gap to SGLD of the worst per-set BALD AUROC (left, percentage points) and of the test NLL
+    (right, nats) on linear axes: 0 is SGLD itself, above 0 worse than SGLD, below 0 better. Kept SGLD
+    samples (evenly spaced, and random subsets' mean ± std) and MoG growth are curves, every evaluated method
+    a point with a marker shape of its own; points at about the same storage (kept and Stein-thinned SGLD store
+    as much as APD) are spread sideways by a few pixels about their true x (:func:`dodge`)."""
+    from matplotlib.transforms import offset_copy
+
     y = results.get("yardstick") or {}
     curve, quality, mog = y.get("curve") or [], results.get("quality") or {}, results.get("mog") or []
     if not curve and not quality:
         return None
     figure, axes = new_figure(1, 2, panel=(5.2, 4.0))
     panels = (("bald_gap", "worst per-set BALD AUROC gap to SGLD (points)"), ("nll_gap", "NLL gap to SGLD (nats)"))
-    markers = "osD^v<>phX*P"
+    markers = "osD^v<>phX*P8"
+    methods = [m for m in methods_in_order(results, quality) if m != "sgld"]
     for ax, (key, ylabel) in zip(axes[0], panels, strict=True):
         plot_kept_curve(ax, curve, key)
         growth = [(r["in_sgld_samples"], r["quality"][key]["mean"]) for r in mog if key in r.get("quality", {})]
         if growth:
             plot_growth(ax, *zip(*growth, strict=True))
-        for i, m in enumerate(methods_in_order(results, quality)):
-            value, worth = quality[m].get(key), quality[m].get("in_sgld_samples")
-            if m == "sgld" or value is None or worth is None:
-                continue
-            ax.plot([worth], [value], markers[i % len(markers)], color=f"C{i % 10}", markersize=8,
-                    markeredgecolor="black", label=method_label(m))
-        storage_axes(ax, ylabel, 0)
-        ax.set_yscale("symlog", linthresh=1.0 if key == "bald_gap" else 0.01)
-    axes[0, 0].set_title("Storage against quality (lower is closer to SGLD)", fontsize=9)
-    handles, labels = axes[0, 1].get_legend_handles_labels()
-    figure.legend(handles, labels, fontsize=7, loc="outside right upper")
-    return figure
+        points = {m: (quality[m]["in_sgld_samples"], quality[m][key]) for m in methods
+                  if quality[m].get(key) is not None and quality[m].get("in_sgld_samples") is not None}
+        offsets = dodge({m: worth for m, (worth, _) in points.items()})
+        for i, m in enumerate(methods):
+            if m in points:
+                worth, value = points[m]
+                ax.plot([worth], [value], markers[i % len(markers)], color=f"C{i % 10}", markersize=8,
+                        markeredgecolor="black", label=method_label(m),
+                        transform=offset_copy(ax.transData, fig=figure, x=offsets[m], units="points"))
+        storage_axes(ax, ylabel, 0, "SGLD (gap 0)")
+    figure_legend(figure)
+    figure.suptitle("Storage against quality: signed gap to SGLD (0 = SGLD; above 0 worse than SGLD, "
+                    "below 0 better)\nmarkers at about one storage are spread sideways by a few pixels", fontsize=9)
+    return plain_ticks(figure)
 
 
-def _distillation_figure(generator: dict) -> Figure | None:
-    """The selection criterion of the generated ensemble on validation inputs against generator steps (the
-    kept step marked), and the critic's Wasserstein estimate on a second axis."""
+def distillation_figure(generator: dict) -> Figure | None:
+    """The generator's training: the selection criterion of the generated ensemble on validation inputs
+    (KL + |BALD gap|, nats, on an axis from 0) against generator steps with the kept step marked (top), and
+    the critic's Wasserstein estimate in a panel and on a scale of its own (bottom). Not drawn, and said so
+    in the log, from fewer than :data:`MIN_CURVE_POINTS` evaluations: so few points show no trend."""
     history = [h for h in generator.get("history") or [] if "criterion" in h]
-    if not history:
+    if len(history) < MIN_CURVE_POINTS:
+        if history:
+            log.info("distillation.png not drawn: %d evaluation(s) of the generator (steps %s) show no trend; a "
+                     "curve needs %d (lower distill.eval_every)", len(history),
+                     ", ".join(str(h["step"]) for h in history), MIN_CURVE_POINTS)
         return None
-    figure, axes = new_figure(panel=(6.0, 4.0))
+    wasserstein = [(h["step"], h["wasserstein"]) for h in history if "wasserstein" in h]
+    figure, axes = new_figure(2 if wasserstein else 1, 1, panel=(6.0, 3.0), sharex=True)
     ax = axes[0, 0]
-    steps = [h["step"] for h in history]
-    ax.plot(steps, [h["criterion"] for h in history], "o-", color="C0", label="KL + |BALD gap| (validation)")
+    criterion = [h["criterion"] for h in history]
+    ax.plot([h["step"] for h in history], criterion, "o-", color="C0", label="KL + |BALD gap| (validation)")
     kept = generator.get("selection", {}).get("kept_step")
     if kept is not None:
         ax.axvline(kept, color="C0", linestyle="--", label=f"kept: step {kept}")
-    ax.set(xlabel="generator steps", ylabel="criterion (nats, lower is closer to SGLD)", yscale="log",
-           title="Distillation")
-    ax.legend(fontsize=8, loc="upper right")
-    wasserstein = [(h["step"], h["wasserstein"]) for h in history if "wasserstein" in h]
+    ax.set_ylim(0, 1.1 * max(criterion))  # the criterion is ≥ 0: its changes are seen against its size
+    ax.set(xlabel="generator steps", ylabel="criterion (nats, from 0)",
+           title="Validation criterion (lower = closer to SGLD)")
+    ax.legend(fontsize=8)
     if wasserstein:
-        twin = ax.twinx()
-        twin.plot(*zip(*wasserstein, strict=True), color="C1", alpha=0.8)
-        twin.set_ylabel("Wasserstein estimate (critic)", color="C1")
-    return figure
+        critic = axes[1, 0]
+        critic.plot(*zip(*wasserstein, strict=True), "o-", color="C1")
+        critic.set(xlabel="generator steps", ylabel="Wasserstein estimate\n(critic's output units)",
+                   title="The critic's Wasserstein estimate")
+        ax.tick_params(labelbottom=True)
+    return plain_ticks(figure)
 
 
 def _open_scores(path: Path) -> h5py.File:
@@ -222,30 +344,36 @@ def _open_scores(path: Path) -> h5py.File:
         raise ArtifactError(f"{path}: not a readable HDF5 file ({exc})") from None
 
 
-def write_figures(eval_dir: Path, results: dict, generator_json: Path | None = None) -> list[Path]:
-    """Draw every figure whose data exist into ``eval_dir/figures/`` as PNG and return their paths:
-    ``hist_{variation_ratio,bald}.png``, ``reliability.png`` and ``sgld_first_layer.png`` (from
-    ``scores.h5``), ``storage_share.png`` (from results' ``mog``/``apd_share``), ``storage_quality.png``
-    (from results' ``yardstick``, ``quality`` and ``mog``) and ``distillation.png``
-    (from the generator manifest's history)."""
+def build_figures(eval_dir: Path, results: dict, generator_json: Path | None = None) -> dict[str, Figure | None]:
+    """Every figure of an evaluation by file stem, None where its data are missing or too few:
+    ``hist_{variation_ratio,bald}``, ``reliability`` and ``sgld_first_layer`` (from ``eval_dir/scores.h5``),
+    ``storage_share`` (from results' ``mog``/``apd_share``), ``storage_quality`` (from results'
+    ``yardstick``, ``quality`` and ``mog``) and ``distillation`` (from the generator manifest's history)."""
     figures: dict[str, Figure | None] = {}
     scores_path = eval_dir / "scores.h5"
     if scores_path.is_file():
         with _open_scores(scores_path) as scores:
             for score in HISTOGRAM_SCORES:
-                figures[f"hist_{score}"] = _histogram_figure(scores, score, results)
-            figures["reliability"] = _reliability_figure(scores, results)
-            figures["sgld_first_layer"] = _first_layer_figure(scores)
-    figures["storage_share"] = _storage_figure(results)
-    figures["storage_quality"] = _yardstick_figure(results)
+                figures[f"hist_{score}"] = histogram_figure(scores, score, results)
+            figures["reliability"] = reliability_figure(scores, results)
+            figures["sgld_first_layer"] = first_layer_figure(scores)
+    figures["storage_share"] = storage_share_figure(results)
+    figures["storage_quality"] = storage_quality_figure(results)
     if generator_json is not None and generator_json.is_file():
-        figures["distillation"] = _distillation_figure(read_json(generator_json))
+        figures["distillation"] = distillation_figure(read_json(generator_json))
+    return figures
+
+
+def write_figures(eval_dir: Path, results: dict, generator_json: Path | None = None) -> list[Path]:
+    """Save the figures of :func:`build_figures` into ``eval_dir/figures/`` as PNG and return their paths;
+    the PNG of a figure not drawn this time is removed, so that an older one cannot pass for it."""
     figure_dir = eval_dir / "figures"
     written = []
-    for name, figure in figures.items():
+    for name, figure in build_figures(eval_dir, results, generator_json).items():
+        path = figure_dir / f"{name}.png"
         if figure is None:
+            path.unlink(missing_ok=True)
             continue
         figure_dir.mkdir(parents=True, exist_ok=True)
-        path = figure_dir / f"{name}.png"
         written.append(save_figure(figure, path))
     return written

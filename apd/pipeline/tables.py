@@ -127,6 +127,14 @@ def ood_table(results: dict) -> Table | None:
                  ["ood_set", "score", "method", "metric", "mean", "std"], rows)
 
 
+def mean_auroc(ood: dict, score: str, method: str) -> float | None:
+    """``method``'s AUROC of ``score`` averaged over the OOD sets of results.json's ``ood`` part that have
+    it (percent), or None where no set has it (one network has no BALD)."""
+    values = [per_set[score][method]["auroc"]["mean"] for per_set in ood.values()
+              if per_set.get(score, {}).get(method) is not None]
+    return float(np.mean(values)) if values else None
+
+
 def mean_auroc_table(results: dict) -> Table | None:
     """The headline: per score and method, the AUROC averaged over the OOD sets,
     mean AUROC = (1/|S|) Σ_{o ∈ S} AUROC_o (percent; each AUROC_o is itself a mean over runs)."""
@@ -136,9 +144,8 @@ def mean_auroc_table(results: dict) -> Table | None:
     scores = _ood_scores(ood)
     methods = methods_in_order(results, (m for per_set in ood.values() for per_score in per_set.values()
                                  for m in per_score))
-    means = {(score, m): float(np.mean(values)) for score in scores for m in methods
-             if (values := [per_set[score][m]["auroc"]["mean"] for per_set in ood.values()
-                            if per_set.get(score, {}).get(m) is not None])}
+    means = {(score, m): value for score in scores for m in methods
+             if (value := mean_auroc(ood, score, m)) is not None}
     body = [[score_label(score), *(format_number(means[(score, m)], 1) if (score, m) in means else UNDEFINED
                                    for m in methods)] for score in scores]
     note = f"AUROC in percent, averaged over the {len(ood)} OOD sets ({', '.join(ood)}).\n\n"
