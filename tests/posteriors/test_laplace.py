@@ -264,12 +264,14 @@ def test_fits_and_predictions_make_every_tensor_on_the_weights_device(trained, m
 def test_laplace_on_cuda_predicts_as_on_the_cpu(trained, method):
     """The same fit on CUDA and on the CPU: every tensor on the GPU (the CPU as default device), and the same
     predictions. Tolerances: the prior precisions are L-BFGS optima of the same objective, which float32 sums
-    in another order on the GPU (relative 1e-3); the exact predictive, a function of them, within 1e-3 of its
-    largest entry; the members come from each device's own random stream, so their mean probabilities agree
-    within their Monte Carlo error (6 standard errors of the difference, plus the exact predictive's 1e-3)."""
+    in another order on the GPU (relative 1e-3); a relative change ε of the prior precision moves the
+    covariance P⁻¹ by at most ε‖P⁻¹‖₂ (and the probit GLM probabilities by less than ε), so the exact predictive
+    agrees within 2e-3 of that scale; the members come from each device's own random stream, so their mean
+    probabilities agree within their Monte Carlo error (6 standard errors of the difference, plus 1e-3)."""
     cpu = _fit_and_predict(trained, method, "cpu", default="meta")
     gpu = _fit_and_predict(trained, method, "cuda", default="cpu")
     torch.testing.assert_close(gpu["precision"], cpu["precision"], rtol=1e-3, atol=0)
-    torch.testing.assert_close(gpu["exact"], cpu["exact"], rtol=0, atol=1e-3 * cpu["exact"].abs().max().item())
+    scale = 1.0 if method == "laplace-glm" else torch.linalg.matrix_norm(cpu["exact"], ord=2).item()
+    torch.testing.assert_close(gpu["exact"], cpu["exact"], rtol=0, atol=2e-3 * scale)
     error = 6 * ((cpu["sd"] ** 2 + gpu["sd"] ** 2) / MEMBERS).sqrt() + 1e-3
     assert ((gpu["mean"] - cpu["mean"]).abs() <= error).all(), (gpu["mean"] - cpu["mean"]).abs().max()
