@@ -15,6 +15,7 @@ from apd.errors import ArtifactError
 from apd.io import load_torch, read_json
 from apd.nets import network
 from apd.pipeline.layout import Layout, manifest_of
+from apd.pipeline.runtime import resolve_device
 from apd.posteriors import APDGenerator, MCDropout, PointEstimate, Posterior, SGLDSamples
 from apd.samplers.store import SampleStore
 
@@ -24,10 +25,12 @@ LOADABLE = ("sgld", "apd", "sgd", "mcdropout", "mog")
 def load(artifact_dir: str | Path, method: str, device: torch.device | str = "cpu") -> Posterior:
     """The posterior ``method`` of the pipeline whose artifacts are in ``artifact_dir`` (e.g.
     ``artifacts/digits``): ``sgld`` (the sample store, kept open), ``apd`` (the generator), ``sgd`` and
-    ``mcdropout`` (the baselines), or ``mog`` (the evaluation's largest mixture, fit again to the store)."""
+    ``mcdropout`` (the baselines), or ``mog`` (the evaluation's largest mixture, fit again to the store).
+    ``device`` as ``--device`` takes it; one that is not here raises :class:`~apd.errors.ConfigError` at once."""
     layout = Layout(Path(artifact_dir))
     if method not in LOADABLE:
         raise ValueError(f"method must be one of {', '.join(LOADABLE)}, got {method!r}")
+    device = resolve_device(str(device))
     if method in ("sgld", "mog"):
         store = SampleStore.open(layout.samples)
         if method == "sgld":
@@ -37,7 +40,7 @@ def load(artifact_dir: str | Path, method: str, device: torch.device | str = "cp
         with store:
             evaluate = store.meta.get("config", {}).get("evaluate", {})
             components, fit_samples = max(evaluate.get("mog_components", [60])), evaluate.get("mog_fit_samples", 2000)
-            return fit_mixture(store, components, fit_samples, seed=0, device=torch.device(device))
+            return fit_mixture(store, components, fit_samples, seed=0, device=device)
     if method == "apd":
         model, spec = load_generator(layout.generator, read_json(manifest_of(layout.generator)), device=device)
         return APDGenerator(model, spec)

@@ -1,8 +1,9 @@
 """Command line: ``apd sample|distill|evaluate|report|info --config PIPELINE.toml`` (or ``python -m apd``),
 and ``apd experiment NAME --config PIPELINE.toml`` for the studies in :mod:`apd.experiments`.
 
-User errors (bad config, missing data, bad artifacts, divergence) end in one line on stderr and exit
-code 2; Ctrl-C exits with 130 and leaves every artifact resumable.
+User errors (bad config, missing data, bad artifacts, divergence, a CUDA device that is not there or that
+runs out of memory) end in one line on stderr and exit code 2; Ctrl-C exits with 130 and leaves every
+artifact resumable.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 from apd import __version__
 from apd.config import config_hash
 from apd.config_load import load_config
-from apd.errors import ApdError, ArtifactError, ConfigError
+from apd.errors import ApdError, ArtifactError, ConfigError, out_of_memory_is_an_error
 from apd.interrupts import interrupted, noting_interrupts, raise_if_interrupted
 from apd.pipeline.locks import artifact_lock
 from apd.pipeline.runtime import RunContext, setup_logging
@@ -206,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
         raise ArtifactError(f"--artifacts {ctx.artifacts_root}: not a directory")
     lock = artifact_lock(ctx.layout.lock, shared=args.command in READ_ONLY) if _takes_lock(args.command) \
         else contextlib.nullcontext()
-    with lock:
+    with lock, out_of_memory_is_an_error(args.command, ctx.device):
         if args.command == "info":
             info(ctx)
         elif args.command == "reproduce":

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import traceback
+from collections.abc import Iterator
+
 import numpy as np
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
 
 
 def assert_gaussian_moments(
@@ -38,3 +44,37 @@ def assert_gaussian_moments(
     assert np.abs(ratios - 1).max() <= cov_rel_tol, (
         f"sample/true variance ratios along the principal directions {np.array2string(ratios, precision=3)} "
         f"(tolerance 1 ± {cov_rel_tol})")
+
+
+@contextlib.contextmanager
+def tensors_stay_on(device: torch.device | str, default: torch.device | str) -> Iterator[None]:
+    """``with tensors_stay_on(device, default):`` runs the block with ``default`` as torch's default device and
+    fails at the first torch call that makes a tensor on a device other than ``device`` where none of its
+    tensor arguments is (a factory call that names no device, or a copy to another device).
+
+    With ``default`` another device than ``device``, every tensor the block makes without naming a device is
+    caught: on a machine without a GPU, ``tensors_stay_on("cpu", "meta")`` finds the tensors that a CUDA run
+    would leave on the CPU.
+    """
+    expected = torch.empty(0, device=device).device  # "cuda" as a tensor's device reports it: cuda:0
+    with torch.device(default), _StrayTensors(expected):
+        yield
+
+
+class _StrayTensors(TorchFunctionMode):
+    """The torch function mode of :func:`tensors_stay_on`: raises AssertionError at a stray tensor, naming the
+    function that made it and the line outside torch that called it."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.device = device
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        given = {t.device for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device != self.device and t.device not in given:
+                caller = next(f for f in reversed(traceback.extract_stack()[:-1]) if "/torch/" not in f.filename)
+                raise AssertionError(f"{getattr(func, '__name__', func)} made a tensor on {t.device}, not "
+                                     f"{self.device}, at {caller.filename}:{caller.lineno}")
+        return out

@@ -46,3 +46,14 @@ def test_public_names():
         assert hasattr(apd, name), name
     with pytest.raises(ValueError, match="method must be one of"):
         apd.load("nowhere", "bogus")
+
+
+@pytest.mark.parametrize("method", ["sgld", "apd", "sgd", "mcdropout", "mog"])
+def test_a_cuda_device_that_is_not_here_fails_at_load(tiny_pipeline, monkeypatch, method):
+    import apd
+    from apd.errors import ConfigError
+
+    root, _ = tiny_pipeline
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="'cuda' requested but no CUDA device is available"):
+        apd.load(root / "tiny", method, device="cuda")

@@ -29,6 +29,13 @@ How the hyperparameters are chosen:
    (``glm_scale``), chosen by the same rule on the validation NLL of the probit GLM predictive.
    ``scales=(1.0,)`` gives the untempered Laplace posterior.
 
+Everything is fitted, drawn and predicted on the device of ``net``'s weights. laplace-torch's fit makes
+tensors without naming a device (its curvlinops backend multiplies the full GGN by ``torch.eye(n)``, and
+the DataLoader draws its seed into ``torch.empty(())``), which on a CUDA network stops the last-layer fit
+with a device mismatch; so the fit runs with the weights' device as torch's default. Everything else it
+and this module make names its device (tests/posteriors/test_laplace.py checks that no fit or prediction
+makes a tensor on any other device).
+
 The training split fits the curvature and the prior; the validation split chooses τ; nothing here
 sees the test split. Measured on digits (``benchmarks/laplace_digits.py``): the marginal likelihood
 picks priors far wider than the trained weights (per-tensor precisions 4.8–141, standard deviations
@@ -322,7 +329,9 @@ def fit_laplace(net: nn.Module, x_train: Tensor, y_train: Tensor, x_val: Tensor,
 
     start = time.perf_counter()
     la = Laplace(model, "classification", subset_of_weights=subset, hessian_structure=hessian, **kwargs)
-    with _quiet_jit_deprecation():  # the fit's forward-mode AD loads torch's scripted decompositions
+    # the fit's forward-mode AD loads torch's scripted decompositions; its tensors made without a device go to
+    # the weights' (module docstring)
+    with _quiet_jit_deprecation(), torch.device(device):
         la.fit(loader)
     if subset == "all":
         names = list(spec.names)

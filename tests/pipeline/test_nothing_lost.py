@@ -307,6 +307,38 @@ def test_bad_device_is_one_line_even_on_reuse(art, command, device):
     art.fails(command, "--device", device, match="device")
 
 
+def test_cuda_where_there_is_none_is_one_line(art, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    art.fails("evaluate", "--device", "cuda", match="'cuda' requested but no CUDA device is available")
+
+
+def test_a_cuda_device_past_the_last_is_one_line(art, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    art.fails("sample", "--device", "cuda:2", match="'cuda:2': only 2 CUDA device")
+
+
+# Per command: the function a CUDA run of it runs out of memory in, and a setting the message names
+OUT_OF_MEMORY = [("sample", "apd.pipeline.sample.run_sample", "sgld.batch_size"),
+                 ("distill", "apd.pipeline.distill.run_distill", "distill.batch_size"),
+                 ("evaluate", "apd.pipeline.evaluate.run_evaluate", "evaluate.networks"),
+                 ("experiment", "apd.experiments.modes.run_modes", "batch and sample sizes")]
+
+
+@pytest.mark.parametrize(("command", "stage", "setting"), OUT_OF_MEMORY)
+def test_cuda_out_of_memory_is_one_line_naming_the_device_and_what_to_lower(art, monkeypatch, command, stage, setting):
+    def out_of_memory(*args):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+                                          "capacity of 79.19 GiB of which 1.06 GiB is free.\nSee documentation")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(stage, out_of_memory)
+    extra = ("modes",) if command == "experiment" else ()
+    err = art.fails(command, *extra, "--device", "cuda:0", match="CUDA out of memory on cuda:0: lower ")
+    assert setting in err
+
+
 @pytest.mark.parametrize("seed", ["99999999999999999", "4294967296", "-1"])
 def test_seed_out_of_range(art, seed):
     art.fails("sample", "--set", f"seed={seed}", match="'seed'")

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from apd.nets import ParamSpec, mlp, predict_probs
-from apd.posteriors.laplace import LaplacePosterior, fit_kfac, fit_last_layer
-from tests.helpers import assert_gaussian_moments
+from apd.posteriors.laplace import LaplaceGLM, LaplacePosterior, fit_kfac, fit_last_layer
+from tests.helpers import assert_gaussian_moments, tensors_stay_on
 
 # asdl (imported by laplace-torch) still calls torch.jit.script
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 
 SCALES = (0.1, 0.3, 1.0)
+LAPLACE_METHODS = ("laplace-kfac", "laplace-ll", "laplace-glm")
+MEMBERS = 2000  # members per prediction where two devices' predictions are compared
 
 
 def _data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -213,8 +217,6 @@ def test_a_scalar_prior_is_one_precision(trained, fit):
 
 
 def test_glm_predictive_is_a_posterior_without_weights(trained, kfac):
-    from apd.posteriors.laplace import LaplaceGLM
-
     _, x, *_ = trained
     glm = LaplaceGLM(kfac)
     assert not glm.has_weights and kfac.has_weights
@@ -227,3 +229,49 @@ def test_glm_predictive_is_a_posterior_without_weights(trained, kfac):
     torch.testing.assert_close(probs.sum(-1), torch.ones(6, 9))
     torch.testing.assert_close(members(x[:9]), probs)  # one draw, shared by every call
     assert glm.predict_probs(x[:9], 6, torch.Generator().manual_seed(1)).shape == (6, 9, 3)
+
+
+def _fit_and_predict(trained, method: str, device: str, default: str) -> dict[str, torch.Tensor]:
+    """Fit ``method`` (one of :data:`LAPLACE_METHODS`) at the one scale τ = 0.3 on ``device`` and predict the
+    validation inputs, under :func:`tensors_stay_on` (``device``, ``default``). On the CPU: the prior
+    precisions, the exact predictive (the draws' covariance for the weight-space methods, the probit GLM
+    predictive [N, C] for laplace-glm), and the mean and sd over :data:`MEMBERS` members of p(y | x) [N, C]."""
+    import laplace  # noqa: F401 (its imports make constants of their own, on the default device of their import)
+
+    net, x, y, x_val, y_val = trained
+    fit = fit_last_layer if method == "laplace-ll" else fit_kfac
+    model, generator = copy.deepcopy(net).to(device), torch.Generator(device=device).manual_seed(0)
+    with tensors_stay_on(device, default):
+        post = fit(model, x, y, x_val, y_val, scales=(0.3,), marglik_evals=50, generator=generator)
+        exact = post.glm_probs(x_val) if method == "laplace-glm" else post.covariance()
+        members = (LaplaceGLM(post) if method == "laplace-glm" else post).predict_probs(x_val, MEMBERS, generator)
+    assert post.base.device.type == torch.device(device).type
+    assert exact.device == members.device == post.base.device
+    return {"precision": torch.tensor(post.info.prior_precision), "exact": exact.cpu(),
+            "mean": members.mean(0).cpu(), "sd": members.std(0).cpu()}
+
+
+@pytest.mark.parametrize("method", LAPLACE_METHODS)
+def test_fits_and_predictions_make_every_tensor_on_the_weights_device(trained, method):
+    # With the meta device as torch's default, a tensor made without naming its device (as laplace-torch's
+    # full-GGN fit makes an identity, which a CUDA network's fit found on the CPU) fails here, on a CPU.
+    predictions = _fit_and_predict(trained, method, "cpu", default="meta")
+    assert torch.isfinite(predictions["mean"]).all() and torch.isfinite(predictions["exact"]).all()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("method", LAPLACE_METHODS)
+def test_laplace_on_cuda_predicts_as_on_the_cpu(trained, method):
+    """The same fit on CUDA and on the CPU: every tensor on the GPU (the CPU as default device), and the same
+    predictions. Tolerances: the prior precisions are L-BFGS optima of the same objective, which float32 sums
+    in another order on the GPU (relative 1e-3); a relative change ε of the prior precision moves the
+    covariance P⁻¹ by at most ε‖P⁻¹‖₂ (and the probit GLM probabilities by less than ε), so the exact predictive
+    agrees within 2e-3 of that scale; the members come from each device's own random stream, so their mean
+    probabilities agree within their Monte Carlo error (6 standard errors of the difference, plus 1e-3)."""
+    cpu = _fit_and_predict(trained, method, "cpu", default="meta")
+    gpu = _fit_and_predict(trained, method, "cuda", default="cpu")
+    torch.testing.assert_close(gpu["precision"], cpu["precision"], rtol=1e-3, atol=0)
+    scale = 1.0 if method == "laplace-glm" else torch.linalg.matrix_norm(cpu["exact"], ord=2).item()
+    torch.testing.assert_close(gpu["exact"], cpu["exact"], rtol=0, atol=2e-3 * scale)
+    error = 6 * ((cpu["sd"] ** 2 + gpu["sd"] ** 2) / MEMBERS).sqrt() + 1e-3
+    assert ((gpu["mean"] - cpu["mean"]).abs() <= error).all(), (gpu["mean"] - cpu["mean"]).abs().max()
