@@ -162,7 +162,7 @@ def _storage_figure(results: dict) -> Figure | None:
 
 
 def _yardstick_figure(results: dict) -> Figure | None:
-    """Storage against quality (issue 20's frontier): x = stored numbers in SGLD samples (log), y = the worst
+    """Storage against quality (the storage frontier): x = stored numbers in SGLD samples (log), y = the worst
     per-set gap to SGLD's BALD AUROC (left) and the NLL gap (right); kept SGLD samples (evenly spaced, and
     random subsets' mean ± std) and MoG growth as curves, every evaluated method as a point."""
     y = results.get("yardstick") or {}
