@@ -76,7 +76,7 @@ test-slow: $(STAMP)
 	$(PY) -m pytest -m slow
 
 # Each benchmark's record goes to $(BENCH_OUT); copied to docs/results/benchmarks/, `make docs` renders the
-# README's Performance table from them.
+# Performance table of docs/performance.md from them.
 BENCH_OUT ?= artifacts/benchmarks
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(PY) $$b --out $(BENCH_OUT)/$$(basename $$b .py).json || exit 1; done

@@ -1,4 +1,4 @@
-"""Nothing lost (issue 15): a scenario matrix of failures, races, interrupts and stale or hostile inputs,
+"""Nothing lost: a scenario matrix of failures, races, interrupts and stale or hostile inputs,
 each run through the CLI against a complete artifact set of a tiny digits pipeline.
 
 Run: ``.venv/bin/python benchmarks/nothing_lost.py`` (about 10-20 minutes on a shared 2-core CPU; needs
@@ -16,7 +16,7 @@ SHA-256 of every complete artifact file, runs its commands and checks
   exactly what an uninterrupted run stores).
 
 It prints one row per case (id, group, what is done, what is expected, pass/FAIL and why) and exits 1
-when any case fails. Cases marked ``issue`` are the ones issue 15 found failing.
+when any case fails. Cases marked ``issue`` are the ones that failed when the matrix was first run.
 """
 
 from __future__ import annotations

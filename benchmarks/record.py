@@ -1,4 +1,4 @@
-"""A benchmark's findings as a JSON record, so that README's Performance table is rendered from committed
+"""A benchmark's findings as a JSON record, so that docs/performance.md's table is rendered from committed
 files (``<!-- results:benchmarks:performance -->``, :func:`apd.docs.render_performance`) rather than typed.
 
 Each ``bench_*.py`` script takes ``--out FILE``; with it, the rows it reports (what was timed, the measured

@@ -5,7 +5,7 @@ Run: ``.venv/bin/python benchmarks/time_pipeline.py [--config pipelines/digits.t
 the venv built and nothing else on the machine. It prints each stage's wall-clock time and the parts its
 manifests record (SGLD sampling and its diagnostics, each baseline and peer, alignment and GAN training,
 evaluation), and with ``--out`` writes them as JSON together with the machine, its load average before the
-run and the commit, so that the README's end-to-end row is rendered from a committed file
+run and the commit, so that docs/performance.md's end-to-end row is rendered from a committed file
 (``<!-- results:digits:end-to-end -->``, published next to the pipeline's results). The artifacts go to
 ``--artifacts`` (a directory that must not exist yet, kept for ``apd report --publish``) or to a temporary
 directory removed afterwards: the project's own are never touched.

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from apd.docs import render_docs, render_document, render_table
+from apd.docs import documents, render_docs, render_document, render_table
 from apd.errors import ArtifactError
 from apd.reproduce import differences
 from tests.pipeline.test_report import full_results
@@ -129,7 +130,7 @@ def test_samplers_put_several_pipelines_sample_manifests_side_by_side(project):
 
 
 def test_performance_table_is_rendered_from_the_benchmark_records(project):
-    """README's Performance rows come from the bench scripts' JSON records (benchmarks/record.py), in the
+    """docs/performance.md's rows come from the bench scripts' JSON records (benchmarks/record.py), in the
     pipeline's stage order (file order within a stage), followed by where and when each script ran."""
     folder = project / "docs" / "results" / "benchmarks"
     folder.mkdir()
@@ -176,7 +177,7 @@ def test_benchmark_record_holds_the_run_and_its_rows(tmp_path, monkeypatch):
 
 
 def test_end_to_end_timing_is_rendered_from_its_record(project):
-    """The README's end-to-end row comes from benchmarks/time_pipeline.py's JSON, never typed by hand."""
+    """docs/performance.md's end-to-end row comes from benchmarks/time_pipeline.py's JSON, never typed by hand."""
     record = {"config": "pipelines/digits.toml", "commit": "0123456789abcdef+changes",
               "machine": {"cpu": "Some CPU", "cores": 2, "load_average_before": [0.05, 0.5, 1.0]},
               "stages": {"sample": 125.0, "distill": 41.5, "evaluate": 112.25}, "total": 278.75,
@@ -188,3 +189,63 @@ def test_end_to_end_timing_is_rendered_from_its_record(project):
     assert "Recorded by the stages: sampling 1 min 27 s; evaluation 1 min 35 s." in table
     assert "| `apd sample` | 2 min 5 s |" in table
     assert "| total | **4 min 39 s** |" in table
+
+
+# The documents themselves: a README a newcomer reads in minutes, links that lead somewhere, no issue numbers.
+README_MAX_LINES = 200
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+ISSUE_NUMBER = re.compile(r"\b[Ii]ssues?\s+#?[0-9]+\b")
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings: lower case, punctuation dropped, spaces to
+    hyphens, a repeated one numbered -1, -2, …"""
+    anchors: set[str] = set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", re.sub(r"```.*?```", "", text, flags=re.S), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchor, n = slug, 0
+        while anchor in anchors:
+            n += 1
+            anchor = f"{slug}-{n}"
+        anchors.add(anchor)
+    return anchors
+
+
+def test_readme_stays_short_and_keeps_the_commands():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= README_MAX_LINES
+    assert "make sample distill evaluate" in text and "make test" in text
+
+
+def test_every_relative_link_in_the_documents_resolves():
+    """Every relative link (and image) in README.md and docs/*.md names an existing file, and its anchor,
+    where it has one, a heading of that file."""
+    broken = []
+    for document in documents(ROOT):
+        for target in LINK.findall(document.read_text()):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            file = (document.parent / path).resolve() if path else document
+            if not file.is_file():
+                broken.append(f"{document.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and file.suffix == ".md" and anchor not in heading_anchors(file.read_text()):
+                broken.append(f"{document.relative_to(ROOT)}: {target} (no such heading)")
+    assert broken == []
+
+
+def test_every_document_with_results_regions_is_rendered():
+    """`make docs` renders README.md and docs/*.md; no other Markdown file may hold a results region."""
+    holding = {path for path in ROOT.rglob("*.md")
+               if not {".venv", ".git", "artifacts", "node_modules"} & set(path.relative_to(ROOT).parts)
+               and "<!-- results:" in path.read_text()}
+    assert holding <= set(documents(ROOT))
+
+
+def test_no_document_or_module_cites_an_issue_number():
+    """Documents and code say what was measured, not which tracker issue asked for it."""
+    files = [*documents(ROOT), *(ROOT / "apd").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py"),
+             *(ROOT / "tests").rglob("*.py"), *(ROOT / "pipelines").glob("*.toml"), ROOT / "Makefile"]
+    citing = [f"{path.relative_to(ROOT)}: {match.group(0)!r}" for path in files
+              for match in ISSUE_NUMBER.finditer(path.read_text())]
+    assert citing == []

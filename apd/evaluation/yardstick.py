@@ -1,4 +1,4 @@
-"""The kept-samples yardstick (DESIGN.md, "Honest protocol"; issue 20): what a method that stores S SGLD
+"""The kept-samples yardstick (docs/design.md, "Honest protocol"): what a method that stores S SGLD
 samples' worth of numbers must beat is ⌈S⌉ SGLD samples simply kept.
 
 Quality of an ensemble, against SGLD (the reference), on the evaluation's inputs:

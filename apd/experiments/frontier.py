@@ -9,7 +9,7 @@ For each budget S of ``budgets`` (SGLD samples' worth, bytes / (4·D)):
   coordinates and then stored at the precision (the generator networks at ``generators_at`` where given,
   the codec at ``precision``: :func:`~apd.experiments.precision.apd_bytes`);
 - **kept samples**: S SGLD samples stored at float32, evenly spaced over the store (across chains) and
-  ``subsets`` random subsets (:func:`~apd.evaluation.yardstick.kept_samples`): issue 20's yardstick, ⌈S⌉
+  ``subsets`` random subsets (:func:`~apd.evaluation.yardstick.kept_samples`): the kept-samples yardstick, ⌈S⌉
   samples as they are;
 - **kept samples at APD's precision** (``kept_at_precision``, on by default, none when APD is stored at
   float32): ⌈S / s⌉ SGLD samples, each stored at ``precision`` as APD is (s: one sample's storage at it;

@@ -94,7 +94,7 @@ GAPS = {"bald_gap": "worst BALD gap", "max_prob_gap": "worst max-prob gap", "nll
 class PrecisionPlan:
     """The budget and precisions compared (``--option KEY=VALUE``, e.g. ``--option budget=4``)."""
 
-    budget: float = bounded(4.0, gt=0)  # SGLD samples' worth (issue 20's fcNN2 target: S ≤ 4)
+    budget: float = bounded(4.0, gt=0)  # SGLD samples' worth (fcNN2's target: S ≤ 4)
     precisions: list[Precision] = bounded(list(PRECISIONS))
     subsets: int = bounded(5, ge=1)  # random kept subsets per precision: the spread a win must exceed
     steps: int = bounded(0, ge=0)  # generator steps; 0: the pipeline's distill.steps
@@ -379,7 +379,7 @@ def fewer_bytes_than_kept(row: dict) -> list[str]:
 
 
 def wins_over_float32_kept(summary: dict, float32_kept: dict | None) -> dict | None:
-    """A judged method's margins over ⌈S⌉ kept samples stored at float32 (issue 20's yardstick), S its
+    """A judged method's margins over ⌈S⌉ kept samples stored at float32 (the kept-samples yardstick), S its
     storage: over ``float32_kept`` (the float32 row's kept samples) when there are ⌈S⌉ of them; None
     otherwise."""
     if float32_kept is None or float32_kept["k"] != math.ceil(summary["in_sgld_samples"]):

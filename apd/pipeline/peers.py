@@ -1,5 +1,5 @@
 """The baselines ``apd sample`` trains after the SGD network, for the peers ``apd evaluate`` compares APD
-with (issue 21): a deep ensemble and SWAG, each an artifact beside the other baselines.
+with: a deep ensemble and SWAG, each an artifact beside the other baselines.
 
 - ``baselines/ensemble.pt``: ``{"members": [M, D]}``, M = ``peers.ensemble_members`` networks trained
   as the SGD baseline, member m from the named streams ``("ensemble", m, "init" | "batches")``

@@ -1,6 +1,6 @@
 """Kept SGLD samples: a fixed set of k rows of a sample store, held in memory, used as the posterior.
 
-This is the yardstick for any compressed posterior (DESIGN.md, "Honest protocol"): a method that stores
+This is the yardstick for any compressed posterior (docs/design.md, "Honest protocol"): a method that stores
 S·D numbers is compared with ⌈S⌉ kept SGLD samples. Which rows are kept is chosen by
 
 - :func:`evenly_spaced_rows` — evenly spaced over the run; with several chains, evenly across chains

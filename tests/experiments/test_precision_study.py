@@ -97,7 +97,7 @@ def test_the_study_compares_apd_with_its_kept_samples_at_each_precision(tiny_pip
     assert rows["float32"]["apd"]["storage_shift"] == 0 == rows["float32"]["kept"]["storage_shift"]
     assert 0 < rows["int8"]["kept"]["storage_shift"] < 0.05  # rounding moves the predictive, a little
     assert rows["int8"]["kept"]["storage_shift"] < rows["int4"]["kept"]["storage_shift"]  # and 4 bits more
-    float32_kept = rows["float32"]["kept"]  # issue 20's yardstick: ⌈S⌉ = 4 samples kept at float32
+    float32_kept = rows["float32"]["kept"]  # the kept-samples yardstick: ⌈S⌉ = 4 samples kept at float32
     for row in rows.values():
         for method in (row["apd"], row["per_chain"]):
             assert math.ceil(method["in_sgld_samples"]) == 4
