@@ -1,20 +1,22 @@
-"""SGLD steps per second with one and two sampling workers, against one two-thread chain, and the joined
-store's read speed against one file.
+"""SGLD chain-steps per second of C chains stepped together (:class:`apd.samplers.chain.SGLDChains`), the
+batched gradient against ``torch.func.vmap``, several worker processes against one, and the joined store's
+read speed against one file.
 
-Chains are the project's :class:`apd.samplers.chain.SGLDChain` (the paper's SGLD: lr 0.05, N 50,000,
-prior variance 0.02, batch 100) on random MNIST-shaped data, for fcNN1 784-100-10 and fcNN2
-784-400-400-10. Three ways to spend the machine's cores, timed in interleaved blocks (median over
-repetitions, so drift on a shared machine hits all alike):
+Chains take the paper's SGLD (lr 0.05, N 50,000, prior variance 0.02, batch 100) for fcNN1 784-100-10 and
+fcNN2 784-400-400-10 on random MNIST-shaped data resident on the device (50,000 rows on a GPU, 5,000 on
+the CPU; a minibatch gather costs the same whatever the pixels). Every rate is a median over repetitions
+timed in interleaved blocks, so drift on a shared machine hits all alike.
 
-- ``two-thread chain``: one chain, torch on 2 threads (noise drawn in the step: no core is free);
-- ``W = 1``: one chain, 1 thread (noise on a worker thread where ``prefetch_noise = "auto"`` would);
-- ``W = 2``: two processes (``torch.multiprocessing``, spawn), one chain and one thread each, started
-  together; total steps per second = both processes' steps / the slower one's time.
+- ``C chains``: one process, torch on 1 thread on the CPU; chain-steps per second = C × iterations / s.
+  Target on the CPU: C = 8 at least as fast per chain-step as C = 1. On CUDA (the card is named in the
+  record): C = 1 … 1,024 fcNN1 chains, with the fused update (Triton) and with a torch generator per chain.
+- ``vmap``: the gradient of C chains' minibatch NLL as the project computes it (one batched forward and
+  backward, :func:`apd.nets.per_network_logits`) against ``vmap(grad(functional_call))`` over stacked
+  parameters (``torch.func``), at C = 8 on the CPU and C = 256 on CUDA.
+- ``workers``: two processes (spawn), one chain and one thread each, against one chain on two threads.
+- ``reading``: a store of R rows as one file and as two shards joined (HDF5 virtual dataset).
 
-Reading: a store of R rows written as one file, and the same rows as two shards joined by
-:func:`apd.samplers.store.join_stores` (an HDF5 virtual dataset); 100 random rows (``read``), and all rows
-in order (``read_all``), from the page cache; time joined / one file.
-Run: .venv/bin/python benchmarks/bench_chains.py [--reps 5] [--steps 300] [--rows 400] [--out FILE]
+Run: .venv/bin/python benchmarks/bench_chains.py [--reps 5] [--steps 200] [--out FILE]
 """
 
 from __future__ import annotations
@@ -24,16 +26,18 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.multiprocessing as mp
+import torch.nn.functional as F
 from record import BenchmarkRecord, add_out_argument
 
 from apd.config import SGLDConfig
-from apd.nets import ParamSpec, mlp
-from apd.samplers.chain import ChainSeeds, SGLDChain
+from apd.nets import ParamSpec, mlp, network, per_network_logits
+from apd.samplers.chain import ChainSeeds, SGLDChains
 from apd.samplers.sgld import prefetch_pays
 from apd.samplers.store import SampleStore
 from apd.samplers.store_join import join_stores
@@ -41,41 +45,108 @@ from apd.samplers.store_join import join_stores
 NETS = {"fcNN1": [784, 100, 10], "fcNN2": [784, 400, 400, 10]}
 CONFIG = SGLDConfig(lr=0.05, prior_var=0.02, batch_size=100, iterations=10**9, burn_in=0)
 NUM_DATA = 50_000
-TRAIN_ROWS = 5_000  # random images the minibatches are drawn from (the SGLD step sees N = 50,000)
 
 
-def make_chain(sizes: list[int], seed: int, prefetch: bool) -> SGLDChain:
-    generator = torch.Generator().manual_seed(seed)
-    x = torch.rand(TRAIN_ROWS, sizes[0], generator=generator) * 2 - 1
-    y = torch.randint(0, sizes[-1], (TRAIN_ROWS,), generator=generator)
-    chain = SGLDChain(sizes, CONFIG, seed, x, y, ChainSeeds(seed, seed + 1, seed + 2), prefetch)
-    for group in chain.optimizer.param_groups:  # the paper's N, not the random subset's
-        group["num_data"] = NUM_DATA
-    return chain
+def make_chains(sizes: list[int], chains: int, device: torch.device, prefetch: bool = False,
+                fused: bool | None = None) -> SGLDChains:
+    """``chains`` chains on random data (``NUM_DATA`` rows on CUDA, 5,000 on the CPU) with the paper's N;
+    ``fused=False`` makes CUDA chains draw their noise from torch generators."""
+    rows = NUM_DATA if device.type == "cuda" else 5_000
+    generator = torch.Generator().manual_seed(chains)
+    x = (torch.rand(rows, sizes[0], generator=generator) * 2 - 1).to(device)
+    y = torch.randint(0, sizes[-1], (rows,), generator=generator).to(device)
+    batch = SGLDChains(sizes, CONFIG, list(range(chains)), x, y,
+                       [ChainSeeds(3 * c, 3 * c + 1, 3 * c + 2) for c in range(chains)], prefetch, fused_update=fused)
+    batch.num_data = NUM_DATA  # the paper's N, not the random subset's
+    return batch
 
 
-def run_steps(chain: SGLDChain, start: int, steps: int) -> float:
-    """Seconds for ``steps`` SGLD iterations of ``chain``."""
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(work: Callable[[], None], device: torch.device) -> float:
+    _sync(device)
     began = time.perf_counter()
-    for t in range(start, start + steps):
-        chain.step(t)
+    work()
+    _sync(device)
     return time.perf_counter() - began
 
 
+def chain_step_rates(sizes: list[int], counts: list[int], device: torch.device, reps: int, steps: int,
+                     fused: bool | None = None) -> dict[int, float]:
+    """Median chain-steps per second of each chain count, timed in interleaved blocks of ``steps``."""
+    batches = {c: make_chains(sizes, c, device, prefetch_pays(device), fused) for c in counts}
+    clock = {c: 0 for c in counts}
+    rates: dict[int, list[float]] = {c: [] for c in counts}
+
+    def block(c: int) -> None:
+        for t in range(clock[c], clock[c] + steps):
+            batches[c].step(t)
+        clock[c] += steps
+
+    for rep in range(reps + 1):  # the first round warms up and is dropped
+        for c in counts:
+            seconds = timed(lambda c=c: block(c), device)
+            if rep:
+                rates[c].append(c * steps / seconds)
+    return {c: statistics.median(values) for c, values in rates.items()}
+
+
+def gradient_rates(sizes: list[int], chains: int, device: torch.device, reps: int, steps: int) -> dict[str, float]:
+    """Chain-gradients per second: the project's batched forward and backward against vmap over
+    ``functional_call`` and ``grad``."""
+    net = network(sizes).to(device)
+    spec = ParamSpec.from_module(net)
+    theta = torch.randn(chains, spec.numel, device=device) * 0.05
+    x = torch.rand(chains, CONFIG.batch_size, sizes[0], device=device) * 2 - 1
+    y = torch.randint(0, sizes[-1], (chains, CONFIG.batch_size), device=device)
+
+    def batched() -> None:
+        weights = theta.detach().requires_grad_(True)
+        logits = per_network_logits(spec, weights, x)
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(chains, -1).mean(1)
+        torch.autograd.grad(loss.sum(), weights)
+
+    stacked = {name: value.detach() for name, value in spec.unflatten(theta).items()}
+
+    def one_chain_loss(params: dict, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(torch.func.functional_call(net, params, (xb,)), yb)
+
+    vmapped_grad = torch.func.vmap(torch.func.grad(one_chain_loss))
+
+    def vmapped() -> None:
+        vmapped_grad(stacked, x, y)
+
+    ways = {"batched": batched, "vmap": vmapped}
+    rates: dict[str, list[float]] = {name: [] for name in ways}
+    for rep in range(reps + 1):
+        for name, work in ways.items():
+            seconds = timed(lambda work=work: [work() for _ in range(steps)], device)
+            if rep:
+                rates[name].append(chains * steps / seconds)
+    return {name: statistics.median(values) for name, values in rates.items()}
+
+
 def _worker(rank: int, sizes: list[int], commands: mp.Queue, results: mp.Queue) -> None:
-    """A sampling worker: one thread, its own chain; runs the number of steps it is sent."""
+    """A sampling worker: one thread, one chain; runs the number of steps it is sent."""
     torch.set_num_threads(1)
-    chain = make_chain(sizes, 10 + rank, prefetch_pays(torch.device("cpu"), processes=2))
-    run_steps(chain, 0, 20)
+    batch = make_chains(sizes, 1, torch.device("cpu"), prefetch_pays(torch.device("cpu"), processes=2))
+    for t in range(20):
+        batch.step(t)
     results.put(("ready", rank, 0.0))
     t = 20
     while (steps := commands.get()) is not None:
-        results.put(("done", rank, run_steps(chain, t, steps)))
+        began = time.perf_counter()
+        for step in range(t, t + steps):
+            batch.step(step)
+        results.put(("done", rank, time.perf_counter() - began))
         t += steps
 
 
-def bench_net(name: str, sizes: list[int], reps: int, steps: int) -> dict[str, float]:
-    """Median total steps per second of each arrangement."""
+def worker_rates(sizes: list[int], reps: int, steps: int) -> dict[str, float]:
+    """Median total steps per second of two one-thread workers and of one chain on two threads."""
     context = mp.get_context("spawn")
     commands = [context.Queue() for _ in range(2)]
     results = context.Queue()
@@ -84,25 +155,21 @@ def bench_net(name: str, sizes: list[int], reps: int, steps: int) -> dict[str, f
         worker.start()
     for _ in workers:
         results.get()
-    torch.set_num_threads(2)
-    two_thread = make_chain(sizes, 0, prefetch=False)
-    torch.set_num_threads(1)
-    one_thread = make_chain(sizes, 1, prefetch_pays(torch.device("cpu"), processes=1))
-    rates: dict[str, list[float]] = {"two-thread chain": [], "W = 1": [], "W = 2": []}
+    cpu = torch.device("cpu")
+    two_thread = make_chains(sizes, 1, cpu)
+    rates: dict[str, list[float]] = {"two-thread chain": [], "W = 2": []}
     t = 0
     try:
-        for _ in range(reps + 1):  # the first round warms up and is dropped
+        for rep in range(reps + 1):
             torch.set_num_threads(2)
-            two = steps / run_steps(two_thread, t, steps)
+            seconds = timed(lambda t=t: [two_thread.step(s) for s in range(t, t + steps)], cpu)
             torch.set_num_threads(1)
-            one = steps / run_steps(one_thread, t, steps)
             for queue in commands:
                 queue.put(steps)
             slowest = max(results.get()[2] for _ in workers)
             t += steps
-            if t > steps:
-                rates["two-thread chain"].append(two)
-                rates["W = 1"].append(one)
+            if rep:
+                rates["two-thread chain"].append(steps / seconds)
                 rates["W = 2"].append(2 * steps / slowest)
     finally:
         for queue in commands:
@@ -134,51 +201,87 @@ def bench_read(sizes: list[int], rows: int, reps: int) -> dict[str, float]:
                 assert np.array_equal(store.read(picks[0]).numpy(), data[picks[0]])
                 random_times, all_times = [], []
                 for pick in picks:
-                    began = time.perf_counter()
-                    store.read(pick)
-                    random_times.append(time.perf_counter() - began)
-                    began = time.perf_counter()
-                    store.read_all()
-                    all_times.append(time.perf_counter() - began)
+                    random_times.append(timed(lambda pick=pick: store.read(pick), torch.device("cpu")))
+                    all_times.append(timed(store.read_all, torch.device("cpu")))
                 out[f"{name} random"] = statistics.median(random_times)
                 out[f"{name} all"] = statistics.median(all_times)
     return out
 
 
+def cpu_rows(record: BenchmarkRecord, nets: list[str], reps: int, steps: int) -> None:
+    cpu = torch.device("cpu")
+    torch.set_num_threads(1)
+    print("\nCPU, 1 thread: chain-steps per second of C chains stepped together")
+    found = {}
+    for name in nets:
+        rates = chain_step_rates(NETS[name], [1, 8, 32], cpu, reps, steps)
+        found[name] = rates
+        print(f"  {name:<6} " + "   ".join(f"C = {c}: {rate:7.0f}" for c, rate in rates.items())
+              + f"   C = 8 / C = 1: {rates[8] / rates[1]:.2f}")
+    record.add("SGLD chain-steps per second, C chains stepped together in one process, 1 thread, paper's SGLD, "
+               "batch 100: C = 8 and C = 32 per chain-step over C = 1 (`bench_chains.py`)",
+               "; ".join(f"{name} {r[8] / r[1]:.2f}× and {r[32] / r[1]:.2f}× ({r[1]:.0f} chain-steps/s at C = 1)"
+                         for name, r in found.items()), "C = 8 ≥ 1×")
+    grads = gradient_rates(NETS["fcNN1"], 8, cpu, reps, steps)
+    print(f"  gradients of 8 fcNN1 chains: batched {grads['batched']:.0f}/s, vmap {grads['vmap']:.0f}/s "
+          f"(batched / vmap {grads['batched'] / grads['vmap']:.2f})")
+    record.add("gradient of C = 8 fcNN1 chains' minibatch NLL, 1 thread: one batched forward and backward over "
+               "vmap(grad(functional_call))", f"{grads['batched'] / grads['vmap']:.2f}× faster")
+    speed = {}
+    for name in nets:
+        rates = worker_rates(NETS[name], reps, steps)
+        speed[name] = rates["W = 2"] / rates["two-thread chain"]
+        print(f"  {name:<6} two one-thread workers / one two-thread chain: {speed[name]:.2f}")
+    record.add("SGLD steps per second, two one-thread workers (`workers = 2`) over one chain on two threads",
+               "; ".join(f"{name} {ratio:.2f}×" for name, ratio in speed.items()))
+
+
+def cuda_rows(record: BenchmarkRecord, reps: int, steps: int) -> None:
+    device = torch.device("cuda")
+    card = torch.cuda.get_device_name(device)
+    counts = [1, 32, 256, 1024]
+    print(f"\n{card}: fcNN1 chain-steps per second, data resident on the card")
+    fused = chain_step_rates(NETS["fcNN1"], counts, device, reps, steps)
+    plain = chain_step_rates(NETS["fcNN1"], counts, device, reps, max(steps // 10, 10), fused=False)
+    for c in counts:
+        print(f"  C = {c:>5}: fused update {fused[c]:>10.0f}   torch generator per chain {plain[c]:>10.0f}")
+    record.add(f"SGLD chain-steps per second on {card}, fcNN1, batch 100, fused update with keyed noise "
+               "(torch generator per chain in brackets)",
+               "; ".join(f"C = {c:,}: {fused[c]:,.0f} ({plain[c]:,.0f})" for c in counts),
+               "≥ 200,000 at C = 256, ≥ 400,000 at C = 1,024")
+    grads = gradient_rates(NETS["fcNN1"], 256, device, reps, steps)
+    print(f"  gradients of 256 fcNN1 chains: batched {grads['batched']:.0f}/s, vmap {grads['vmap']:.0f}/s")
+    record.add(f"gradient of C = 256 fcNN1 chains on {card}: one batched forward and backward over vmap",
+               f"{grads['batched'] / grads['vmap']:.2f}× faster")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5, help="interleaved repetitions (median taken)")
-    parser.add_argument("--steps", type=int, default=300, help="SGLD iterations per timed block")
+    parser.add_argument("--steps", type=int, default=200, help="SGLD iterations per timed block")
     parser.add_argument("--rows", type=int, default=400, help="rows of the stores read")
     parser.add_argument("--nets", default="fcNN1,fcNN2")
+    parser.add_argument("--cuda-only", action="store_true", help="only the CUDA rows (on a GPU machine)")
     add_out_argument(parser)
     args = parser.parse_args()
     record = BenchmarkRecord("sample")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(f"{cores} usable cores; load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
-    print(f"{'net':<6} {'two-thread chain':>17} {'W = 1':>10} {'W = 2':>10}   W=2 / two-thread   W=1 / two-thread"
-          "   (total SGLD steps per second)")
-    speed_ups = {}
-    for name in args.nets.split(","):
-        rates = bench_net(name, NETS[name], args.reps, args.steps)
-        speed_ups[name] = rates["W = 2"] / rates["two-thread chain"], rates["W = 1"] / rates["two-thread chain"]
-        two = rates["two-thread chain"]
-        print(f"{name:<6} {two:>17.0f} {rates['W = 1']:>10.0f} {rates['W = 2']:>10.0f}   "
-              f"{rates['W = 2'] / two:>16.2f}   {rates['W = 1'] / two:>16.2f}")
-    print(f"\nreading {args.rows} fcNN1 rows: one file vs two shards joined (virtual dataset), page cache warm")
-    times = bench_read(NETS["fcNN1"], args.rows, args.reps)
-    labels = {"random": "100 random rows", "all": f"all {args.rows} rows in order"}
-    for what, label in labels.items():
-        one, joined = times[f"one {what}"], times[f"joined {what}"]
-        print(f"  {label:<22} one file {1e3 * one:8.2f} ms   joined {1e3 * joined:8.2f} ms   "
-              f"joined / one file {joined / one:.2f}")
+    if torch.cuda.is_available():
+        cuda_rows(record, args.reps, args.steps)
+    if not args.cuda_only:
+        cpu_rows(record, args.nets.split(","), args.reps, args.steps)
+        print(f"\nreading {args.rows} fcNN1 rows: one file vs two shards joined (virtual dataset), page cache warm")
+        times = bench_read(NETS["fcNN1"], args.rows, args.reps)
+        labels = {"random": "100 random rows", "all": f"all {args.rows} rows in order"}
+        for what, label in labels.items():
+            one, joined = times[f"one {what}"], times[f"joined {what}"]
+            print(f"  {label:<22} one file {1e3 * one:8.2f} ms   joined {1e3 * joined:8.2f} ms   "
+                  f"joined / one file {joined / one:.2f}")
+        record.add(f"reading a store of two shards joined (HDF5 virtual dataset) over one file, {args.rows} fcNN1 "
+                   "rows", ", ".join(f"{label} {times[f'joined {what}'] / times[f'one {what}']:.2f}×"
+                                     for what, label in labels.items()))
     print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
-    record.add("SGLD steps per second, paper's SGLD, batch 100: two one-thread workers (`workers = 2`) and one "
-               "one-thread chain, each over one two-thread chain (`bench_chains.py`)",
-               "; ".join(f"{name} {two:.2f}× and {one:.2f}×" for name, (two, one) in speed_ups.items()))
-    record.add(f"reading a store of two shards joined (HDF5 virtual dataset) over one file, {args.rows} fcNN1 rows",
-               ", ".join(f"{label} {times[f'joined {what}'] / times[f'one {what}']:.2f}×"
-                         for what, label in labels.items()))
     record.write(args.out)
 
 

@@ -34,8 +34,11 @@ def commit() -> str:
 
 def run_header() -> dict:
     """Where and when a timing starts: the commit (:func:`commit`), the UTC time, and the machine without
-    a thread count (each timing sets its own) with its load average now, before the timing."""
+    a thread count (each timing sets its own), with its GPU where there is one and its load average now,
+    before the timing."""
     where = {key: value for key, value in machine(torch.device("cpu")).items() if key != "threads"}
+    if torch.cuda.is_available():
+        where["gpu"] = torch.cuda.get_device_name(0)
     return {"commit": commit(), "started": datetime.now(UTC).isoformat(timespec="seconds"),
             "machine": {**where, "load_average_before": [round(x, 2) for x in os.getloadavg()]}}
 

@@ -81,7 +81,7 @@ def test_the_cli_exits_130_and_publishes_nothing_after_a_swallowed_ctrl_c(tmp_pa
     config = tmp_path / "c.toml"
     config.write_text(toml({"name": "c", "data": {"train_size": 500, "val_size": 200}, "net": {"hidden": [8]},
                             "sgld": {"iterations": 200, "burn_in": 50, "thin": 10, "checkpoint_every": 100}}))
-    real_append, calls = SampleStore.append, []
+    real_append, calls = SampleStore.append_many, []
 
     def append_while_ctrl_c_is_swallowed(self, *args, **kwargs):
         calls.append(1)
@@ -89,7 +89,7 @@ def test_the_cli_exits_130_and_publishes_nothing_after_a_swallowed_ctrl_c(tmp_pa
             _swallowed_ctrl_c()
         return real_append(self, *args, **kwargs)
 
-    monkeypatch.setattr(SampleStore, "append", append_while_ctrl_c_is_swallowed)
+    monkeypatch.setattr(SampleStore, "append_many", append_while_ctrl_c_is_swallowed)
     code = main(["sample", "--config", str(config), "--artifacts", str(tmp_path / "artifacts"), "--quiet"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 130

@@ -6,9 +6,10 @@ Each chain starts from its own seeded initialisation (``sgld.init``; streams ``(
 sampling phase of the step-size schedule) is appended to the store with the minibatch mean
 log-likelihood at exactly those weights.
 
-A process steps all its chains together as one batch (:class:`apd.samplers.chain.SGLDChains`) into its
-shard ``samples-RANK.partial.h5``, one row per chain at each kept iteration. **One worker**
-(``sgld.workers = 1``) holds every chain. **Several workers** (``sgld.workers`` > 1 on this machine, at
+A process steps all its chains together as one batch (:class:`apd.samplers.chain.SGLDChains`), appending
+one row per chain at each kept iteration. **One worker** (``sgld.workers = 1``) holds every chain, writes
+``samples.partial.h5`` and publishes it reordered by chain (:func:`~apd.samplers.store_join.
+repack_by_chain`). **Several workers** (``sgld.workers`` > 1 on this machine, at
 most one per GPU on CUDA, or the processes of a ``torchrun`` launch; :mod:`apd.pipeline.distributed`)
 each hold chains c ≡ rank (mod workers), one compute thread each on a CPU. When all have finished, rank 0
 checks every shard, joins them into ``samples.h5`` as an HDF5 virtual dataset ordered by chain
@@ -115,9 +116,8 @@ def sample_sgld(ctx: RunContext) -> Path:
         with process_group(env.rank, env.world_size, ctx.device) as group:
             sample_shard(ctx, spec, group, local)
     elif _local_workers(ctx) == 1:
-        shard = ctx.layout.shard(0)
-        finished = run_chains(ctx, spec, list(range(s.chains)), partial_of(shard), checkpoint_of(shard), 1)
-        publish_samples(ctx, spec, [finished], {partial_of(shard): shard})
+        finished = run_chains(ctx, spec, list(range(s.chains)), partial_of(path), checkpoint_of(path), 1)
+        publish_samples(ctx, spec, [finished], {partial_of(path): path})
     else:
         portable = {"cfg": ctx.cfg, "artifacts_root": ctx.artifacts_root, "data_dir": ctx.data_dir,
                     "device_name": ctx.device_name, "force": ctx.force, "quiet": ctx.quiet}

@@ -21,7 +21,7 @@ from apd.pipeline.sample_chains import MONITOR_SIZE, Finished, monitor_accuracy,
 from apd.pipeline.stage import publish
 from apd.samplers.diagnostics import diagnose, summary_lines
 from apd.samplers.store import SampleStore
-from apd.samplers.store_join import join_stores
+from apd.samplers.store_join import join_stores, repack_by_chain
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ DIAGNOSTICS_ENGINE = "numpy"
 DIAGNOSTICS_TRAIN_IMAGES = 1000
 # What a run leaves beside the store it published: partial stores, checkpoints, shards, the probe join.
 _STALE = re.compile(r"samples(-\d+)?\.(partial\.h5|ckpt\.pt)|samples-\d+\.h5|samples\.probe\.h5|"
-                    r"diagnostics\.partial\.png")
+                    r"samples\.chains\.partial\.h5|diagnostics\.partial\.png")
 
 
 def publish_samples(ctx: RunContext, spec: ParamSpec, reports: list[Finished], built: dict[Path, Path]) -> None:
@@ -40,8 +40,13 @@ def publish_samples(ctx: RunContext, spec: ParamSpec, reports: list[Finished], b
     path = layout.samples
     figure = partial_of(layout.diagnostics_figure)
     if len(reports) == 1 and path in built.values():
-        diagnostics = _diagnose(ctx, spec, next(iter(built)), figure)
+        written = next(iter(built))
+        diagnostics = _diagnose(ctx, spec, written, figure)
         files = built
+        if len(reports[0].chains) > 1:  # rows interleaved by iteration: publish them ordered by chain
+            repacked = path.with_name("samples.chains.partial.h5")
+            repack_by_chain(written, repacked, s.compression)
+            files = {repacked: path}
     else:
         meta = {**store_meta(ctx, list(range(s.chains)), reports[0].noise_source), "workers": len(reports)}
         probe = path.with_name("samples.probe.h5")  # the same join over the shards' names while unpublished

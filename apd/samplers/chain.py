@@ -51,13 +51,15 @@ class SGLDChains:
     step of :func:`apd.samplers.sgld.langevin_update_` for every chain with its own noise: on CUDA with
     Triton the fused kernel of :mod:`apd.samplers.langevin_kernel` keyed by ``seeds[j].noise``; elsewhere
     a torch generator per chain seeded by it (:class:`GaussianNoise`, drawn one step ahead on a worker
-    thread with ``prefetch_noise``). Chain j's trajectory does not depend on the other chains of the batch
-    or their number (up to the float rounding of batched products), so C chains stepped together give the
-    samples that C processes of one chain each would.
+    thread with ``prefetch_noise``); ``fused_update`` False keeps the torch generators on CUDA too. Chain
+    j's trajectory does not depend on the other chains of the batch or their number (up to the float
+    rounding of batched products), so C chains stepped together give the samples that C processes of one
+    chain each would.
     """
 
     def __init__(self, sizes: list[int], cfg: SGLDConfig, indices: Sequence[int], x_train: Tensor, y_train: Tensor,
-                 seeds: Sequence[ChainSeeds], prefetch_noise: bool = False, conv: Sequence[int] = ()) -> None:
+                 seeds: Sequence[ChainSeeds], prefetch_noise: bool = False, conv: Sequence[int] = (),
+                 fused_update: bool | None = None) -> None:
         if len(indices) != len(seeds) or not indices:
             raise ValueError(f"{len(indices)} chain ids for {len(seeds)} seed sets")
         self.indices, self.x_train, self.y_train = list(indices), x_train, y_train
@@ -68,7 +70,10 @@ class SGLDChains:
         self.lr = cfg.lr  # the configured step, which a divergence message names
         self.schedule = make_schedule(cfg)
         self.orders = MinibatchOrders(len(y_train), cfg.batch_size, [s.batches for s in seeds], device)
-        self.fused = fused_update_available(device)
+        available = fused_update_available(device)
+        if fused_update and not available:
+            raise ValueError(f"the fused SGLD update needs CUDA and Triton; the chains are on {device}")
+        self.fused = available if fused_update is None else fused_update
         if self.fused:
             self.keys = torch.tensor([s.noise for s in seeds], dtype=torch.int64, device=device)
         else:

@@ -27,6 +27,24 @@ from apd.samplers.store_format import (
 )
 
 _JOINED_LIBVER = ("earliest", "v110")  # a virtual dataset needs the 1.10 layout message; readers need HDF5 ≥ 1.10
+_REPACK_BYTES = 2**28  # rows copied at a time by repack_by_chain
+
+
+def repack_by_chain(source: str | Path, target: str | Path, compression: str = "none") -> int:
+    """Copy the complete store at ``source`` into a new store at ``target`` (replaced if there) with its rows
+    ordered by chain id, each chain's rows in sampling order: the order :func:`join_stores` gives, from the
+    rows a sampler stepping its chains together appends interleaved (iteration, then chain). Returns the row
+    count; ``source`` is left as it is."""
+    with SampleStore.open(source) as store:
+        order = np.argsort(store.chains, kind="stable")
+        values = {name: store._column(name)[order] for name in COLUMNS}
+        block = max(1, _REPACK_BYTES // (4 * store.dim))
+        with SampleStore.create(target, store.spec, store.meta, compression=compression, overwrite=True) as out:
+            for start in range(0, order.size, block):
+                part = slice(start, start + block)
+                out.append_many(store.read(order[part]), steps=values["step"][part], chains=values["chain"][part],
+                                lrs=values["lr"][part], log_liks=values["log_lik"][part])
+    return int(order.size)
 
 
 def join_stores(path: str | Path, shards: Sequence[str | Path], names: Sequence[str] | None = None,

@@ -247,7 +247,7 @@ def test_ctrl_c_turned_into_another_error_is_still_an_interrupt(art, monkeypatch
         except KeyboardInterrupt:
             raise TypeError("Operation not defined for data type class") from None
 
-    monkeypatch.setattr(SampleStore, "append", mangled)
+    monkeypatch.setattr(SampleStore, "append_many", mangled)
     before = snapshot(art.dir)
     rc, err = art.run("sample", "--force")
     assert rc == 130 and len(err.strip().splitlines()) == 1 and "interrupted" in err, err

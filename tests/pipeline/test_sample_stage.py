@@ -71,14 +71,13 @@ def test_interrupted_and_resumed_run_stores_the_same_samples(tmp_path, monkeypat
     with pytest.raises(KeyboardInterrupt):
         sample_sgld(ctx)
     monkeypatch.setattr(SampleStore, "append_many", real_append)
-    shard = ctx.layout.shard(0)
-    assert checkpoint_of(shard).is_file() and partial_of(shard).is_file()
+    assert checkpoint_of(ctx.layout.samples).is_file() and partial_of(ctx.layout.samples).is_file()
     assert not manifest_of(ctx.layout.samples).exists() and not ctx.layout.samples.exists()
     sample_sgld(ctx)
     resumed = read_store(ctx.layout.samples)
     for got, want in zip(resumed, expected, strict=True):
         np.testing.assert_array_equal(got, want)
-    assert not checkpoint_of(shard).exists() and not partial_of(shard).exists()
+    assert not checkpoint_of(ctx.layout.samples).exists() and not partial_of(ctx.layout.samples).exists()
 
 
 def test_complete_stage_is_reused_and_force_redoes_it(tmp_path, caplog):
