@@ -146,18 +146,27 @@ def load_average(machine: dict) -> str:
     return ", ".join(f"{x:.2f}" for x in machine["load_average_before"])
 
 
+def machine_name(machine: dict) -> str:
+    """A timing record's machine: its CPU and core count, and its GPU where it had one."""
+    gpu = f"{machine['gpu']} with " if machine.get("gpu") else ""
+    return f"{gpu}{machine['cpu']} ({machine['cores']} cores)"
+
+
 def render_end_to_end(record: dict) -> str:
     """A pipeline's stages timed end to end (``benchmarks/time_pipeline.py``): each stage's wall clock, the
-    parts its manifests record, the total, and where it was measured."""
+    parts its manifests record, the total (or which stages a run stopped before finishing), and where it
+    was measured."""
     parts = record.get("parts", {})
     body = [[f"`apd {stage}`", format_duration(seconds)] for stage, seconds in record["stages"].items()]
-    body.append(["total", f"**{format_duration(record['total'])}**"])
+    if "total" in record:
+        body.append(["total", f"**{format_duration(record['total'])}**"])
+    else:
+        body.append(["total", f"not reached: the run stopped before `apd {record['unfinished']}` finished"])
     machine = record["machine"]
     detail = "; ".join(f"{name} {format_duration(seconds)}" for name, seconds in parts.items())
-    return (f"`{record['config']}` at commit `{short_commit(record['commit'])}` on {machine['cpu']} "
-            f"({machine['cores']} cores; load average before the run {load_average(machine)}), each stage its "
-            f"own process, imports included. Recorded by the stages: {detail}.\n\n"
-            + markdown_table(["stage", "wall clock"], body))
+    return (f"`{record['config']}` at commit `{short_commit(record['commit'])}` on {machine_name(machine)}; "
+            f"load average before the run {load_average(machine)}; each stage its own process, imports "
+            f"included. Recorded by the stages: {detail}.\n\n" + markdown_table(["stage", "wall clock"], body))
 
 
 def render_performance(records: list[dict]) -> str:
@@ -171,8 +180,8 @@ def render_performance(records: list[dict]) -> str:
     runs = []
     for record in records:
         machine = record["machine"]
-        runs.append([f"`{record['command']}`", f"`{short_commit(record['commit'])}`",
-                     f"{machine['cpu']} ({machine['cores']} cores)", load_average(machine), record["started"][:10]])
+        runs.append([f"`{record['command']}`", f"`{short_commit(record['commit'])}`", machine_name(machine),
+                     load_average(machine), record["started"][:10]])
     return (markdown_table(["stage", "what", "measured", "target"], body) + "\n\n"
             + markdown_table(["run", "commit", "machine", "load average before", "date"], runs))
 

@@ -5,7 +5,8 @@ Run: ``.venv/bin/python benchmarks/time_pipeline.py [--config pipelines/digits.t
 the venv built and nothing else on the machine. It prints each stage's wall-clock time and the parts its
 manifests record (SGLD sampling and its diagnostics, each baseline and peer, alignment and GAN training,
 evaluation), and with ``--out`` writes them as JSON together with the machine, its load average before the
-run and the commit, so that docs/performance.md's end-to-end row is rendered from a committed file
+run and the commit (after every stage, so that a run stopped midway keeps the stages it finished), so that
+docs/performance.md's end-to-end row is rendered from a committed file
 (``<!-- results:digits:end-to-end -->``, published next to the pipeline's results). The artifacts go to
 ``--artifacts`` (a directory that must not exist yet, kept for ``apd report --publish``) or to a temporary
 directory removed afterwards: the project's own are never touched.
@@ -64,21 +65,33 @@ def main() -> int:
             tempfile.TemporaryDirectory(prefix="apd-timing-"))
         started = time.perf_counter()
         for stage in PIPELINE_STAGES:
+            record["unfinished"] = stage
             t0 = time.perf_counter()
             subprocess.run([sys.executable, "-m", "apd", stage, "--config", args.config, "--artifacts", root,
                             "--quiet"], check=True)
             record["stages"][stage] = round(time.perf_counter() - t0, 2)
+            record["parts"] = recorded_parts(next(Path(root).glob("*/samples.json")).parent)
             print(f"{stage}: {record['stages'][stage]:.1f} s", flush=True)
+            write(record, args.out)  # a run stopped later keeps the stages it finished
+        del record["unfinished"]
         record["total"] = round(time.perf_counter() - started, 2)
-        record["parts"] = recorded_parts(next(Path(root).glob("*/samples.json")).parent)
     for part, value in record["parts"].items():
         print(f"  {part}: {value:.1f} s")
     print(f"total: {record['total']:.1f} s ({record['total'] / 60:.2f} min)")
+    write(record, args.out)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(record, indent=1) + "\n")
         print(f"wrote {args.out}")
     return 0
+
+
+def write(record: dict, path: Path | None) -> None:
+    """The record as JSON at ``path`` (nothing when it is None), replaced whole."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(record, indent=1) + "\n")
+    partial.replace(path)
 
 
 if __name__ == "__main__":
