@@ -184,11 +184,20 @@ def test_end_to_end_timing_is_rendered_from_its_record(project):
               "parts": {"sampling": 86.7, "evaluation": 95.4}}
     (project / "docs" / "results" / "demo" / "end_to_end.json").write_text(json.dumps(record))
     table = render_table("demo", "end-to-end", project)
-    assert table.startswith("`pipelines/digits.toml` at commit `0123456789ab+changes` on Some CPU (2 cores; "
-                            "load average before the run 0.05, 0.50, 1.00)")
+    assert table.startswith("`pipelines/digits.toml` at commit `0123456789ab+changes` on Some CPU (2 cores); "
+                            "load average before the run 0.05, 0.50, 1.00;")
     assert "Recorded by the stages: sampling 1 min 27 s; evaluation 1 min 35 s." in table
     assert "| `apd sample` | 2 min 5 s |" in table
     assert "| total | **4 min 39 s** |" in table
+    # on a GPU, a run stopped before its last stage: the card is named and the missing total said
+    del record["total"]
+    record["machine"]["gpu"] = "Some GPU"
+    record["unfinished"] = "evaluate"
+    del record["stages"]["evaluate"]
+    (project / "docs" / "results" / "demo" / "end_to_end.json").write_text(json.dumps(record))
+    table = render_table("demo", "end-to-end", project)
+    assert " on Some GPU with Some CPU (2 cores);" in table
+    assert "| total | not reached: the run stopped before `apd evaluate` finished |" in table
 
 
 # The documents themselves: a README a newcomer reads in minutes, links that lead somewhere, no issue numbers.
