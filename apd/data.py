@@ -409,20 +409,24 @@ class MinibatchOrder:
 
 class MinibatchOrders:
     """The minibatches of several chains at once, chain c's those of ``MinibatchOrder(n, batch_size,
-    seeds[c])``: :meth:`indices` gives [C, B]. The next epoch's permutations are built on a worker thread
-    while the current epoch's are in use, since C permutations of n take a while (about 0.3 ms each for
-    n = 50,000 on this CPU)."""
+    seeds[c])``: :meth:`indices` gives [C, B]. The next epoch's permutations are built ahead, while the
+    current epoch's are in use, on threads of their own (torch's permutation runs without the GIL), since
+    each takes a while: 7.5 ms for n = 50,000 on this CPU, so 1,024 chains' would take longer than the 500
+    iterations of their epoch on a GPU."""
 
     def __init__(self, n: int, batch_size: int, seeds: list[int], device: torch.device | str = "cpu") -> None:
         _check_batch_size(n, batch_size)
         self.n, self.batch_size, self.seeds, self.device = n, batch_size, list(seeds), torch.device(device)
         self.batches_per_epoch = n // batch_size
         self._epoch, self._perms = -1, torch.empty(0, dtype=torch.long)
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="minibatch-orders")
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        self._ahead = ThreadPoolExecutor(1, thread_name_prefix="minibatch-orders")
+        self._pool = ThreadPoolExecutor(max(1, min(cores, len(self.seeds))), thread_name_prefix="permutations")
         self._next: tuple[int, Future[Tensor]] | None = None
 
     def _build(self, epoch: int) -> Tensor:
-        return torch.stack([epoch_permutation(self.n, seed, epoch) for seed in self.seeds]).to(self.device)
+        perms = self._pool.map(lambda seed: epoch_permutation(self.n, seed, epoch), self.seeds)
+        return torch.stack(list(perms)).to(self.device)
 
     def indices(self, t: int) -> Tensor:
         """Every chain's minibatch of iteration t, [C, B]."""
@@ -431,5 +435,5 @@ class MinibatchOrders:
             ahead = self._next
             self._perms = ahead[1].result() if ahead is not None and ahead[0] == epoch else self._build(epoch)
             self._epoch = epoch
-            self._next = (epoch + 1, self._executor.submit(self._build, epoch + 1))
+            self._next = (epoch + 1, self._ahead.submit(self._build, epoch + 1))
         return self._perms[:, position * self.batch_size:(position + 1) * self.batch_size]

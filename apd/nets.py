@@ -257,17 +257,27 @@ def predict_logits(
     outputs = []
     for start in range(0, n_nets, chunk):
         block = weights[start:start + chunk].to(dtype)
-        logits = _cnn_forward(convs, layers, block, x) if convs else _mlp_forward(layers, block, x)
+        params = _by_start(spec, block)
+        logits = _cnn_forward(convs, layers, params, x) if convs else _mlp_forward(layers, params, x)
         outputs.append(logits.float())
     return torch.cat(outputs)
 
 
-def _mlp_forward(layers: list[tuple[int, int, int, int]], block: Tensor, x: Tensor) -> Tensor:
-    """Forward pass of k MLPs (rows of ``block``) on shared inputs x [N, in] → [k, N, C]."""
-    k, n_inputs = block.shape[0], x.shape[0]
+def _by_start(spec: ParamSpec, block: Tensor) -> dict[int, Tensor]:
+    """Each parameter's columns of ``block`` [k, D] ([k, size] views), keyed by the parameter's start in θ.
+    One ``split``: its backward writes θ's gradient in one pass, where each slice's backward would fill a
+    zero [k, D] tensor of its own and autograd would add them up."""
+    starts = [start for _, start, _, _ in spec.offsets()]
+    return dict(zip(starts, block.split(spec.sizes, dim=1), strict=True))
+
+
+def _mlp_forward(layers: list[tuple[int, int, int, int]], params: dict[int, Tensor], x: Tensor) -> Tensor:
+    """Forward pass of k MLPs (``params``: :func:`_by_start` of their rows) on shared inputs x [N, in] →
+    [k, N, C]."""
     w_start, b_start, n_out, n_in = layers[0]
-    w1 = block[:, w_start:w_start + n_out * n_in].view(k, n_out, n_in)
-    b1 = block[:, b_start:b_start + n_out]
+    w1, b1 = params[w_start], params[b_start]
+    k, n_inputs = w1.shape[0], x.shape[0]
+    w1 = w1.view(k, n_out, n_in)
     if n_inputs >= _CONCAT_MIN_INPUTS:
         h = torch.addmm(b1.reshape(1, k * n_out), x, w1.reshape(k * n_out, n_in).t())
         h = h.view(n_inputs, k, n_out).transpose(0, 1)  # [k, N, h]
@@ -275,44 +285,46 @@ def _mlp_forward(layers: list[tuple[int, int, int, int]], block: Tensor, x: Tens
         h = torch.matmul(x, w1.transpose(1, 2)) + b1.unsqueeze(1)
     if len(layers) == 1:
         return h
-    return _linear_stack(layers[1:], block, h.relu_())  # in place: our own intermediate, not read by backward
+    return _linear_stack(layers[1:], params, h.relu_())  # in place: our own intermediate, not read by backward
 
 
-def _linear_stack(layers: list[tuple[int, int, int, int]], block: Tensor, h: Tensor) -> Tensor:
-    """Linear layers of k networks on their own inputs h [k, N, in], ReLU between them → [k, N, out]."""
-    k = block.shape[0]
+def _linear_stack(layers: list[tuple[int, int, int, int]], params: dict[int, Tensor], h: Tensor) -> Tensor:
+    """Linear layers of k networks (``params``: :func:`_by_start`) on their own inputs h [k, N, in], ReLU
+    between them → [k, N, out]."""
+    k = h.shape[0]
     for i, (w_start, b_start, n_out, n_in) in enumerate(layers):
         if i:
             h = h.relu_()  # in place: h is our own intermediate, and baddbmm's backward never reads it
-        w = block[:, w_start:w_start + n_out * n_in].view(k, n_out, n_in)
-        b = block[:, b_start:b_start + n_out].view(k, 1, n_out)
+        w = params[w_start].view(k, n_out, n_in)
+        b = params[b_start].view(k, 1, n_out)
         h = torch.baddbmm(b, h, w.transpose(1, 2))
     return h
 
 
-def _cnn_forward(convs: list[tuple[int, int, int, int]], layers: list[tuple[int, int, int, int]], block: Tensor,
-                 x: Tensor) -> Tensor:
-    """Forward pass of k CNNs (rows of ``block``) on flat images → [k, N, C]: shared images x [N, side²], or
-    each network its own, x [k, N, side²]. The k networks' feature maps lie side by side in one tensor
-    [N, k·c, s, s], convolved in k groups (the first convolution too when each network has its own images).
+def _cnn_forward(convs: list[tuple[int, int, int, int]], layers: list[tuple[int, int, int, int]],
+                 params: dict[int, Tensor], x: Tensor) -> Tensor:
+    """Forward pass of k CNNs (``params``: :func:`_by_start` of their rows) on flat images → [k, N, C]:
+    shared images x [N, side²], or each network its own, x [k, N, side²]. The k networks' feature maps lie
+    side by side in one tensor [N, k·c, s, s], convolved in k groups (the first convolution too when each
+    network has its own images).
 
     The grouped convolutions read channels-last tensors, on which this CPU ran them about 5× faster than
     on contiguous ones; pooling comes before the ReLU (max pooling commutes with it) and is
     :func:`_max_pool`."""
-    k, n_inputs = block.shape[0], x.shape[-2]
+    k, n_inputs = params[convs[0][0]].shape[0], x.shape[-2]
     side = math.isqrt(x.shape[-1])
     own_inputs = x.dim() == 3
     h = x.transpose(0, 1).reshape(n_inputs, k, side, side) if own_inputs else x.view(n_inputs, 1, side, side)
     for i, (w_start, b_start, n_out, n_in) in enumerate(convs):
-        w = block[:, w_start:w_start + n_out * n_in * KERNEL * KERNEL].reshape(k * n_out, n_in, KERNEL, KERNEL)
-        b = block[:, b_start:b_start + n_out].reshape(k * n_out)
+        w = params[w_start].reshape(k * n_out, n_in, KERNEL, KERNEL)
+        b = params[b_start].reshape(k * n_out)
         grouped = i > 0 or own_inputs
         if grouped:
             h = h.contiguous(memory_format=torch.channels_last)
         h = F.conv2d(h, w, b, padding=_padding(i), groups=k if grouped else 1)
         h = _max_pool(h).relu_()  # in place: the pooled maps are our own, and max's backward never reads them
     h = h.reshape(n_inputs, k, -1).transpose(0, 1)  # [k, N, c·s·s], each network's maps flattened as nn.Flatten
-    return _linear_stack(layers, block, h)
+    return _linear_stack(layers, params, h)
 
 
 def per_network_logits(spec: ParamSpec, weights: Tensor, x: Tensor) -> Tensor:
@@ -327,7 +339,8 @@ def per_network_logits(spec: ParamSpec, weights: Tensor, x: Tensor) -> Tensor:
         raise ValueError(f"inputs must be [{weights.shape[0]}, N, features], one set per network; got {list(x.shape)}")
     convs, layers = spec.conv_layers(), spec.linear_layers()
     x = x.to(device=weights.device, dtype=weights.dtype)
-    return _cnn_forward(convs, layers, weights, x) if convs else _linear_stack(layers, weights, x)
+    params = _by_start(spec, weights)
+    return _cnn_forward(convs, layers, params, x) if convs else _linear_stack(layers, params, x)
 
 
 def _max_pool(h: Tensor) -> Tensor:
