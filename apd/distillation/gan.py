@@ -22,8 +22,9 @@ draw comes from that chain's own stream (:func:`draw`). Since the chains share n
 weights get exactly their own loss's gradient, and Adam and RMSprop update elementwise, so chain j trains
 as it would alone, to float rounding. On one CPU thread at the fcNN1 distiller's sizes (codes of 35,
 hidden [128, 128], batch 100) the matmuls are compute-bound, so batching saves the chains' per-step
-overheads: 1.2-1.7× the chain-steps per second of the chains in turn at C = 2, 4, 8, where ``torch.vmap``
-over ``functional_call`` of the same computation gives 0.7-1.4× (``benchmarks/bench_chain_gans.py``).
+overheads only: 1.0-1.3×, 1.1-1.6× and 1.3-1.7× the chain-steps per second of the chains in turn at C = 2,
+4 and 8, where ``torch.vmap`` over ``functional_call`` of the same computation gives 0.6-0.9×, 0.9-1.2× and
+1.1-1.4× (``benchmarks/bench_chain_gans.py``, four runs on two shared cores at load average 7).
 """
 
 from __future__ import annotations
