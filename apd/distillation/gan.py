@@ -68,7 +68,7 @@ def draw(sampler: Callable[..., Tensor], size: tuple[int, ...], like: Tensor, rn
 
 def seeded_streams(seed: int | Sequence[int], device: torch.device) -> torch.Generator | list[torch.Generator]:
     """A generator on ``device`` seeded with ``seed``, or one per seed of a sequence."""
-    if not isinstance(seed, int):
+    if isinstance(seed, Sequence):
         return [seeded_streams(s, device) for s in seed]
     rng = torch.Generator(device=device)
     rng.manual_seed(seed)
@@ -359,7 +359,7 @@ class GANTrainer:
         first_weight = critic.input_layer.weight
         self.device, self.dtype = first_weight.device, first_weight.dtype
         self.rng = seeded_streams(seed, self.device)
-        self.chains = () if isinstance(seed, int) else (len(seed),)  # the batches' leading axes
+        self.chains = (len(seed),) if isinstance(seed, Sequence) else ()  # the batches' leading axes
         if self.chains and chain_weights is None:
             chain_weights = torch.full(self.chains, 1 / len(seed))
         self.chain_weights = None if chain_weights is None else chain_weights.double().cpu()

@@ -70,6 +70,7 @@ def make_chain_trainers(cfg: DistillConfig, code_dim: int, seeds: list[int], sha
 
 
 def _loss(cfg: DistillConfig) -> GANLoss:
+    """The GAN objective ``cfg`` names, with its hyper-parameter."""
     return make_loss(cfg.loss, gp_weight=cfg.gp_weight, clip=cfg.clip)
 
 
