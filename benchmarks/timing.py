@@ -21,6 +21,19 @@ def best_time(fn: Callable[[], object], repeats: int) -> float:
     return min(times)
 
 
+def best_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """:func:`best_time` of each of ``fns``, their calls interleaved (one call of each per round, after one
+    warm-up round), so that a busy spell of a shared machine slows all of them alike."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for round_ in range(repeats + 1):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            if round_:
+                times[name].append(time.perf_counter() - start)
+    return {name: min(values) for name, values in times.items()}
+
+
 def loop_predict(net: torch.nn.Module, weights: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """The obvious per-network loop the batched prediction is timed against: each row of ``weights`` copied
     into ``net`` (``vector_to_parameters``) and run on ``x``; class probabilities [K, N, C]."""

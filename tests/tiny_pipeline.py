@@ -50,9 +50,11 @@ def toml(data: dict) -> str:
 
 
 def copy_samples(root: Path, target: Path) -> None:
-    """The tiny pipeline's sample store (and its manifest), copied under ``target`` for a stage to run on."""
+    """The tiny pipeline's sample store (the joined store, the shards it reads and its manifest), copied under
+    ``target`` for a stage to run on."""
     (target / "tiny").mkdir(parents=True, exist_ok=True)
-    for name in ("samples.h5", "samples.json"):
+    manifest = root / "tiny" / "samples.json"
+    for name in (*json.loads(manifest.read_text())["files"], manifest.name):
         (target / "tiny" / name).write_bytes((root / "tiny" / name).read_bytes())
 
 
@@ -69,8 +71,8 @@ def copy_samples_as_two_chains(root: Path, target: Path) -> None:
     with h5py.File(store, "r+") as h5:
         chain = h5["chain"]
         chain[...] = (np.arange(len(chain)) >= len(chain) // 2).astype(chain.dtype)
-    record = json.loads(manifest.read_text())
-    record["files"]["samples.h5"] = file_digest(store)
+    record = json.loads(manifest.read_text())  # the shards the joined store writes through changed too
+    record["files"] = {name: file_digest(target / "tiny" / name) for name in record["files"]}
     manifest.write_text(json.dumps(record))
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from apd.distillation.gan import GANTrainer, Generator
+from apd.distillation.gan import Critic, GANLoss, GANTrainer, Generator, stacked
 from apd.errors import ArtifactError
 
 
@@ -60,34 +60,42 @@ class ChainGenerators(nn.Module):
 
 
 class ChainTrainers:
-    """One :class:`~apd.distillation.gan.GANTrainer` per chain, stepped together: :meth:`step` takes one
-    step of each on its own chain's real batches. It has what the pipeline's training loop uses of one
-    trainer: ``generator`` (the :class:`ChainGenerators`), ``critic``, ``generator_steps``, ``step`` and a
-    checkpointable state."""
+    """The C chains' GANs trained as one batched computation: a :class:`~apd.distillation.gan.GANTrainer` of
+    their :func:`~apd.distillation.gan.stacked` generators and critics, chain j's streams seeded with
+    ``seeds[j]``, so chain j trains as a trainer of its generator and critic alone would, whatever chains
+    train with it (to float rounding). ``generator`` is the :class:`ChainGenerators` of the C generators,
+    whose weights are views of the stack and so always the trained ones; ``critic`` is the stacked critic.
+    :meth:`step` takes one step of every chain on its own chain's real batches."""
 
-    def __init__(self, trainers: Sequence[GANTrainer], shares: Tensor) -> None:
-        self.trainers = list(trainers)
-        self.generator = ChainGenerators([t.generator for t in self.trainers], shares)
-        self.critic = nn.ModuleList([t.critic for t in self.trainers])
+    def __init__(self, generators: Sequence[Generator], critics: Sequence[Critic], shares: Tensor,
+                 loss: GANLoss | str = "wgan-gp", *, lr: float | None = None,
+                 betas: tuple[float, float] | None = None, seeds: Sequence[int]) -> None:
+        if not len(generators) == len(critics) == len(seeds):
+            raise ValueError(f"{len(generators)} generators, {len(critics)} critics and {len(seeds)} seeds")
+        self.trainer = GANTrainer(stacked(generators), stacked(critics), loss, lr=lr, betas=betas, seed=list(seeds),
+                                  chain_weights=shares)
+        self.generator = ChainGenerators(generators, shares)
+        self.critic = self.trainer.critic
 
     @property
     def generator_steps(self) -> int:
-        return self.trainers[0].generator_steps
+        return self.trainer.generator_steps
 
     def step(self, real_batches: Sequence[Callable[[], Tensor]], n_critic: int = 5) -> dict[str, float]:
-        """:meth:`GANTrainer.step` of each chain's trainer on ``real_batches[j]``; each statistic averaged
-        over the chains by their shares."""
-        stats = [t.step(batches, n_critic) for t, batches in zip(self.trainers, real_batches, strict=True)]
-        shares = self.generator.shares.tolist()
-        return {name: sum(w * s[name] for w, s in zip(shares, stats, strict=True)) for name in stats[0]}
+        """:meth:`GANTrainer.step` of every chain at once, chain j's real batches from ``real_batches[j]``
+        (each called once per critic step, in chain order); each statistic averaged over the chains by their
+        shares."""
+        return self.trainer.step(lambda: torch.stack([batches() for batches in real_batches]), n_critic)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"chains": [t.state_dict() for t in self.trainers]}
+        """The stacked trainer's :meth:`GANTrainer.state_dict` (every chain's random stream included)."""
+        return self.trainer.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        chains = state.get("chains", [])
-        if len(chains) != len(self.trainers):
-            raise ArtifactError(f"GAN checkpoint holds {len(chains)} chains' trainers, this run has "
-                                f"{len(self.trainers)}")
-        for trainer, chain_state in zip(self.trainers, chains, strict=True):
-            trainer.load_state_dict(chain_state)
+        """Restore what :meth:`state_dict` saved; one of another number of chains is an
+        :class:`ArtifactError`, and so is a checkpoint of the chains' trainers one by one (made before they
+        trained as one)."""
+        if "chains" in state:
+            raise ArtifactError("GAN checkpoint holds the chains' trainers one by one, saved before they trained "
+                                "as one batch; run `apd distill --force`")
+        self.trainer.load_state_dict(state)

@@ -14,14 +14,25 @@ gradient penalty therefore never builds the interpolates x̂ in R^D: the input l
 pre-activation at x̂ = f + α(r − f) is the same interpolation of the pre-activations at r and f, and
 ‖∇ₓD(x̂)‖² = gᵀ(W₁W₁ᵀ)g with g the gradient at the first hidden layer (see
 :func:`scores_and_interpolate_grad_norm`). Adam uses its fused kernel where the device has one.
+
+C GANs of one shape (one per SGLD chain) train as one: :func:`stacked` makes one generator (critic) of
+theirs whose linear layers are :class:`StackedLinear` (weights [C, out, in], one batched matmul), every
+batch gains a leading chain axis [C, B, ·], each loss is per chain and their sum is minimised, and every
+draw comes from that chain's own stream (:func:`draw`). Since the chains share no weight, each chain's
+weights get exactly their own loss's gradient, and Adam and RMSprop update elementwise, so chain j trains
+as it would alone, to float rounding. On one CPU thread at the fcNN1 distiller's sizes (codes of 35,
+hidden [128, 128], batch 100) the matmuls are compute-bound, so batching saves the chains' per-step
+overheads only: 1.0-1.3×, 1.1-1.6× and 1.3-1.7× the chain-steps per second of the chains in turn at C = 2,
+4 and 8, where ``torch.vmap`` over ``functional_call`` of the same computation gives 0.6-0.9×, 0.9-1.2× and
+1.1-1.4× (``benchmarks/bench_chain_gans.py``, four runs on two shared cores at load average 7).
 """
 
 from __future__ import annotations
 
-import math
+import copy
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, ClassVar, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -42,10 +53,66 @@ OPTIMIZER_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+# One random stream, or one per chain of stacked modules (each chain's draws from its own).
+Streams = torch.Generator | Sequence[torch.Generator] | None
+
+
+def draw(sampler: Callable[..., Tensor], size: tuple[int, ...], like: Tensor, rng: Streams) -> Tensor:
+    """``sampler`` (``torch.randn``, ``torch.rand``) of ``size`` on ``like``'s device and dtype from ``rng``;
+    given one generator per chain, [C, *size] with chain j's slice drawn from its own generator, the numbers
+    that generator alone would give."""
+    if rng is None or isinstance(rng, torch.Generator):
+        return sampler(*size, device=like.device, dtype=like.dtype, generator=rng)
+    return torch.stack([sampler(*size, device=like.device, dtype=like.dtype, generator=g) for g in rng])
+
+
+def seeded_streams(seed: int | Sequence[int], device: torch.device) -> torch.Generator | list[torch.Generator]:
+    """A generator on ``device`` seeded with ``seed``, or one per seed of a sequence."""
+    if isinstance(seed, Sequence):
+        return [seeded_streams(s, device) for s in seed]
+    rng = torch.Generator(device=device)
+    rng.manual_seed(seed)
+    return rng
+
+
+class StackedLinear(nn.Module):
+    """C affine maps as one: chain j's inputs x_j [B, in] ↦ W_j x_j + b_j, for x [C, B, in] → [C, B, out] in
+    one batched matmul; ``weight`` [C, out, in] and ``bias`` [C, out] stack the C maps'."""
+
+    def __init__(self, layers: Sequence[nn.Linear]) -> None:
+        """The stack of ``layers``' weights and biases; each layer's own parameters then become views of
+        their slices of the stack, so the layers see every update of it (and their state_dicts are the
+        stack's slices)."""
+        super().__init__()
+        self.weight = nn.Parameter(torch.stack([layer.weight.detach() for layer in layers]))
+        self.bias = nn.Parameter(torch.stack([layer.bias.detach() for layer in layers]))
+        for j, layer in enumerate(layers):
+            layer.weight = nn.Parameter(self.weight.detach()[j])
+            layer.bias = nn.Parameter(self.bias.detach()[j])
+
+    def forward(self, x: Tensor) -> Tensor:
+        """W_j x_j + b_j for every chain j: [C, B, in] → [C, B, out]."""
+        return torch.baddbmm(self.bias.unsqueeze(-2), x, self.weight.mT)
+
+
+Net = TypeVar("Net", "Generator", "Critic")
+
+
+def stacked(modules: Sequence[Net]) -> Net:
+    """C generators (or critics) of one shape as one module on [C, B, ·] inputs, chain j's through module
+    j's weights: its linear layers :class:`StackedLinear` of theirs (whose weights thereby become views of
+    the stack's), the other layers theirs."""
+    stack = copy.deepcopy(modules[0])
+    stack.net = nn.Sequential(*(StackedLinear(layers) if isinstance(layers[0], nn.Linear) else layers[0]
+                                for layers in zip(*(m.net for m in modules), strict=True)))
+    return stack
+
+
 class Generator(nn.Module):
     """θ = G(z), z ~ N(0, I_{z_dim}): Linear+ReLU hidden layers and a linear output of size ``out_dim``.
 
-    APD (Wang et al., 2018) uses z_dim 32 and hidden [100, 100, 100].
+    APD (Wang et al., 2018) uses z_dim 32 and hidden [100, 100, 100]. A :func:`stacked` generator maps
+    z [C, k, z_dim] → [C, k, out_dim].
     """
 
     def __init__(self, z_dim: int, hidden: list[int], out_dim: int) -> None:
@@ -58,18 +125,18 @@ class Generator(nn.Module):
         """θ = G(z) for z: [k, z_dim] → [k, out_dim]."""
         return self.net(z)
 
-    def sample(self, k: int, generator: torch.Generator | None = None) -> Tensor:
-        """Draw k vectors G(z), z ~ N(0, I), with z created on the module's device; shape [k, out_dim]."""
-        weight = self.net[0].weight
-        z = torch.randn(k, self.z_dim, device=weight.device, dtype=weight.dtype, generator=generator)
-        return self(z)
+    def sample(self, k: int, generator: Streams = None) -> Tensor:
+        """Draw k vectors G(z), z ~ N(0, I), with z created on the module's device; shape [k, out_dim], or
+        [C, k, out_dim] for a :func:`stacked` generator given one generator per chain (:func:`draw`)."""
+        return self(draw(torch.randn, (k, self.z_dim), self.net[0].weight, generator))
 
 
 class Critic(nn.Module):
     """D(x): Linear+ReLU hidden layers and a linear output of size ``out`` (the logit for the vanilla GAN).
 
     The first layer is exposed as :attr:`input_layer` and the remaining map as :meth:`head`, so the
-    gradient penalty can work on first-layer pre-activations instead of D-dimensional inputs.
+    gradient penalty can work on first-layer pre-activations instead of D-dimensional inputs. A
+    :func:`stacked` critic scores x [C, B, in_dim] → [C, B, out].
     """
 
     def __init__(self, in_dim: int, hidden: list[int], out: int = 1) -> None:
@@ -78,7 +145,7 @@ class Critic(nn.Module):
         self.net = mlp([in_dim, *hidden, out])
 
     @property
-    def input_layer(self) -> nn.Linear:
+    def input_layer(self) -> nn.Linear | StackedLinear:
         """The affine map h = W₁x + b applied to the D-dimensional input."""
         return self.net[0]
 
@@ -90,14 +157,15 @@ class Critic(nn.Module):
         return out
 
     def forward(self, x: Tensor) -> Tensor:
-        """D(x) for x: [B, in_dim] → [B, out]."""
+        """D(x) for x: [B, in_dim] → [B, out] ([C, B, in_dim] → [C, B, out] stacked)."""
         return self.net(x)
 
 
 def scores_and_interpolate_grad_norm(
     critic: Critic, real: Tensor, fake: Tensor, alpha: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """D(real), D(fake) (each [B]) and ‖∇ₓD(x̂)‖₂ ([B]) at x̂ = fake + α·(real − fake), α: [B, 1].
+    """D(real), D(fake) (each [B]) and ‖∇ₓD(x̂)‖₂ ([B]) at x̂ = fake + α·(real − fake), α: [B, 1]; for a
+    :func:`stacked` critic, batches [C, B, D] and α [C, B, 1] give each [C, B], chain by chain.
 
     Exact and cheaper than differentiating through explicit interpolates: with first layer
     h = W₁x + b (affine), h(x̂) = h(fake) + α·(h(real) − h(fake)), and by the chain rule
@@ -108,21 +176,29 @@ def scores_and_interpolate_grad_norm(
     layer = critic.input_layer
     h_real, h_fake = layer(real), layer(fake)
     h_mix = torch.lerp(h_fake, h_real, alpha)
-    d_real, d_fake, d_mix = critic.head(torch.cat([h_real, h_fake, h_mix])).squeeze(-1).split(len(real))
-    (g,) = torch.autograd.grad(d_mix.sum(), h_mix, create_graph=True)
-    gram = layer.weight @ layer.weight.T
-    sq_norm = ((g @ gram) * g).sum(dim=1)
+    scores = critic.head(torch.cat([h_real, h_fake, h_mix], dim=-2)).squeeze(-1)
+    d_real, d_fake, d_mix = scores.split(real.shape[-2], dim=-1)
+    (g,) = torch.autograd.grad(d_mix.sum(), h_mix, create_graph=True)  # the chains' sum: each its own g
+    gram = layer.weight @ layer.weight.mT
+    sq_norm = ((g @ gram) * g).sum(dim=-1)
     return d_real, d_fake, sq_norm.clamp_min(1e-12).sqrt()
 
 
+def batch_mean(scores: Tensor) -> Tensor:
+    """The mean of a critic's scores [B, 1] over the batch: a scalar, or [C] for stacked scores [C, B, 1]."""
+    return scores.mean(dim=(-2, -1))
+
+
 class GANLoss(ABC):
-    """A critic objective, a generator objective and an optional hook after each critic update."""
+    """A critic objective, a generator objective and an optional hook after each critic update. Each loss
+    and statistic is a scalar, or one per chain [C] for stacked modules and batches (:func:`stacked`);
+    ``rng`` is then one generator per chain."""
 
     kind: ClassVar[str]
 
     @abstractmethod
     def critic_loss(
-        self, critic: Critic, real: Tensor, fake: Tensor, rng: torch.Generator | None = None
+        self, critic: Critic, real: Tensor, fake: Tensor, rng: Streams = None
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """The loss the critic minimises on a real and a (detached) fake batch, and detached stats."""
 
@@ -137,7 +213,7 @@ class GANLoss(ABC):
 class _Wasserstein(GANLoss):
     def generator_loss(self, critic: Critic, fake: Tensor) -> Tensor:
         """L_G = −E[D(G(z))] (Arjovsky et al., 2017)."""
-        return -critic(fake).mean()
+        return -batch_mean(critic(fake))
 
 
 class WassersteinGP(_Wasserstein):
@@ -150,13 +226,13 @@ class WassersteinGP(_Wasserstein):
         self.gp_weight = gp_weight
 
     def critic_loss(
-        self, critic: Critic, real: Tensor, fake: Tensor, rng: torch.Generator | None = None
+        self, critic: Critic, real: Tensor, fake: Tensor, rng: Streams = None
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """Two-sided penalty λ·E[(‖∇D(x̂)‖₂ − 1)²] on random interpolates (Gulrajani et al., 2017, Alg. 1)."""
-        alpha = torch.rand(len(real), 1, device=real.device, dtype=real.dtype, generator=rng)
+        alpha = draw(torch.rand, (real.shape[-2], 1), real, rng)
         d_real, d_fake, grad_norm = scores_and_interpolate_grad_norm(critic, real, fake, alpha)
-        wasserstein = d_real.mean() - d_fake.mean()
-        penalty = (grad_norm - 1).square().mean()
+        wasserstein = d_real.mean(-1) - d_fake.mean(-1)
+        penalty = (grad_norm - 1).square().mean(-1)
         loss = self.gp_weight * penalty - wasserstein
         return loss, _detached(critic_loss=loss, wasserstein=wasserstein, gradient_penalty=penalty)
 
@@ -171,10 +247,10 @@ class WassersteinClip(_Wasserstein):
         self.clip = clip
 
     def critic_loss(
-        self, critic: Critic, real: Tensor, fake: Tensor, rng: torch.Generator | None = None
+        self, critic: Critic, real: Tensor, fake: Tensor, rng: Streams = None
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """L_D = −(E[D(x)] − E[D(x̃)]); the bracket estimates the Wasserstein-1 distance (up to scale)."""
-        wasserstein = critic(real).mean() - critic(fake).mean()
+        wasserstein = batch_mean(critic(real)) - batch_mean(critic(fake))
         loss = -wasserstein
         return loss, _detached(critic_loss=loss, wasserstein=wasserstein)
 
@@ -192,18 +268,17 @@ class NonSaturatingGAN(GANLoss):
     kind = "gan"
 
     def critic_loss(
-        self, critic: Critic, real: Tensor, fake: Tensor, rng: torch.Generator | None = None
+        self, critic: Critic, real: Tensor, fake: Tensor, rng: Streams = None
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """Binary cross-entropy, real labelled 1 and fake 0: softplus(−D(x)) + softplus(D(x̃))."""
         d_real, d_fake = critic(real), critic(fake)
-        loss = F.softplus(-d_real).mean() + F.softplus(d_fake).mean()
-        return loss, _detached(
-            critic_loss=loss, real_prob=torch.sigmoid(d_real).mean(), fake_prob=torch.sigmoid(d_fake).mean()
-        )
+        loss = batch_mean(F.softplus(-d_real)) + batch_mean(F.softplus(d_fake))
+        return loss, _detached(critic_loss=loss, real_prob=batch_mean(torch.sigmoid(d_real)),
+                               fake_prob=batch_mean(torch.sigmoid(d_fake)))
 
     def generator_loss(self, critic: Critic, fake: Tensor) -> Tensor:
         """L_G = −E[log σ(D(G(z)))] = E[softplus(−D(G(z)))] (Goodfellow et al., 2014, Section 3)."""
-        return F.softplus(-critic(fake)).mean()
+        return batch_mean(F.softplus(-critic(fake)))
 
 
 def make_loss(kind: str, gp_weight: float = 10.0, clip: float = 0.01) -> GANLoss:
@@ -257,6 +332,11 @@ class GANTrainer:
     batches are moved there if needed. z and the interpolation weights come from the trainer's own
     seeded ``torch.Generator``, which is part of :meth:`state_dict`, so a resumed run repeats exactly.
     A non-finite loss raises :class:`DivergenceError`.
+
+    With :func:`stacked` modules of C chains, ``seed`` is one seed per chain and the trainer trains the C
+    GANs as one: real batches are [C, B, D], chain j's z and interpolation weights come from its own
+    stream (so it draws what a trainer of chain j alone draws), the per-chain losses are summed, and the
+    statistics returned are the chains' averaged with ``chain_weights`` [C] (default: equally).
     """
 
     def __init__(
@@ -267,7 +347,8 @@ class GANTrainer:
         *,
         lr: float | None = None,
         betas: tuple[float, float] | None = None,
-        seed: int = 0,
+        seed: int | Sequence[int] = 0,
+        chain_weights: Tensor | None = None,
     ) -> None:
         if generator.out_dim != critic.in_dim:
             raise ValueError(f"generator makes {generator.out_dim}-vectors, critic takes {critic.in_dim}")
@@ -277,24 +358,28 @@ class GANTrainer:
         self.generator_opt, self.critic_opt = make_optimizers(self.loss.kind, generator, critic, lr, betas)
         first_weight = critic.input_layer.weight
         self.device, self.dtype = first_weight.device, first_weight.dtype
-        self.rng = torch.Generator(device=self.device)
-        self.rng.manual_seed(seed)
+        self.rng = seeded_streams(seed, self.device)
+        self.chains = (len(seed),) if isinstance(seed, Sequence) else ()  # the batches' leading axes
+        if self.chains and chain_weights is None:
+            chain_weights = torch.full(self.chains, 1 / len(seed))
+        self.chain_weights = None if chain_weights is None else chain_weights.double().cpu()
         self.critic_steps = 0
         self.generator_steps = 0
 
     def critic_step(self, real: Tensor) -> dict[str, float]:
-        """One critic update on ``real`` [B, D] and B fresh generator samples; returns the loss's stats
-        (``critic_loss``, plus ``wasserstein`` = E[D(real)] − E[D(fake)] and ``gradient_penalty`` for the
-        Wasserstein kinds, or ``real_prob``/``fake_prob`` for the vanilla GAN)."""
-        if real.ndim != 2 or real.shape[1] != self.critic.in_dim:
+        """One critic update on ``real`` [B, D] ([C, B, D] for C chains) and B fresh generator samples (per
+        chain); returns the loss's stats (``critic_loss``, plus ``wasserstein`` = E[D(real)] − E[D(fake)]
+        and ``gradient_penalty`` for the Wasserstein kinds, or ``real_prob``/``fake_prob`` for the vanilla
+        GAN)."""
+        if real.ndim != len(self.chains) + 2 or real.shape[:-2] != self.chains or real.shape[-1] != self.critic.in_dim:
             raise DataError(f"real batch has shape {list(real.shape)}; "
-                            f"expected [batch, {self.critic.in_dim}]")
+                            f"expected [{', '.join(map(str, [*self.chains, 'batch', self.critic.in_dim]))}]")
         real = real.to(self.device, self.dtype, non_blocking=True)
         with torch.no_grad():
-            fake = self.generator.sample(len(real), generator=self.rng)
+            fake = self.generator.sample(real.shape[-2], generator=self.rng)
         loss, stats = self.loss.critic_loss(self.critic, real, fake, rng=self.rng)
         self.critic_opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.sum().backward()  # the chains' sum: each chain's weights get their own loss's gradient
         self.critic_opt.step()
         self.loss.after_critic_step(self.critic)
         self.critic_steps += 1
@@ -309,7 +394,7 @@ class GANTrainer:
         fake = self.generator.sample(batch_size, generator=self.rng)
         loss = self.loss.generator_loss(self.critic, fake)
         self.generator_opt.zero_grad(set_to_none=True)
-        loss.backward(inputs=list(self.generator.parameters()))
+        loss.sum().backward(inputs=list(self.generator.parameters()))
         self.generator_opt.step()
         self.generator_steps += 1
         return self._checked({"generator_loss": loss.detach()}, f"generator step {self.generator_steps}")
@@ -329,7 +414,7 @@ class GANTrainer:
             real = next_real()
             for name, value in self.critic_step(real).items():
                 totals[name] = totals.get(name, 0.0) + value / n_critic
-        return totals | self.generator_step(len(real))
+        return totals | self.generator_step(real.shape[-2])
 
     def state_dict(self) -> dict[str, Any]:
         """Both networks, both optimisers, the random stream and the step counters; tensors and plain
@@ -340,7 +425,7 @@ class GANTrainer:
             "critic": self.critic.state_dict(),
             "generator_opt": self.generator_opt.state_dict(),
             "critic_opt": self.critic_opt.state_dict(),
-            "rng": self.rng.get_state(),
+            "rng": self.rng.get_state() if self.chains == () else [g.get_state() for g in self.rng],
             "critic_steps": self.critic_steps,
             "generator_steps": self.generator_steps,
         }
@@ -356,17 +441,32 @@ class GANTrainer:
             self.critic.load_state_dict(state["critic"])
             self.generator_opt.load_state_dict(state["generator_opt"])
             self.critic_opt.load_state_dict(state["critic_opt"])
-            self.rng.set_state(state["rng"].cpu())
+            self._set_rng_state(state["rng"])
             self.critic_steps = int(state["critic_steps"])
             self.generator_steps = int(state["generator_steps"])
         except (KeyError, RuntimeError, ValueError) as err:
             first_line = str(err).strip().splitlines()[0]
             raise ArtifactError(f"GAN checkpoint does not fit this generator/critic: {first_line}") from err
 
-    @staticmethod
-    def _checked(stats: dict[str, Tensor], where: str) -> dict[str, float]:
-        values = dict(zip(stats, torch.stack(list(stats.values())).tolist(), strict=True))
-        for name, value in values.items():
-            if not math.isfinite(value):
-                raise DivergenceError(f"GAN training diverged: {name} is {value} at {where}")
-        return values
+    def _set_rng_state(self, state: Tensor | list[Tensor]) -> None:
+        """Restore the random streams from what :meth:`state_dict` saved."""
+        if self.chains == ():
+            self.rng.set_state(state.cpu())
+            return
+        if len(state) != len(self.rng):
+            raise ValueError(f"{len(state)} chains' random streams for {len(self.rng)} chains")
+        for rng, chain_state in zip(self.rng, state, strict=True):
+            rng.set_state(chain_state.cpu())
+
+    def _checked(self, stats: dict[str, Tensor], where: str) -> dict[str, float]:
+        """The statistics as floats (the chains' averaged with ``chain_weights``); a non-finite one (of any
+        chain) raises :class:`DivergenceError`."""
+        values = torch.stack(list(stats.values())).cpu()
+        if not bool(values.isfinite().all()):
+            name, *chain = (values.isfinite().logical_not().nonzero()[0]).tolist()
+            value = values[(name, *chain)].item()
+            where = f"{where} (chain {chain[0]})" if chain else where
+            raise DivergenceError(f"GAN training diverged: {list(stats)[name]} is {value} at {where}")
+        if self.chains:
+            values = values.double() @ self.chain_weights
+        return dict(zip(stats, values.tolist(), strict=True))

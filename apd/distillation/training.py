@@ -13,8 +13,9 @@ from torch import Tensor
 
 from apd.config import DistillConfig
 from apd.distillation.alignment import Alignment, identity, match, permute
+from apd.distillation.chain_generators import ChainTrainers
 from apd.distillation.codec import WeightCodec, fit_codec
-from apd.distillation.gan import Critic, GANTrainer, Generator, make_loss
+from apd.distillation.gan import Critic, GANLoss, GANTrainer, Generator, make_loss
 from apd.distillation.generator import DistilledGenerator, codec_kind
 from apd.distillation.kronecker import KroneckerResidual
 from apd.distillation.residual import match_residual_scale
@@ -44,15 +45,33 @@ def make_codec(cfg: DistillConfig, samples: Tensor, layer_sizes: list[int], x_fi
     return codec.to(device)
 
 
-def make_trainer(cfg: DistillConfig, code_dim: int, seed: int, device: torch.device) -> GANTrainer:
-    """Generator and critic (initialised from ``seed``) for codes of ``code_dim``; ``lr`` 0 takes the
-    loss's default."""
+def seeded_networks(cfg: DistillConfig, code_dim: int, seed: int, device: torch.device) -> tuple[Generator, Critic]:
+    """Generator and critic for codes of ``code_dim`` on ``device``, initialised from ``seed`` (the global
+    random state left as it was)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        generator = Generator(cfg.z_dim, cfg.gen_hidden, code_dim).to(device)
-        critic = Critic(code_dim, cfg.critic_hidden).to(device)
-    loss = make_loss(cfg.loss, gp_weight=cfg.gp_weight, clip=cfg.clip)
-    return GANTrainer(generator, critic, loss, lr=cfg.lr or None, betas=(cfg.beta1, cfg.beta2), seed=seed)
+        return Generator(cfg.z_dim, cfg.gen_hidden, code_dim).to(device), Critic(code_dim, cfg.critic_hidden).to(device)
+
+
+def make_trainer(cfg: DistillConfig, code_dim: int, seed: int, device: torch.device) -> GANTrainer:
+    """Generator and critic (:func:`seeded_networks` of ``seed``) and their trainer (stream ``seed``); ``lr``
+    0 takes the loss's default."""
+    return GANTrainer(*seeded_networks(cfg, code_dim, seed, device), _loss(cfg), lr=cfg.lr or None,
+                      betas=(cfg.beta1, cfg.beta2), seed=seed)
+
+
+def make_chain_trainers(cfg: DistillConfig, code_dim: int, seeds: list[int], shares: Tensor,
+                        device: torch.device) -> ChainTrainers:
+    """One generator and critic per chain of ``shares``, chain j's as :func:`make_trainer` of ``seeds[j]``
+    makes them, trained as one (:class:`~apd.distillation.chain_generators.ChainTrainers`)."""
+    generators, critics = zip(*(seeded_networks(cfg, code_dim, seed, device) for seed in seeds), strict=True)
+    return ChainTrainers(generators, critics, shares.to(device), _loss(cfg), lr=cfg.lr or None,
+                         betas=(cfg.beta1, cfg.beta2), seeds=seeds)
+
+
+def _loss(cfg: DistillConfig) -> GANLoss:
+    """The GAN objective ``cfg`` names, with its hyper-parameter."""
+    return make_loss(cfg.loss, gp_weight=cfg.gp_weight, clip=cfg.clip)
 
 
 def store_permutations(store: SampleStore, spec: ParamSpec, rows: list[int], fit: Alignment) -> Tensor:

@@ -55,7 +55,7 @@ import torch
 from torch import Tensor
 
 from apd.config import DistillConfig, bounded
-from apd.distillation.chain_generators import ChainTrainers, chain_partition
+from apd.distillation.chain_generators import chain_partition
 from apd.distillation.codec import WeightCodec
 from apd.distillation.generator import DistilledGenerator, architecture, build_generator
 from apd.distillation.precision import (
@@ -67,7 +67,7 @@ from apd.distillation.precision import (
     round_trip_module_,
     stored_bytes,
 )
-from apd.distillation.training import encode_store, make_trainer
+from apd.distillation.training import encode_store, make_chain_trainers
 from apd.errors import ConfigError
 from apd.evaluation.protocol import EvaluationInputs
 from apd.evaluation.yardstick import Reference, kept_for, kept_samples, margins_over_kept, mean_of, std_of
@@ -152,13 +152,12 @@ def random_batches(codes: Tensor, batch_size: int, seed: int) -> Callable[[], Te
 def train_chain_generators(ctx: RunContext, store: SampleStore, coordinates: StoredCoordinates,
                            steps: int) -> APDGenerator:
     """WGAN-GP (the pipeline's ``[distill]`` settings) on each chain's rows of ``coordinates``, ``steps``
-    generator steps each, seeded per chain (:class:`~apd.distillation.chain_generators.ChainTrainers`); the
-    chains' shares of the store weigh the draws."""
+    generator steps each, seeded per chain and trained as one
+    (:func:`~apd.distillation.training.make_chain_trainers`); the chains' shares of the store weigh the draws."""
     d, (ids, rows, shares) = ctx.cfg.distill, chain_partition(store.chains)
     codes = [coordinates.coordinates[r.to(coordinates.coordinates.device)] for r in rows]
     seeds = [ctx.seed("experiment", "precision", "chain", chain) for chain in ids]
-    trainers = ChainTrainers([make_trainer(d, coordinates.coordinates.shape[1], seed, ctx.device) for seed in seeds],
-                             shares.to(coordinates.device))
+    trainers = make_chain_trainers(d, coordinates.coordinates.shape[1], seeds, shares, ctx.device)
     batches = [random_batches(part, d.batch_size, seed) for part, seed in zip(codes, seeds, strict=True)]
     with ctx.progress(total=steps, desc=f"{len(ids)} chain generators, r={coordinates.coordinates.shape[1]}",
                       unit="step") as bar:

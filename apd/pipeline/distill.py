@@ -39,6 +39,7 @@ from apd.distillation.training import (
     StoreBatches,
     ValidationMonitor,
     evenly_spaced,
+    make_chain_trainers,
     make_codec,
     make_trainer,
     store_permutations,
@@ -149,16 +150,14 @@ def distill_offline(ctx: RunContext) -> Path:
 
 def chain_trainers(ctx: RunContext, codec: WeightCodec, batches: StoreBatches,
                    chains: np.ndarray) -> tuple[ChainTrainers, list[StoreBatches]]:
-    """One GAN trainer per chain of the store (seed stream ``distill/gan/chain/C``), each chain's share of
-    the store's rows, and each chain's real batches (``batches`` restricted to its rows, stream
-    ``distill/batches/chain/C``)."""
-    d = ctx.cfg.distill
+    """One GAN per chain of the store (seed stream ``distill/gan/chain/C``), weighted by the chain's share of
+    the store's rows, all trained as one (:func:`~apd.distillation.training.make_chain_trainers`), and each
+    chain's real batches (``batches`` restricted to its rows, stream ``distill/batches/chain/C``)."""
     ids, rows, shares = chain_partition(chains)
-    shares = shares.to(ctx.device)
-    trainers = [make_trainer(d, codec.code_dim, ctx.seed("distill", "gan", "chain", c), ctx.device) for c in ids]
+    seeds = [ctx.seed("distill", "gan", "chain", c) for c in ids]
     log.info("one generator per chain: %d chains, shares %s", len(ids), [round(float(w), 4) for w in shares])
-    return ChainTrainers(trainers, shares), [batches.restricted(r, ctx.seed("distill", "batches", "chain", c))
-                                             for c, r in zip(ids, rows, strict=True)]
+    return (make_chain_trainers(ctx.cfg.distill, codec.code_dim, seeds, shares, ctx.device),
+            [batches.restricted(r, ctx.seed("distill", "batches", "chain", c)) for c, r in zip(ids, rows, strict=True)])
 
 
 @dataclass

@@ -1,13 +1,17 @@
-"""One generator per chain: the split of a draw over the chains, and trainers stepped and resumed together."""
+"""One generator per chain: the split of a draw over the chains, and the chains' GANs trained as one batch
+(against one trainer per chain, the reference), resumed and stored."""
 
 from __future__ import annotations
 
+import io
+
 import pytest
 import torch
+from torch import nn
 
 from apd.distillation.chain_generators import ChainGenerators, ChainTrainers, chain_partition, systematic_allocation
 from apd.distillation.gan import Critic, GANTrainer, Generator
-from apd.errors import ArtifactError
+from apd.errors import ArtifactError, DataError, DivergenceError
 
 
 def test_systematic_allocation_gives_each_part_its_share_to_within_one_in_order():
@@ -43,43 +47,128 @@ def test_a_draw_takes_each_chains_share_from_that_chains_generator_grouped_by_ch
         ChainGenerators([_constant_generator(0.0), _constant_generator(1.0)], torch.ones(3) / 3)
 
 
-def _trainers(seed: int) -> ChainTrainers:
-    trainers = []
-    for chain in range(2):
-        torch.manual_seed(seed + chain)
-        trainers.append(GANTrainer(Generator(2, [8], 3), Critic(3, [8]), lr=1e-3, seed=seed + chain))
-    return ChainTrainers(trainers, torch.tensor([0.5, 0.5]))
+def _networks(seed: int, dim: int = 3, width: int = 8) -> tuple[Generator, Critic]:
+    """A generator and a critic initialised from ``seed``."""
+    torch.manual_seed(seed)
+    return Generator(2, [width, width], dim), Critic(dim, [width, width])
 
 
-def _batches(seed: int):
-    """Chain 0's real codes near −2, chain 1's near +2."""
-    rngs = [torch.Generator().manual_seed(seed + c) for c in range(2)]
-    return [lambda c=c: torch.randn(16, 3, generator=rngs[c]) + (4.0 * c - 2.0) for c in range(2)]
+def _chain_trainers(seeds: list[int], loss: str = "wgan-gp", device: str = "cpu", **sizes) -> ChainTrainers:
+    """Chain j's generator and critic initialised from ``seeds[j]``, its stream seeded with it, trained as one."""
+    generators, critics = zip(*(_networks(seed, **sizes) for seed in seeds), strict=True)
+    return ChainTrainers([g.to(device) for g in generators], [c.to(device) for c in critics],
+                         torch.full((len(seeds),), 1 / len(seeds), device=device), loss, lr=1e-3, seeds=seeds)
 
 
-def test_chain_trainers_step_every_chain_and_average_its_statistics_by_share():
-    chains = _trainers(0)
-    batches = _batches(0)
-    stats = chains.step(batches, n_critic=2)
-    assert chains.generator_steps == 1 and all(t.generator_steps == 1 for t in chains.trainers)
-    assert set(stats) >= {"wasserstein", "generator_loss"}
-    alone = _trainers(0)  # the same two trainers stepped one by one
-    parts = [t.step(b, n_critic=2) for t, b in zip(alone.trainers, _batches(0), strict=True)]
-    assert stats["wasserstein"] == pytest.approx(0.5 * parts[0]["wasserstein"] + 0.5 * parts[1]["wasserstein"])
+def _sequential(seeds: list[int], loss: str = "wgan-gp", device: str = "cpu", **sizes) -> list[GANTrainer]:
+    """The reference: one :class:`GANTrainer` per chain, of what :func:`_chain_trainers` stacks."""
+    return [GANTrainer(*(net.to(device) for net in _networks(seed, **sizes)), loss, lr=1e-3, seed=seed)
+            for seed in seeds]
+
+
+def _batches(seeds: list[int], dim: int = 3, device: str = "cpu"):
+    """Chain j's real codes, a stream of its own seeded with ``seeds[j]``, centred on 4·seed − 2."""
+    rngs = {seed: torch.Generator().manual_seed(seed) for seed in seeds}
+    return [lambda s=s: (torch.randn(16, dim, generator=rngs[s]) + (4.0 * s - 2.0)).to(device) for s in seeds]
+
+
+def _assert_same_networks(a: nn.Module, b: nn.Module, **tolerance) -> None:
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        torch.testing.assert_close(x, y, msg=name, **tolerance)
+
+
+@pytest.mark.parametrize("loss", ["wgan-gp", "wgan", "gan"])
+def test_chains_trained_as_one_follow_a_trainer_of_each_chain_alone(loss):
+    """Batched, chain j draws its z, its interpolation weights and its real batches as the sequential
+    trainer of chain j did, so 20 steps (100 critic updates) later both have the same generators and
+    critics to float rounding, and the statistics are the chains' averaged by their shares. (Adam can turn
+    rounding in a gradient that nearly cancels into a step of size lr, so on other seeds two runs of
+    different kernels part sooner; these seeds keep every chain within 1e-7 for 30 steps.)"""
+    seeds = [0, 1, 2]
+    chains, alone = _chain_trainers(seeds, loss), _sequential(seeds, loss)
+    together, apart = _batches(seeds), _batches(seeds)
+    for _ in range(20):
+        stats = chains.step(together, n_critic=5)
+        parts = [trainer.step(batches, n_critic=5) for trainer, batches in zip(alone, apart, strict=True)]
+    assert chains.generator_steps == 20 and chains.trainer.critic_steps == 100
+    for j, trainer in enumerate(alone):
+        _assert_same_networks(trainer.generator, chains.generator.generators[j], rtol=1e-4, atol=1e-6)
+        for name, value in trainer.critic.state_dict().items():
+            torch.testing.assert_close(chains.critic.state_dict()[name][j], value, rtol=1e-4, atol=1e-6, msg=name)
+    assert set(stats) == set(parts[0])
+    for name, value in stats.items():
+        assert value == pytest.approx(sum(part[name] for part in parts) / 3, rel=1e-4, abs=1e-6), name
+
+
+def test_a_chain_trains_alike_alone_and_among_others():
+    """Chain 1's generator after 10 steps is the same whether it trains alone or with chains 0 and 2."""
+    with_others, alone = _chain_trainers([0, 1, 2]), _chain_trainers([1])
+    batches_with, batches_alone = _batches([0, 1, 2]), _batches([1])
+    for _ in range(10):
+        with_others.step(batches_with, n_critic=3)
+        alone.step(batches_alone, n_critic=3)
+    _assert_same_networks(with_others.generator.generators[1], alone.generator.generators[0])
+
+
+def test_the_trained_generators_are_views_of_the_stack_and_store_as_separate_generators():
+    """The chains' generators see every update of the stack; their state_dict has the names and shapes of a
+    :class:`ChainGenerators` of separate generators, which loads it and draws the same codes."""
+    chains = _chain_trainers([0, 1])
+    chains.step(_batches([0, 1]), n_critic=1)
+    stack = chains.trainer.generator.net[0].weight
+    for j, generator in enumerate(chains.generator.generators):
+        assert torch.equal(generator.net[0].weight, stack[j])
+    saved = chains.generator.state_dict()
+    fresh = ChainGenerators([Generator(2, [8, 8], 3) for _ in range(2)], torch.ones(2) / 2)
+    assert {k: v.shape for k, v in saved.items()} == {k: v.shape for k, v in fresh.state_dict().items()}
+    fresh.load_state_dict(saved)
+    draw = torch.Generator().manual_seed(5)
+    expected = chains.generator.sample(6, generator=draw)
+    torch.testing.assert_close(fresh.sample(6, generator=draw.manual_seed(5)), expected, rtol=0, atol=0)
 
 
 def test_chain_trainers_resume_from_their_state_to_the_same_generators():
-    straight, batches = _trainers(3), _batches(3)
+    straight, batches = _chain_trainers([3, 4]), _batches([3, 4])
     for _ in range(3):
         straight.step(batches, n_critic=1)
-    first, batches = _trainers(3), _batches(3)
+    first, batches = _chain_trainers([3, 4]), _batches([3, 4])
     first.step(batches, n_critic=1)
-    state = first.state_dict()
-    resumed = _trainers(99)  # other initial weights: the state replaces them
-    resumed.load_state_dict(state)
+    buffer = io.BytesIO()
+    torch.save(first.state_dict(), buffer)
+    buffer.seek(0)
+    resumed = _chain_trainers([98, 99])  # other initial weights and streams: the state replaces them
+    resumed.load_state_dict(torch.load(buffer, weights_only=True))
     for _ in range(2):
         resumed.step(batches, n_critic=1)
-    for key, value in straight.generator.state_dict().items():
-        torch.testing.assert_close(resumed.generator.state_dict()[key], value, msg=key)
-    with pytest.raises(ArtifactError, match="holds 1 chains' trainers, this run has 2"):
-        resumed.load_state_dict({"chains": state["chains"][:1]})
+    _assert_same_networks(straight.generator, resumed.generator, rtol=0, atol=0)
+    with pytest.raises(ArtifactError, match="does not fit"):
+        _chain_trainers([1, 2, 3]).load_state_dict(first.state_dict())
+    with pytest.raises(ArtifactError, match="one by one"):
+        resumed.load_state_dict({"chains": [{}, {}]})
+
+
+def test_a_diverging_chain_is_named():
+    chains = _chain_trainers([0, 1])
+    real = torch.randn(2, 16, 3)
+    real[1, 0, 0] = float("nan")
+    with pytest.raises(DivergenceError, match=r"critic_loss is nan at critic step 1 \(chain 1\)"):
+        chains.trainer.critic_step(real)
+    with pytest.raises(DataError, match=r"shape \[16, 3\]; expected \[2, batch, 3\]"):
+        chains.trainer.critic_step(real[0])
+
+
+@pytest.mark.cuda
+def test_chains_trained_as_one_on_cuda_follow_a_trainer_of_each_chain_alone():
+    """On CUDA every tensor of the stacked trainer, its streams included, is on the device, and the chains
+    trained as one follow the sequential trainers there to float rounding."""
+    seeds = [0, 1, 2]
+    chains, alone = _chain_trainers(seeds, device="cuda"), _sequential(seeds, device="cuda")
+    together, apart = _batches(seeds, device="cuda"), _batches(seeds, device="cuda")
+    for _ in range(10):
+        chains.step(together, n_critic=5)
+        for trainer, batches in zip(alone, apart, strict=True):
+            trainer.step(batches, n_critic=5)
+    assert all(rng.device.type == "cuda" for rng in chains.trainer.rng)
+    assert all(t.is_cuda for t in chains.state_dict()["generator"].values())
+    for j, trainer in enumerate(alone):
+        _assert_same_networks(trainer.generator, chains.generator.generators[j], rtol=1e-4, atol=1e-5)

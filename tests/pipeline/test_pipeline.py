@@ -103,8 +103,8 @@ def test_evaluate_without_generator_names_the_stage(tmp_path, capsys):
 
 @pytest.mark.parametrize("per_chain", [False, True])
 def test_interrupted_distillation_resumes_to_the_same_generator(pipeline, tmp_path, monkeypatch, per_chain):
-    """Interrupted after 100 GAN trainer steps (per chain: mid-way through a step of the chains' trainers),
-    the resumed run ends with the generator an uninterrupted run gives."""
+    """Interrupted after 100 GAN trainer steps (per chain: steps of the chains trained as one), the resumed
+    run ends with the generator an uninterrupted run gives."""
     from apd.distillation.gan import GANTrainer
     from apd.pipeline import distill
 

@@ -1,0 +1,157 @@
+"""One WGAN-GP per chain (``[distill] per_chain``) at the fcNN1 distiller's sizes: the C chains' GANs trained
+in turn (one :class:`~apd.distillation.gan.GANTrainer` each), as one batched computation (stacked weights
+and batched matmuls, :class:`~apd.distillation.chain_generators.ChainTrainers`), and as ``torch.vmap`` over
+``torch.func.functional_call`` of the stacked weights (``torch.func.stack_module_state``), side by side.
+
+Sizes of ``pipelines/fashion-fc1.toml``: codes of rank 35, z 32, generator and critic hidden [128, 128],
+batch 100, 5 critic steps per generator step, Adam (lr 1e-3, β (0.5, 0.9)). For C = 2, 4 and 8 chains it
+prints chain-steps per second (C generator steps, each with its 5 critic steps, per second of one
+iteration of all chains; best of a few on this noisy shared machine) and the speed-ups over the chains in
+turn, then how far each batched way's generators are from the sequential ones after those steps (float
+rounding). Takes about a minute on one thread. The batched trainer was kept: at every C it beat vmap, whose
+per-call overhead costs most at C = 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+from collections.abc import Iterable
+
+import torch
+from record import BenchmarkRecord, add_out_argument
+from timing import best_times
+from torch import Tensor
+from torch.func import functional_call, grad, stack_module_state, vjp, vmap
+
+from apd.distillation.chain_generators import ChainTrainers
+from apd.distillation.gan import Critic, GANTrainer, Generator, draw
+
+CHAINS = [2, 4, 8]
+CODE, Z, HIDDEN, BATCH, N_CRITIC, GP = 35, 32, [128, 128], 100, 5, 10.0
+ADAM = {"lr": 1e-3, "betas": (0.5, 0.9)}
+REPEATS = 20  # iterations timed per way at each C, interleaved (the fastest counts)
+
+
+def networks(seed: int) -> tuple[Generator, Critic]:
+    torch.manual_seed(seed)
+    return Generator(Z, HIDDEN, CODE), Critic(CODE, HIDDEN)
+
+
+def flat(chains: Iterable[Iterable[Tensor]]) -> Tensor:
+    """Every chain's tensors, flattened and joined chain after chain."""
+    return torch.cat([t.detach().reshape(-1) for tensors in chains for t in tensors])
+
+
+class VmapTrainer:
+    """The chains' WGAN-GP steps as ``vmap(grad(loss))`` of one chain's loss over stacked weights: the same
+    objective, penalty at the critic's first layer, per-chain streams and fused Adam as the batched trainer."""
+
+    def __init__(self, seeds: list[int]) -> None:
+        generators, critics = zip(*(networks(seed) for seed in seeds), strict=True)
+        self.generator, self.critic = copy.deepcopy(generators[0]).to("meta"), copy.deepcopy(critics[0]).to("meta")
+        self.head = self.critic.net[1:]  # keeps the critic's layer names, "2.weight", …
+        self.g_params, _ = stack_module_state(list(generators))
+        self.c_params, _ = stack_module_state(list(critics))
+        self.g_opt = torch.optim.Adam(self.g_params.values(), **ADAM, fused=True)
+        self.c_opt = torch.optim.Adam(self.c_params.values(), **ADAM, fused=True)
+        self.rng = [torch.Generator().manual_seed(seed) for seed in seeds]
+        self.critic_grad = vmap(grad(self.critic_loss, has_aux=True))
+        self.generator_grad = vmap(grad(self.generator_loss, has_aux=True))
+
+    def critic_loss(self, params: dict[str, Tensor], real: Tensor, fake: Tensor,
+                    alpha: Tensor) -> tuple[Tensor, Tensor]:
+        """One chain's WGAN-GP critic loss (and its Wasserstein estimate), as WassersteinGP computes it."""
+        first = {"weight": params["net.0.weight"], "bias": params["net.0.bias"]}
+        rest = {name.removeprefix("net."): value for name, value in params.items() if not name.startswith("net.0.")}
+        h_real, h_fake = (functional_call(self.critic.net[0], first, (x,)) for x in (real, fake))
+        h_mix = torch.lerp(h_fake, h_real, alpha)
+
+        def head(h: Tensor) -> Tensor:
+            return functional_call(self.head, rest, (h,)).squeeze(-1)
+
+        # as scores_and_interpolate_grad_norm: one head on the three batches, g pulled back from the mix's
+        scores, pullback = vjp(lambda h: head(torch.cat([h_real, h_fake, h])), h_mix)
+        d_real, d_fake, d_mix = scores.split(len(real))
+        (g,) = pullback(torch.cat([torch.zeros_like(d_real), torch.zeros_like(d_fake), torch.ones_like(d_mix)]))
+        weight = params["net.0.weight"]
+        norm = ((g @ (weight @ weight.T)) * g).sum(-1).clamp_min(1e-12).sqrt()
+        wasserstein = d_real.mean() - d_fake.mean()
+        return GP * (norm - 1).square().mean() - wasserstein, wasserstein
+
+    def generator_loss(self, params: dict[str, Tensor], critic: dict[str, Tensor], z: Tensor) -> tuple[Tensor, Tensor]:
+        loss = -functional_call(self.critic, critic, (functional_call(self.generator, params, (z,)),)).mean()
+        return loss, loss
+
+    def step(self, real: Tensor) -> None:
+        """n_critic critic updates on ``real`` [C, B, CODE], then one generator update."""
+        like = real
+        for _ in range(N_CRITIC):
+            with torch.no_grad():
+                fake = vmap(lambda p, z: functional_call(self.generator, p, (z,)))(
+                    self.g_params, draw(torch.randn, (BATCH, Z), like, self.rng))
+            alpha = draw(torch.rand, (BATCH, 1), like, self.rng)
+            grads, stats = self.critic_grad(self.c_params, real, fake, alpha)
+            self._update(self.c_opt, self.c_params, grads)
+            stats.tolist()  # the trainers read their statistics back every step
+        critic = {name: value.detach() for name, value in self.c_params.items()}
+        grads, stats = self.generator_grad(self.g_params, critic, draw(torch.randn, (BATCH, Z), like, self.rng))
+        self._update(self.g_opt, self.g_params, grads)
+        stats.tolist()
+
+    @staticmethod
+    def _update(optimizer: torch.optim.Optimizer, params: dict[str, Tensor], grads: dict[str, Tensor]) -> None:
+        for name, param in params.items():
+            param.grad = grads[name]
+        optimizer.step()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: as the pipeline's distill "
+                        "runs on a shared machine)")
+    add_out_argument(parser)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    record = BenchmarkRecord("distill")
+    print(f"threads {torch.get_num_threads()}; codes {CODE}, z {Z}, hidden {HIDDEN}, batch {BATCH}, "
+          f"{N_CRITIC} critic steps per generator step, wgan-gp, Adam\n")
+    header = (f"{'C':>3} | {'in turn':>8} {'batched':>8} {'vmap':>8}  chain-steps/s | {'batched':>8} {'vmap':>8}  "
+              f"speed-up | {'batched':>8} {'vmap':>8}  max |Δθ_G| vs in turn")
+    print(header)
+    print("-" * len(header))
+    rates: dict[int, dict[str, float]] = {}
+    for c in CHAINS:
+        seeds = list(range(c))
+        real = torch.randn(c, BATCH, CODE, generator=torch.Generator().manual_seed(c))
+        sequential = [GANTrainer(*networks(seed), "wgan-gp", **ADAM, seed=seed) for seed in seeds]
+        generators, critics = zip(*(networks(seed) for seed in seeds), strict=True)
+        batched = ChainTrainers(generators, critics, torch.full((c,), 1 / c), "wgan-gp", **ADAM, seeds=seeds)
+        vmapped = VmapTrainer(seeds)
+        ways = {
+            "in turn": lambda seq=sequential, real=real: [t.step(lambda j=j: real[j], N_CRITIC)
+                                                          for j, t in enumerate(seq)],
+            "batched": lambda b=batched, real=real: b.step([lambda j=j: real[j] for j in range(len(real))], N_CRITIC),
+            "vmap": lambda v=vmapped, real=real: v.step(real),
+        }
+        rates[c] = {name: c / seconds for name, seconds in best_times(ways, REPEATS).items()}
+        reference = flat(t.generator.parameters() for t in sequential)
+        batched_g = flat(g.parameters() for g in batched.generator.generators)
+        vmap_g = flat((vmapped.g_params[name][j] for name in vmapped.g_params) for j in range(c))
+        r = rates[c]
+        print(f"{c:>3} | {r['in turn']:>8.1f} {r['batched']:>8.1f} {r['vmap']:>8.1f}                | "
+              f"{r['batched'] / r['in turn']:>7.2f}× {r['vmap'] / r['in turn']:>7.2f}×           | "
+              f"{(batched_g - reference).abs().max():>8.1e} {(vmap_g - reference).abs().max():>8.1e}", flush=True)
+    print(f"\nchain-steps/s: C / seconds of one iteration of all C chains ({N_CRITIC} critic + 1 generator steps "
+          "each); Δθ_G: after the same steps from the same weights and streams.")
+    rows = {c: f"{r['in turn']:.0f} / {r['batched']:.0f} / {r['vmap']:.0f}" for c, r in rates.items()}
+    record.add(f"one WGAN-GP per chain at fcNN1's distiller sizes, {torch.get_num_threads()} thread(s), chain-steps/s "
+               "in turn / batched / vmap (`bench_chain_gans.py`)", "; ".join(f"C = {c}: {v}" for c, v in rows.items()))
+    speed_ups = [f"{r['batched'] / r['in turn']:.2f}× ({r['vmap'] / r['in turn']:.2f}×)" for r in rates.values()]
+    record.add("the chains' GANs as one batched computation against the chains in turn (vmap in brackets)",
+               f"{', '.join(speed_ups)} at C = {', '.join(map(str, CHAINS))}")
+    record.write(args.out)
+
+
+if __name__ == "__main__":
+    main()
