@@ -1255,6 +1255,12 @@ BAD_CONFIG = [
     ("bad-compression", "sample", ["--set", 'sgld.compression="zip"'], "compression"),
     ("ood-dirs-not-table", "evaluate", ["--set", 'data.ood_dirs="x"'], "ood_dirs"),
     ("train-split-too-large", "sample", ["--set", "data.train_size=1700"], "digits has"),
+    ("thin-keeps-no-sample", "sample", ["--set", "sgld.thin=5000"], "keep no sample"),
+    ("iterations-1e18", "sample", ["--set", "sgld.iterations=1000000000000000000"], "No space left"),
+    ("val-size-below-classes", "info", ["--set", "data.val_size=1"], "val_size"),
+    ("one-network", "evaluate", ["--set", "evaluate.networks=1"], "networks"),
+    ("prior-var-inf", "sample", ["--set", "sgld.prior_var=inf"], "prior_var"),
+    ("weight-decay-inf", "sample", ["--set", "baselines.weight_decay=inf"], "weight_decay"),
 ]
 for _id, _command, _extra, _has in BAD_CONFIG:
     @case(f"config-{_id}", "config", f"{_command} {' '.join(_extra)}", "exit 2, one line, unchanged")

@@ -344,6 +344,20 @@ def test_seed_out_of_range(art, seed):
     art.fails("sample", "--set", f"seed={seed}", match="'seed'")
 
 
+@pytest.mark.parametrize(("command", "setting", "match"), [
+    ("sample", "sgld.thin=5000", "keep no sample"),
+    ("sample", "sgld.iterations=1000000000000000000", "No space left for the sample store"),
+    ("info", "data.val_size=1", "'data.val_size' \\(1\\) must be at least the number of classes"),
+    ("evaluate", "evaluate.networks=1", "'evaluate.networks' must be at least 2"),
+    ("sample", "sgld.prior_var=inf", "'sgld.prior_var' must be a finite number"),
+    ("sample", "baselines.weight_decay=inf", "'baselines.weight_decay' must be a finite number"),
+])
+def test_a_config_that_cannot_work_is_one_line_before_any_work(art, command, setting, match):
+    started = time.perf_counter()
+    art.fails(command, "--set", setting, match=match)
+    assert time.perf_counter() - started < 60
+
+
 @pytest.mark.parametrize("name", ["../../x", "a/b", "..", ".", "", "ABSOLUTE"])
 def test_name_must_be_a_plain_file_name(art, tmp_path, name):
     name = str(tmp_path / "absolute") if name == "ABSOLUTE" else name
