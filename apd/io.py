@@ -1,6 +1,6 @@
 """Reading and writing artifact files safely: JSON, text and weights-only torch files, each written to a
-temporary file beside its target and renamed over it, so a reader never sees a partial file; whole
-directories swapped in one step.
+temporary file beside its target and renamed over it, so a reader never sees a partial file; several
+files replaced together once all are written; whole directories swapped in one step.
 
 Nothing here is ever unpickled: torch files are loaded with ``weights_only=True``.
 """
@@ -69,6 +69,24 @@ def hdf5_atomic(path: Path) -> Iterator[Any]:
     with h5py.File(buffer, "w") as fh:
         yield fh
     write_bytes_atomic(path, buffer.getvalue())
+
+
+@contextlib.contextmanager
+def written_together(finals: list[Path]) -> Iterator[dict[Path, Path]]:
+    """``with written_together([a, b]) as built:`` the block writes each final file's content to
+    ``built[final]``, a temporary name beside it; when the block ends without an error (and without a
+    Ctrl-C, :func:`apd.interrupts.raise_if_interrupted`) every one is renamed over its final name, else every
+    temporary is removed and no final file is touched. A failure while writing (a full disk, a rendering
+    error) so replaces none of them; the renames that follow need no space."""
+    built = {final: final.with_name(f".{final.name}.together.tmp") for final in finals}
+    try:
+        yield built
+        raise_if_interrupted()
+        for final, tmp in built.items():
+            os.replace(tmp, final)
+    finally:
+        for tmp in built.values():
+            tmp.unlink(missing_ok=True)
 
 
 def replace_directory(built: Path, final: Path) -> None:

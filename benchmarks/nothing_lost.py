@@ -168,7 +168,7 @@ class Runner:
             import apd.pipeline.report  # noqa: F401
             import apd.pipeline.sample  # noqa: F401
 
-    def start(self, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+    def start(self, argv: list[str], env: dict[str, str] | None = None, cwd: Path = REPO) -> Proc:
         self.count += 1
         err = self.logs / f"{self.count:04d}.err"
         out = self.logs / f"{self.count:04d}.out"
@@ -176,7 +176,7 @@ class Runner:
         environment = {k: v for k, v in environment.items() if v is not None}
         if self.exec_mode:
             with open(out, "wb") as fo, open(err, "wb") as fe:
-                popen = subprocess.Popen([sys.executable, "-m", "apd", *argv], cwd=REPO, env=environment,
+                popen = subprocess.Popen([sys.executable, "-m", "apd", *argv], cwd=cwd, env=environment,
                                          stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
             return Proc(popen.pid, err, popen)
         sys.stdout.flush()
@@ -191,7 +191,7 @@ class Runner:
                     os.close(handle)
                 os.environ.clear()
                 os.environ.update(environment)
-                os.chdir(REPO)
+                os.chdir(cwd)
                 signal.signal(signal.SIGINT, signal.default_int_handler)
                 from apd.cli import main
 
@@ -447,11 +447,11 @@ class Env:
         return [command, "--config", str(config or self.h.config), "--artifacts", str(root or self.root),
                 "--quiet", *extra]
 
-    def start(self, command: str, *extra: str, env: dict | None = None, **kw) -> Proc:
-        return self.h.runner.start(self.argv(command, *extra, **kw), env)
+    def start(self, command: str, *extra: str, env: dict | None = None, cwd: Path = REPO, **kw) -> Proc:
+        return self.h.runner.start(self.argv(command, *extra, **kw), env, cwd)
 
-    def run(self, command: str, *extra: str, env: dict | None = None, **kw) -> Proc:
-        proc = self.start(command, *extra, env=env, **kw)
+    def run(self, command: str, *extra: str, env: dict | None = None, cwd: Path = REPO, **kw) -> Proc:
+        proc = self.start(command, *extra, env=env, cwd=cwd, **kw)
         proc.wait()
         return proc
 
@@ -475,11 +475,12 @@ class Env:
             self.fail(f"{label}stderr lacks /{has}/: {_last(err)}")
 
     def cli(self, command: str, *extra: str, rc: int | set[int] = 2, has: str | None = None,
-            same: bool = True, env: dict | None = None, **kw) -> Proc:
-        """Run one command; check it (``check``) and, with ``same``, that no complete artifact changed."""
+            same: bool = True, env: dict | None = None, cwd: Path = REPO, **kw) -> Proc:
+        """Run one command (in ``cwd``); check it (``check``) and, with ``same``, that no complete artifact
+        changed."""
         before = snapshot(self.dir)
         broken = manifest_problems(self.dir)
-        proc = self.run(command, *extra, env=env, **kw)
+        proc = self.run(command, *extra, env=env, cwd=cwd, **kw)
         self.check(proc, rc, has)
         if same:
             self.same(before)
@@ -978,6 +979,61 @@ def _disk_reuse(env: Env) -> None:
     before = snapshot(root / NAME)
     env.check(env.run("sample", root=root), 0)
     env.same(before, root / NAME)
+
+
+FRONTIER = ["--option", "budgets=[2]", "--option", "steps=10", "--option", "subsets=2"]
+
+
+@case("disk-full-frontier", "disk", "experiment frontier again with 2 kB free (tmpfs): its JSON and Markdown fit, "
+      "its figure does not", "exit 2, one line; frontier.json, .md and .png all as they were", issue=True)
+def _disk_frontier(env: Env) -> None:
+    env.cli("experiment", "frontier", *FRONTIER, rc=0, same=False)
+    root = env.tmpfs(2000)
+    out = root / NAME / "experiments"
+    before = snapshot(out)
+    env.check(env.run("experiment", "frontier", *FRONTIER, "--option", "subsets=3", root=root), 2, has="No space")
+    env.same(before, out)
+    if sorted(p.name for p in out.iterdir()) != ["frontier.json", "frontier.md", "frontier.png"]:
+        env.fail(f"left in experiments/: {sorted(p.name for p in out.iterdir())}")
+
+
+def docs_project(env: Env, changes: dict[str, Callable[[dict], object] | str]) -> Path:
+    """A copy of README.md and docs/ under the case's folder, with each ``docs/results/`` file of ``changes``
+    changed by its function (on the parsed JSON) or replaced by its text."""
+    project = env.base / "project"
+    project.mkdir()
+    shutil.copy(REPO / "README.md", project)
+    shutil.copytree(REPO / "docs", project / "docs")
+    for name, change in changes.items():
+        path = project / "docs" / "results" / name
+        if isinstance(change, str):
+            path.write_text(change)
+        else:
+            data = json.loads(path.read_text())
+            change(data)
+            path.write_text(json.dumps(data))
+    return project
+
+
+DOCS = [("corrupt-file-and-a-change", {"fashion-lenet5/precision.json": "{",
+                                       "digits/results.json": lambda d: d["machine"].update(cpu="Another CPU")},
+         "precision.json"),
+        ("machine-not-a-table", {"digits/results.json": lambda d: d.update(machine=5)}, "field 'machine'"),
+        ("mean-not-a-number", {"digits/results.json": lambda d: d["accuracy"]["apd"]["acc"].update(mean="high")},
+         r"field 'accuracy\.apd\.acc\.mean'"),
+        ("samples-without-diagnostics", {"digits/samples.json": lambda d: d.pop("diagnostics")},
+         "samples.json: field 'diagnostics'")]
+for _id, _changes, _has in DOCS:
+    @case(f"docs-{_id}", "validate", f"report --docs with {', '.join(_changes)} changed",
+          "exit 2, one line naming the file (and field); no document written", issue=True)
+    def _docs_case(env: Env, changes=_changes, has=_has) -> None:
+        project = docs_project(env, changes)
+        before = snapshot(project)
+        env.cli("report", "--docs", has=has, cwd=project)
+        env.same(before, project)
+        leftovers = [str(p.relative_to(project)) for p in project.rglob("*.tmp")]
+        if leftovers:
+            env.fail(f"temporaries left: {leftovers}")
 
 
 for _command, _extra, _rc, _issue in (("sample", [], 2, True), ("sample", ["--force"], 2, False),
