@@ -1047,6 +1047,15 @@ for _command, _extra, _rc, _issue in (("sample", [], 2, True), ("sample", ["--fo
         env.cli(command, *extra, rc=rc)
 
 
+for _command, _rc in (("evaluate", 2), ("distill", 2), ("info", 0)):
+    @case(f"artifacts-missing-{_command}", "validate", f"{_command} --artifacts DIR/THAT/DOES/NOT/EXIST",
+          f"exit {_rc}; no folder created", issue=_command == "evaluate")
+    def _artifacts_missing(env: Env, command=_command, rc=_rc) -> None:
+        env.check(env.run(command, root=env.base / "nowhere" / "deeper"), rc)
+        if (env.base / "nowhere").exists():
+            env.fail(f"created {sorted(str(p.relative_to(env.base)) for p in (env.base / 'nowhere').rglob('*'))}")
+
+
 for _command in ("sample", "evaluate", "info"):
     @case(f"artifacts-is-file-{_command}", "validate", f"{_command} --artifacts FILE", "exit 2, one line",
           issue=_command == "sample")

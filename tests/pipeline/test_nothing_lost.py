@@ -487,6 +487,12 @@ def test_artifacts_pointing_at_a_file(art, tmp_path):
     assert plain.read_text() == "x"
 
 
+@pytest.mark.parametrize(("command", "rc"), [("evaluate", 2), ("distill", 2), ("info", 0)])
+def test_a_command_on_artifacts_that_do_not_exist_leaves_no_folder(art, tmp_path, command, rc):
+    assert art.run(command, root=tmp_path / "nowhere" / "deeper").rc == rc
+    assert not (tmp_path / "nowhere").exists()
+
+
 @contextlib.contextmanager
 def mounted(*commands: list[str], target: Path):
     if os.geteuid() != 0 or subprocess.run(commands[0], capture_output=True).returncode:
