@@ -1047,6 +1047,17 @@ for _command, _extra, _rc, _issue in (("sample", [], 2, True), ("sample", ["--fo
         env.cli(command, *extra, rc=rc)
 
 
+for _rank, _port in (("1", "1"), ("0", "29561")):
+    @case(f"torchrun-rank{_rank}-without-peers", "validate",
+          f"sample with RANK={_rank} WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT={_port} and no other worker",
+          "exit 2 after APD_JOIN_TIMEOUT (5 s), one line, unchanged; the lock is free again", issue=True)
+    def _torchrun_alone(env: Env, rank=_rank, port=_port) -> None:
+        variables = {"RANK": rank, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                     "APD_JOIN_TIMEOUT": "5"}
+        env.cli("sample", "--force", has="did not join", env=variables)
+        env.cli("info", rc=0)
+
+
 for _command, _rc in (("evaluate", 2), ("distill", 2), ("info", 0)):
     @case(f"artifacts-missing-{_command}", "validate", f"{_command} --artifacts DIR/THAT/DOES/NOT/EXIST",
           f"exit {_rc}; no folder created", issue=_command == "evaluate")

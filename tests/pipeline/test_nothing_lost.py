@@ -487,6 +487,25 @@ def test_artifacts_pointing_at_a_file(art, tmp_path):
     assert plain.read_text() == "x"
 
 
+@pytest.mark.parametrize("variables", [{"RANK": "1", "MASTER_PORT": "1"}, {"RANK": "0", "MASTER_PORT": "FREE"}],
+                         ids=["rank1-nobody-listening", "rank0-alone"])
+def test_a_torchrun_worker_without_its_peers_gives_up_after_the_join_timeout(art, monkeypatch, variables):
+    from apd.pipeline.distributed import free_port
+
+    port = str(free_port()) if variables["MASTER_PORT"] == "FREE" else variables["MASTER_PORT"]
+    for name, value in {**variables, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                        "APD_JOIN_TIMEOUT": "2"}.items():
+        monkeypatch.setenv(name, value)
+    started = time.perf_counter()
+    art.fails("sample", "--set", "sgld.chains=2", match=r"the other workers did not join at 127\.0\.0\.1:\d+ "
+              r"within 2 s \(APD_JOIN_TIMEOUT\)")
+    assert time.perf_counter() - started < 60
+    monkeypatch.setenv("APD_JOIN_TIMEOUT", "soon")
+    art.fails("sample", "--set", "sgld.chains=2", match="APD_JOIN_TIMEOUT='soon': expected a positive number")
+    monkeypatch.delenv("RANK")
+    assert art.run("info").rc == 0  # the lock is free again
+
+
 @pytest.mark.parametrize(("command", "rc"), [("evaluate", 2), ("distill", 2), ("info", 0)])
 def test_a_command_on_artifacts_that_do_not_exist_leaves_no_folder(art, tmp_path, command, rc):
     assert art.run(command, root=tmp_path / "nowhere" / "deeper").rc == rc
