@@ -153,6 +153,11 @@ class Proc:
     def stderr(self) -> str:
         return self.err.read_text(errors="replace") if self.err.exists() else ""
 
+    @property
+    def stdout(self) -> str:
+        out = self.err.with_suffix(".out")
+        return out.read_text(errors="replace") if out.exists() else ""
+
 
 class Runner:
     """Starts CLI runs: forks of this process (``apd`` already imported) or fresh interpreters."""
@@ -1423,6 +1428,15 @@ for _command in ("sample", "distill", "evaluate", "report", "info"):
     @case(f"reuse-{_command}", "reuse", f"{_command} again on the complete set", "exit 0, every artifact unchanged")
     def _reuse(env: Env, command=_command) -> None:
         env.cli(command, rc=0, same=True)
+
+
+for _command in ("evaluate", "report", "sample"):
+    @case(f"quiet-{_command}", "reuse", f"{_command} --quiet on the complete set", "exit 0; prints nothing",
+          issue=_command == "evaluate")
+    def _quiet(env: Env, command=_command) -> None:
+        proc = env.cli(command, rc=0)
+        if proc.stdout or proc.stderr:
+            env.fail(f"printed {len((proc.stdout + proc.stderr).splitlines())} lines with --quiet")
 
 
 @case("reuse-sample-then-resample-same", "reuse", "sample --force with the same config",

@@ -351,8 +351,8 @@ def summarise(ctx: RunContext, plan: ActivePlan, state: dict) -> dict:
 
 
 def write_outputs(ctx: RunContext, results: dict) -> None:
-    """``experiments/active_learning.{json,csv,md,png}`` (:mod:`apd.experiments.active_report`); prints the
-    Markdown; the four replaced together once all are written."""
+    """``experiments/active_learning.{json,csv,md,png}`` (:mod:`apd.experiments.active_report`), the four
+    replaced together once all are written; prints the Markdown (not with ``--quiet``)."""
     out = ctx.layout.experiments
     files = [out / f"active_learning.{suffix}" for suffix in ("json", "csv", "md", "png")]
     out.mkdir(parents=True, exist_ok=True)
@@ -362,4 +362,5 @@ def write_outputs(ctx: RunContext, results: dict) -> None:
         markdown = render_markdown(results)
         write_text_atomic(built[files[2]], markdown)
         draw_figure(results, built[files[3]])
-    print(markdown)
+    if not ctx.quiet:
+        print(markdown)

@@ -41,7 +41,7 @@ from apd.pipeline.adversarial import evaluate_adversarial
 from apd.pipeline.layout import manifest_of
 from apd.pipeline.manifests import file_digest, is_complete, manifest_record, write_manifest
 from apd.pipeline.methods import METHODS, fit_mixture, load_methods, method_inputs
-from apd.pipeline.report import run_report, write_report
+from apd.pipeline.report import print_summary, report_again, write_report
 from apd.pipeline.runtime import RunContext, machine, stopwatch, torch_threads
 from apd.posteriors import Posterior
 from apd.samplers.store import SampleStore
@@ -81,7 +81,7 @@ def run_evaluate(ctx: RunContext) -> dict:
     restore_directory(layout.eval_dir)
     if not ctx.force and is_complete(layout.evaluate_manifest, stage_hash, method_inputs(ctx)):
         log.info("reusing %s (--force to redo)", layout.results)
-        run_report(ctx)
+        print_summary(ctx, report_again(ctx)[0])
         return {}
     started = time.perf_counter()
     with ExitStack() as stack:
@@ -103,13 +103,13 @@ def run_evaluate(ctx: RunContext) -> dict:
     write_json_atomic(built / "results.json", results)
     results = read_json(built / "results.json")  # tables from what results.json holds, as `apd report` makes them
     generator_json = layout.generator.with_suffix(".json")
-    text = write_report(built, results, generator_json if generator_json.is_file() else None)
+    write_report(built, results, generator_json if generator_json.is_file() else None)
     digests = {name: file_digest(built / name) for name in RECORDED_FILES}
     write_manifest(built / layout.evaluate_manifest.name,
                    {**manifest_record("evaluate", stage_hash, inputs, seconds=results["timing"]["total"]),
                     "files": digests})
     replace_directory(built, layout.eval_dir)
-    print(text)
+    print_summary(ctx, results)
     return results
 
 

@@ -15,7 +15,7 @@ def _draw(results: dict, path: Path) -> None:
 
 
 def test_a_study_that_fails_while_writing_replaces_none_of_its_outputs(tmp_path, capsys):
-    write_study(tmp_path, "study", {"value": 1}, lambda r: f"value {r['value']}", _draw)
+    write_study(tmp_path, "study", {"value": 1}, lambda r: f"value {r['value']}", _draw, show=True)
     before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
     assert sorted(before) == ["study.json", "study.md", "study.png"]
 
@@ -23,8 +23,8 @@ def test_a_study_that_fails_while_writing_replaces_none_of_its_outputs(tmp_path,
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
     with pytest.raises(OSError, match="No space left"):
-        write_study(tmp_path, "study", {"value": 2}, lambda r: f"value {r['value']}", full_disk)
+        write_study(tmp_path, "study", {"value": 2}, lambda r: f"value {r['value']}", full_disk, show=True)
     assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before  # no temporary left either
-    write_study(tmp_path, "study", {"value": 3}, lambda r: f"value {r['value']}", _draw)
+    write_study(tmp_path, "study", {"value": 3}, lambda r: f"value {r['value']}", _draw, show=False)
     assert (tmp_path / "study.md").read_text() == "value 3" and (tmp_path / "study.png").read_bytes() == b"png 3"
-    assert capsys.readouterr().out.splitlines() == ["value 1", "value 3"]
+    assert capsys.readouterr().out.splitlines() == ["value 1"]  # the third not shown

@@ -506,6 +506,16 @@ def test_a_torchrun_worker_without_its_peers_gives_up_after_the_join_timeout(art
     assert art.run("info").rc == 0  # the lock is free again
 
 
+def test_quiet_prints_nothing_and_evaluate_ends_with_a_short_summary(art, capsys):
+    for command in ("evaluate", "report", "sample", "distill"):
+        assert main(art.argv(command)) == 0  # --quiet, every stage reused
+        assert capsys.readouterr() == ("", "")
+    assert main([arg for arg in art.argv("evaluate") if arg != "--quiet"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) <= 6 and out[0].startswith("accuracy: SGLD 0.") and ", APD 0." in out[0]
+    assert out[-1] == f"every table: {art.path('eval') / 'tables.md'}"
+
+
 @pytest.mark.parametrize(("command", "rc"), [("evaluate", 2), ("distill", 2), ("info", 0)])
 def test_a_command_on_artifacts_that_do_not_exist_leaves_no_folder(art, tmp_path, command, rc):
     assert art.run(command, root=tmp_path / "nowhere" / "deeper").rc == rc
