@@ -72,24 +72,30 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--device", help="cpu, cuda, cuda:N or auto (overrides the config)")
     common.add_argument("--artifacts", default="artifacts", help="root directory for artifacts")
     common.add_argument("--force", action="store_true", help="redo the stage even if it is complete")
-    common.add_argument("--quiet", action="store_true", help="no progress bars, warnings only")
+    common.add_argument("--quiet", action="store_true",
+                        help="no progress bars and no results printed: warnings and errors only")
     common.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override a config value (TOML syntax), e.g. --set distill.steps=5000")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        """A subcommand with the common options, ``help_text`` as its description and defaults in its help."""
+        return sub.add_parser(name, parents=[common], help=help_text, description=help_text[0].upper() + help_text[1:],
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
     for name, (_, _, help_text) in STAGES.items():
-        stage = sub.add_parser(name, parents=[common], help=help_text)
+        stage = command(name, help_text)
         if name == "report":
             stage.add_argument("--docs", action="store_true",
                                help="render the results regions of README.md and docs/*.md from docs/results/")
             stage.add_argument("--check", action="store_true", help="with --docs: fail if a document would change")
             stage.add_argument("--publish", action="store_true", help="copy the pipeline's results JSON and figures "
                                "into docs/results/NAME/ and docs/figures/NAME/ (then `make docs`)")
-    reproduce = sub.add_parser("reproduce", parents=[common], help="run the pipeline afresh in ARTIFACTS/reproduce "
-                               "and compare its tables with docs/results/NAME/results.json")
-    reproduce.add_argument("--committed", help="results.json to compare with (default docs/results/NAME/results.json)")
-    sub.add_parser("info", parents=[common], help="print the resolved config, data sizes and artifacts")
-    experiment = sub.add_parser("experiment", parents=[common], help="run a study on the pipeline's samples: "
-                                + ", ".join(EXPERIMENTS))
+    reproduce = command("reproduce", "run the pipeline afresh in ARTIFACTS/reproduce and compare its tables with "
+                        "docs/results/NAME/results.json")
+    reproduce.add_argument("--committed", help="results.json to compare with (None: docs/results/NAME/results.json)")
+    command("info", "print the resolved config, data sizes and artifacts")
+    experiment = command("experiment", "run a study on the pipeline's samples: " + ", ".join(EXPERIMENTS))
     experiment.add_argument("name", choices=list(EXPERIMENTS), help="; ".join(
         f"{name}: {text}" for name, (_, _, text) in EXPERIMENTS.items()))
     experiment.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
