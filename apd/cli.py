@@ -15,6 +15,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -120,6 +121,7 @@ def info(ctx: RunContext) -> None:
     print(f"artifacts  {ctx.out_dir}: " + ("none yet" if not present else f"{len(present)} files"))
     for path in present:
         print(f"           {path.relative_to(ctx.out_dir)}  ({path.stat().st_size:,} bytes)")
+    _print_leftovers(ctx, [path.relative_to(ctx.out_dir) for path in present])
     _print_sgld_diagnostics(ctx)
     print("config     " + json.dumps(cfg.to_dict(), indent=2).replace("\n", "\n           "))
 
@@ -144,6 +146,28 @@ def reproduce(ctx: RunContext, committed: str | None) -> int:
         print(line)
     print(f"{len(lines)} table cells differ from {path}" if lines else f"every table cell matches {path}")
     return 1 if lines else 0
+
+
+# Work in progress an interrupted stage leaves (``*.partial*`` files and folders, ``*.ckpt.pt`` checkpoints), by
+# the first part of its path: the stage that finishes it
+LEFTOVER = re.compile(r"\.partial(\.|$)|\.ckpt\.pt$")
+FINISHED_BY = {"samples": "sample", "baselines": "sample", "generator": "distill", "eval": "evaluate",
+              "adversarial": "evaluate"}
+
+
+def _print_leftovers(ctx: RunContext, present: list[Path]) -> None:
+    """Name the work in progress of an interrupted run among ``present`` (paths in the artifact folder) and
+    the command that finishes it."""
+    leftovers: dict[str, set[str]] = {}
+    for path in present:
+        part = next((p for p in path.parts if LEFTOVER.search(p)), None)
+        stage = FINISHED_BY.get(re.split(r"[-.]", path.parts[0])[0])
+        if part is not None and stage is not None:
+            leftovers.setdefault(stage, set()).add(str(Path(*path.parts[:path.parts.index(part) + 1])))
+    where = "" if ctx.artifacts_root == Path("artifacts") else f" --artifacts {ctx.artifacts_root}"
+    for stage, names in leftovers.items():
+        command = f"apd {stage} --config {ctx.cfg.source}{where}"
+        print(f"interrupted {', '.join(sorted(names))}: run `{command}` to finish it")
 
 
 def _print_sgld_diagnostics(ctx: RunContext) -> None:

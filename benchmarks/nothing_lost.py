@@ -1439,6 +1439,18 @@ for _command in ("evaluate", "report", "sample"):
             env.fail(f"printed {len((proc.stdout + proc.stderr).splitlines())} lines with --quiet")
 
 
+@case("info-names-leftovers", "reuse", "info with a shard, checkpoints and eval.partial left by interrupted runs",
+      "exit 0; one line per stage naming its leftovers and the command that finishes it", issue=True)
+def _info_leftovers(env: Env) -> None:
+    for name in ("samples-0.partial.h5", "samples-0.ckpt.pt", "generator.ckpt.pt", "eval.partial/scores.h5"):
+        env.path(name).parent.mkdir(exist_ok=True)
+        env.path(name).write_bytes(b"")
+    said = [line for line in env.cli("info", rc=0).stdout.splitlines() if line.startswith("interrupted ")]
+    for stage in ("sample", "distill", "evaluate"):
+        if sum(f"run `apd {stage} --config" in line for line in said) != 1:
+            env.fail(f"no line names `apd {stage}`: {said}")
+
+
 @case("reuse-sample-then-resample-same", "reuse", "sample --force with the same config",
       "exit 0; samples equal the old ones, manifests hold")
 def _resample_same(env: Env) -> None:

@@ -516,6 +516,18 @@ def test_quiet_prints_nothing_and_evaluate_ends_with_a_short_summary(art, capsys
     assert out[-1] == f"every table: {art.path('eval') / 'tables.md'}"
 
 
+def test_info_names_what_an_interrupted_run_left_and_the_command_that_resumes_it(art, capsys):
+    for name in ("samples-0.partial.h5", "samples-0.ckpt.pt", "generator.ckpt.pt", "eval.partial/scores.h5"):
+        art.path(name).parent.mkdir(exist_ok=True)
+        art.path(name).write_bytes(b"")
+    assert main(art.argv("info")) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("interrupted ")]
+    where = f"--config {art.config} --artifacts {art.root}"
+    assert lines == [f"interrupted eval.partial: run `apd evaluate {where}` to finish it",
+                     f"interrupted generator.ckpt.pt: run `apd distill {where}` to finish it",
+                     f"interrupted samples-0.ckpt.pt, samples-0.partial.h5: run `apd sample {where}` to finish it"]
+
+
 @pytest.mark.parametrize(("command", "rc"), [("evaluate", 2), ("distill", 2), ("info", 0)])
 def test_a_command_on_artifacts_that_do_not_exist_leaves_no_folder(art, tmp_path, command, rc):
     assert art.run(command, root=tmp_path / "nowhere" / "deeper").rc == rc
