@@ -201,6 +201,9 @@ def _takes_lock(command: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):  # a terminal that cannot show a character gets its escape, not a crash
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(errors="backslashreplace")
     args = build_parser().parse_args(argv)
     setup_logging(args.quiet)
     with noting_interrupts():

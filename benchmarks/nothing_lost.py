@@ -1451,6 +1451,15 @@ def _info_leftovers(env: Env) -> None:
             env.fail(f"no line names `apd {stage}`: {said}")
 
 
+@case("ascii-terminal-info", "reuse", "PYTHONIOENCODING=ascii python -m apd info (it prints ×)",
+      "exit 0; the character escaped, nothing on stderr", issue=True)
+def _ascii_info(env: Env) -> None:
+    result = subprocess.run([sys.executable, "-m", "apd", *env.argv("info")], cwd=REPO, capture_output=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONIOENCODING": "ascii"}, timeout=600)
+    if result.returncode or result.stderr or b"\\xd7" not in result.stdout:
+        env.fail(f"exit {result.returncode}: {_last(result.stderr.decode(errors='replace'))}")
+
+
 @case("reuse-sample-then-resample-same", "reuse", "sample --force with the same config",
       "exit 0; samples equal the old ones, manifests hold")
 def _resample_same(env: Env) -> None:

@@ -655,6 +655,14 @@ def _python_apd(art: Artifacts, *argv: str, err: Path) -> subprocess.Popen:
                                 stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
+def test_a_terminal_that_cannot_show_a_character_gets_its_escape(art):
+    """``apd info`` prints × (8×8 images); with ASCII output it prints ``\\xd7`` instead of failing."""
+    result = subprocess.run([sys.executable, "-m", "apd", *art.argv("info")], cwd=REPO, capture_output=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONIOENCODING": "ascii"}, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert b"images 8\\xd78" in result.stdout and not result.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["sample", "evaluate"])
 def test_two_python_processes_at_once(art, tmp_path, command):
