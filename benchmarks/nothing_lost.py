@@ -1451,6 +1451,15 @@ def _info_leftovers(env: Env) -> None:
             env.fail(f"no line names `apd {stage}`: {said}")
 
 
+for _command in ("sample", "info"):
+    @case(f"lock-is-a-directory-{_command}", "validate", f"{_command} with NAME/.lock a directory",
+          "exit 2, one line naming the lock, unchanged", issue=_command == "sample")
+    def _lock_dir(env: Env, command=_command) -> None:
+        env.path(".lock").unlink(missing_ok=True)
+        env.path(".lock").mkdir()
+        env.cli(command, has=re.escape(str(env.path(".lock"))) + ": a directory")
+
+
 @case("ascii-terminal-info", "reuse", "PYTHONIOENCODING=ascii python -m apd info (it prints ×)",
       "exit 0; the character escaped, nothing on stderr", issue=True)
 def _ascii_info(env: Env) -> None:

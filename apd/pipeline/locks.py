@@ -35,6 +35,8 @@ def artifact_lock(lock_path: Path, shared: bool = False) -> Iterator[None]:
         if shared and exc.errno == errno.EROFS:
             yield
             return
+        if exc.errno == errno.EISDIR:
+            raise ArtifactError(f"{lock_path}: a directory where apd keeps its lock file; move it away") from None
         raise ArtifactError(f"{lock_path.parent}: cannot write there ({exc.strerror})") from None
     try:
         try:

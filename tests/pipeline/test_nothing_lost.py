@@ -655,6 +655,14 @@ def _python_apd(art: Artifacts, *argv: str, err: Path) -> subprocess.Popen:
                                 stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
+@pytest.mark.parametrize("command", ["sample", "info"])
+def test_a_lock_that_is_a_directory_is_named(art, command):
+    art.path(".lock").unlink(missing_ok=True)
+    art.path(".lock").mkdir()
+    art.fails(command, match=re.escape(f"{art.path('.lock')}: a directory where apd keeps its lock file"))
+    assert art.path(".lock").is_dir()
+
+
 def test_a_terminal_that_cannot_show_a_character_gets_its_escape(art):
     """``apd info`` prints × (8×8 images); with ASCII output it prints ``\\xd7`` instead of failing."""
     result = subprocess.run([sys.executable, "-m", "apd", *art.argv("info")], cwd=REPO, capture_output=True,
