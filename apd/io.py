@@ -97,14 +97,23 @@ def replace_directory(built: Path, final: Path) -> None:
     (:func:`apd.interrupts.raise_if_interrupted`)."""
     raise_if_interrupted()
     if final.is_dir() and _exchange(built, final):
-        shutil.rmtree(built, ignore_errors=True)  # it now holds the old contents
+        remove_tree(built)  # it now holds the old contents
         return
     old = final.with_name(final.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
+    remove_tree(old)
+    if final.exists() or final.is_symlink():
         final.rename(old)
     built.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+    remove_tree(old)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove ``path``: a folder with what it holds, or a file or symbolic link in its place (never what a
+    link points to); nothing when there is none."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def restore_directory(final: Path) -> None:

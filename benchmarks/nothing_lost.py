@@ -1460,6 +1460,19 @@ for _command in ("sample", "info"):
         env.cli(command, has=re.escape(str(env.path(".lock"))) + ": a directory")
 
 
+@case("eval-is-a-symlink", "validate", "evaluate --force twice with NAME/eval a symbolic link to a folder elsewhere",
+      "exit 2 both times, one line naming the link; the folder it points to unchanged", issue=True)
+def _eval_symlink(env: Env) -> None:
+    elsewhere = env.base / "elsewhere"
+    elsewhere.mkdir()
+    env.path("eval").rename(elsewhere / "eval")
+    env.path("eval").symlink_to(elsewhere / "eval")
+    before = snapshot(elsewhere)
+    for _ in range(2):
+        env.cli("evaluate", "--force", has="eval: a symbolic link")
+    env.same(before, elsewhere)
+
+
 @case("ascii-terminal-info", "reuse", "PYTHONIOENCODING=ascii python -m apd info (it prints ×)",
       "exit 0; the character escaped, nothing on stderr", issue=True)
 def _ascii_info(env: Env) -> None:

@@ -663,6 +663,22 @@ def test_a_lock_that_is_a_directory_is_named(art, command):
     assert art.path(".lock").is_dir()
 
 
+def test_a_symlinked_eval_folder_is_refused_every_time_and_a_symlinked_leftover_is_removed(art, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    art.path("eval").rename(elsewhere / "eval")
+    art.path("eval").symlink_to(elsewhere / "eval")
+    outside = snapshot(elsewhere)
+    for _ in range(2):
+        art.fails("evaluate", "--force", match=r"/eval: a symbolic link; `apd evaluate` replaces this folder whole")
+    assert snapshot(elsewhere) == outside
+    art.path("eval").unlink()
+    (elsewhere / "eval").rename(art.path("eval"))
+    art.path("eval.partial").symlink_to(elsewhere)  # left by a swap of a symlinked folder
+    assert art.run("evaluate", "--force").rc == 0
+    assert not art.path("eval.partial").exists() and elsewhere.is_dir()
+
+
 def test_a_terminal_that_cannot_show_a_character_gets_its_escape(art):
     """``apd info`` prints × (8×8 images); with ASCII output it prints ``\\xd7`` instead of failing."""
     result = subprocess.run([sys.executable, "-m", "apd", *art.argv("info")], cwd=REPO, capture_output=True,
