@@ -51,8 +51,8 @@ def artifact_lock(lock_path: Path, shared: bool = False) -> Iterator[None]:
                 os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
     finally:
-        if created and os.listdir(lock_path.parent) == [lock_path.name]:
-            with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):
+            if created and os.listdir(lock_path.parent) == [lock_path.name]:
                 lock_path.unlink()
                 for folder in created:  # the deepest first; one another process has filled stays
                     folder.rmdir()
