@@ -46,10 +46,28 @@ def load(artifact_dir: str | Path, method: str, device: torch.device | str = "cp
         return APDGenerator(model, spec)
     path = layout.baseline(method)
     manifest = read_json(manifest_of(path))
-    net = network(manifest["sizes"], manifest.get("conv", []), dropout=manifest.get("dropout", 0.0))
+    net, dropout = _recorded_network(manifest, manifest_of(path))
     try:
         net.load_state_dict(load_torch(path))
     except RuntimeError:
         raise ArtifactError(f"{path}: does not match its manifest's network {manifest['sizes']}") from None
     net = net.to(device).eval()
-    return PointEstimate(net) if method == "sgd" else MCDropout(net, manifest["dropout"])
+    return PointEstimate(net) if method == "sgd" else MCDropout(net, dropout)
+
+
+def _recorded_network(manifest: dict, where: Path) -> tuple[torch.nn.Module, float]:
+    """The network a baseline's manifest records (``sizes``, ``conv``, ``dropout``) and its dropout; a record
+    that is missing or malformed is an :class:`ArtifactError` naming the manifest."""
+    sizes, conv, dropout = manifest.get("sizes"), manifest.get("conv", []), manifest.get("dropout", 0.0)
+
+    def counts(value: object) -> bool:
+        return isinstance(value, list) and all(type(n) is int and n > 0 for n in value)
+
+    if not (counts(sizes) and len(sizes) >= 2 and counts(conv) and type(dropout) in (int, float)
+            and 0 <= dropout < 1):
+        raise ArtifactError(f"{where}: no valid network record (sizes {sizes!r}, conv {conv!r}, dropout {dropout!r}); "
+                            "run `apd sample --force` to make the baselines again")
+    try:
+        return network(sizes, conv, dropout=dropout), float(dropout)
+    except ValueError as exc:
+        raise ArtifactError(f"{where}: its network record does not build ({exc})") from None

@@ -15,6 +15,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -72,24 +73,30 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--device", help="cpu, cuda, cuda:N or auto (overrides the config)")
     common.add_argument("--artifacts", default="artifacts", help="root directory for artifacts")
     common.add_argument("--force", action="store_true", help="redo the stage even if it is complete")
-    common.add_argument("--quiet", action="store_true", help="no progress bars, warnings only")
+    common.add_argument("--quiet", action="store_true",
+                        help="no progress bars and no results printed: warnings and errors only")
     common.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override a config value (TOML syntax), e.g. --set distill.steps=5000")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        """A subcommand with the common options, ``help_text`` as its description and defaults in its help."""
+        return sub.add_parser(name, parents=[common], help=help_text, description=help_text[0].upper() + help_text[1:],
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
     for name, (_, _, help_text) in STAGES.items():
-        stage = sub.add_parser(name, parents=[common], help=help_text)
+        stage = command(name, help_text)
         if name == "report":
             stage.add_argument("--docs", action="store_true",
                                help="render the results regions of README.md and docs/*.md from docs/results/")
             stage.add_argument("--check", action="store_true", help="with --docs: fail if a document would change")
             stage.add_argument("--publish", action="store_true", help="copy the pipeline's results JSON and figures "
                                "into docs/results/NAME/ and docs/figures/NAME/ (then `make docs`)")
-    reproduce = sub.add_parser("reproduce", parents=[common], help="run the pipeline afresh in ARTIFACTS/reproduce "
-                               "and compare its tables with docs/results/NAME/results.json")
-    reproduce.add_argument("--committed", help="results.json to compare with (default docs/results/NAME/results.json)")
-    sub.add_parser("info", parents=[common], help="print the resolved config, data sizes and artifacts")
-    experiment = sub.add_parser("experiment", parents=[common], help="run a study on the pipeline's samples: "
-                                + ", ".join(EXPERIMENTS))
+    reproduce = command("reproduce", "run the pipeline afresh in ARTIFACTS/reproduce and compare its tables with "
+                        "docs/results/NAME/results.json")
+    reproduce.add_argument("--committed", help="results.json to compare with (None: docs/results/NAME/results.json)")
+    command("info", "print the resolved config, data sizes and artifacts")
+    experiment = command("experiment", "run a study on the pipeline's samples: " + ", ".join(EXPERIMENTS))
     experiment.add_argument("name", choices=list(EXPERIMENTS), help="; ".join(
         f"{name}: {text}" for name, (_, _, text) in EXPERIMENTS.items()))
     experiment.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
@@ -114,6 +121,7 @@ def info(ctx: RunContext) -> None:
     print(f"artifacts  {ctx.out_dir}: " + ("none yet" if not present else f"{len(present)} files"))
     for path in present:
         print(f"           {path.relative_to(ctx.out_dir)}  ({path.stat().st_size:,} bytes)")
+    _print_leftovers(ctx, [path.relative_to(ctx.out_dir) for path in present])
     _print_sgld_diagnostics(ctx)
     print("config     " + json.dumps(cfg.to_dict(), indent=2).replace("\n", "\n           "))
 
@@ -138,6 +146,28 @@ def reproduce(ctx: RunContext, committed: str | None) -> int:
         print(line)
     print(f"{len(lines)} table cells differ from {path}" if lines else f"every table cell matches {path}")
     return 1 if lines else 0
+
+
+# Work in progress an interrupted stage leaves (``*.partial*`` files and folders, ``*.ckpt.pt`` checkpoints), by
+# the first part of its path: the stage that finishes it
+LEFTOVER = re.compile(r"\.partial(\.|$)|\.ckpt\.pt$")
+FINISHED_BY = {"samples": "sample", "baselines": "sample", "generator": "distill", "eval": "evaluate",
+              "adversarial": "evaluate"}
+
+
+def _print_leftovers(ctx: RunContext, present: list[Path]) -> None:
+    """Name the work in progress of an interrupted run among ``present`` (paths in the artifact folder) and
+    the command that finishes it."""
+    leftovers: dict[str, set[str]] = {}
+    for path in present:
+        part = next((p for p in path.parts if LEFTOVER.search(p)), None)
+        stage = FINISHED_BY.get(re.split(r"[-.]", path.parts[0])[0])
+        if part is not None and stage is not None:
+            leftovers.setdefault(stage, set()).add(str(Path(*path.parts[:path.parts.index(part) + 1])))
+    where = "" if ctx.artifacts_root == Path("artifacts") else f" --artifacts {ctx.artifacts_root}"
+    for stage, names in leftovers.items():
+        command = f"apd {stage} --config {ctx.cfg.source}{where}"
+        print(f"interrupted {', '.join(sorted(names))}: run `{command}` to finish it")
 
 
 def _print_sgld_diagnostics(ctx: RunContext) -> None:
@@ -171,6 +201,9 @@ def _takes_lock(command: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):  # a terminal that cannot show a character gets its escape, not a crash
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(errors="backslashreplace")
     args = build_parser().parse_args(argv)
     setup_logging(args.quiet)
     with noting_interrupts():

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
 import tomllib
 import typing
@@ -259,7 +260,7 @@ class EvaluateConfig:
 
     methods: list[str] = bounded(list(ALL_METHODS))
     runs: int = bounded(10, ge=1)
-    networks: int = bounded(100, ge=1)
+    networks: int = bounded(100, ge=2)  # fidelity compares the spread of several draws
     sgld_samples: int = bounded(100, ge=1)
     mc_passes: int = bounded(200, ge=1)
     ood_size: int = bounded(2000, ge=1)
@@ -388,8 +389,8 @@ def _coerce(hint: Any, value: Any, where: str, key: str) -> Any:
             fail("an integer")
         return value
     if hint is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            fail("a number")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            fail("a finite number")
         return float(value)
     if hint is str:
         if not isinstance(value, str):

@@ -17,10 +17,12 @@ from apd.config import (
     DEVICE_PATTERN,
     NAME_PATTERN,
     PipelineConfig,
+    SGLDConfig,
     build_section,
     parse_override,
 )
 from apd.errors import ConfigError
+from apd.samplers.chain import thinned_count
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +108,7 @@ def _check_consistency(cfg: PipelineConfig, where: str) -> None:
     if cfg.sgld.burn_in >= cfg.sgld.iterations:
         raise ConfigError(f"{where}: 'sgld.burn_in' ({cfg.sgld.burn_in}) must be less than "
                           f"'sgld.iterations' ({cfg.sgld.iterations})")
+    _check_sgld(cfg.sgld, where)
     if cfg.sgld.workers > cfg.sgld.chains:
         raise ConfigError(f"{where}: 'sgld.workers' ({cfg.sgld.workers}) must be at most 'sgld.chains' "
                           f"({cfg.sgld.chains}): a worker runs whole chains")
@@ -138,6 +141,17 @@ def _check_consistency(cfg: PipelineConfig, where: str) -> None:
     if cfg.evaluate.mog_fit_samples < max(cfg.evaluate.mog_components):
         raise ConfigError(f"{where}: 'evaluate.mog_fit_samples' must be at least the largest "
                           f"'evaluate.mog_components'")
+
+
+def _check_sgld(s: SGLDConfig, where: str) -> None:
+    """A schedule that fits the iterations, and a chain that keeps at least one sample."""
+    if s.schedule == "cyclical" and s.cycles > s.iterations:
+        raise ConfigError(f"{where}: 'sgld.cycles' ({s.cycles}) must be at most 'sgld.iterations' ({s.iterations})")
+    if thinned_count(s) == 0:
+        phases = " and the cycles' sampling phases" if s.schedule == "cyclical" else ""
+        raise ConfigError(f"{where}: the chains would keep no sample: with 'sgld.iterations' ({s.iterations}), "
+                          f"'sgld.burn_in' ({s.burn_in}){phases}, 'sgld.thin' ({s.thin}) skips every iterate; "
+                          "lower sgld.thin or sgld.burn_in")
 
 
 # What is defined on an MLP's hidden units only: evaluation methods, and the distiller's options

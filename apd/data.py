@@ -167,6 +167,8 @@ def _load_digits(cfg: DataConfig, seed: int) -> Dataset:
     if train_size < 10 or test_size < 10 or train_size + cfg.val_size + test_size > n:
         raise DataError(f"digits has {n} images: train {train_size} + val {cfg.val_size} + test "
                         f"{test_size} does not fit (each needs at least 10)")
+    _check_stratified("digits", labels, {"data.train_size": train_size, "data.val_size": cfg.val_size,
+                                         "data.test_size": test_size})
     index = np.arange(n)
     rest, test = train_test_split(index, test_size=test_size, stratify=labels, random_state=seed)
     train, val = train_test_split(rest, train_size=train_size, test_size=cfg.val_size,
@@ -182,6 +184,7 @@ def _split_official(cfg: DataConfig, seed: int, images: np.ndarray, labels: np.n
     if train_size + cfg.val_size > n:
         raise DataError(f"{cfg.dataset}: train {train_size} + val {cfg.val_size} exceeds the {n} "
                         f"training images")
+    _check_stratified(cfg.dataset, labels, {"data.train_size": train_size, "data.val_size": cfg.val_size})
     train, val = train_test_split(np.arange(n), train_size=train_size, test_size=cfg.val_size,
                                   stratify=labels, random_state=seed)
     if cfg.test_size:
@@ -192,6 +195,16 @@ def _split_official(cfg: DataConfig, seed: int, images: np.ndarray, labels: np.n
     pixels = images.astype(np.float32) / 255.0
     return _make_dataset(cfg.dataset, pixels, labels.astype(np.int64), train, val,
                          test_images.astype(np.float32) / 255.0, test_labels.astype(np.int64))
+
+
+def _check_stratified(dataset: str, labels: np.ndarray, sizes: dict[str, int]) -> None:
+    """A :class:`DataError` naming the first split of ``sizes`` (config key → size) smaller than the number
+    of classes in ``labels``: a stratified split gives every class at least one item."""
+    classes = len(np.unique(labels))
+    for key, size in sizes.items():
+        if size < classes:
+            raise DataError(f"{dataset}: '{key}' ({size}) must be at least the number of classes ({classes}): "
+                            "the splits are stratified")
 
 
 def _make_dataset(name: str, pixels: np.ndarray, labels: np.ndarray, train: np.ndarray, val: np.ndarray,

@@ -29,9 +29,10 @@ import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from apd.errors import ArtifactError
-from apd.io import read_json
+from apd.io import read_json, write_text_atomic, written_together
 from apd.pipeline.layout import PIPELINE_STAGES, Layout, manifest_of
 from apd.pipeline.table_format import format_duration, markdown_table, method_label
 from apd.pipeline.tables import TABLE_BUILDERS, ood_table
@@ -48,7 +49,7 @@ def _experiment(module: str, function: str, file: str) -> Callable[[Path], str]:
     def render(results_dir: Path) -> str:
         import importlib
 
-        return getattr(importlib.import_module(module), function)(read_json(results_dir / file)).strip()
+        return getattr(importlib.import_module(module), function)(_read(results_dir / file)).strip()
     return render
 
 
@@ -68,29 +69,29 @@ EXPERIMENT_TABLES: dict[str, Callable[[Path], str]] = {
 def render_table(pipeline: str, table: str, root: Path) -> str:
     """The Markdown of one region."""
     if pipeline == "paper":
-        return render_paper(table, read_json(root / PAPER_FILE))
+        return render_paper(table, _read(root / PAPER_FILE))
     results_dir = root / RESULTS_DIR / pipeline
     if table in EXPERIMENT_TABLES:
         return EXPERIMENT_TABLES[table](results_dir)
     if table.startswith("frontier-"):  # the frontier study with APD at another precision: frontier-int4.json
         return _experiment("apd.experiments.frontier", "render_table", f"{table}.json")(results_dir)
     if table == "toy2d":
-        return render_toy2d(read_json(results_dir / "toy2d.json"))
+        return render_toy2d(_read(results_dir / "toy2d.json"))
     if table == "diagnostics":  # the sample stage's own record, published before any evaluation
-        return render_diagnostics(read_json(results_dir / "samples.json")["diagnostics"])
+        return render_diagnostics(_read(results_dir / "samples.json")["diagnostics"])
     if table == "end-to-end":  # benchmarks/time_pipeline.py's record
-        return render_end_to_end(read_json(results_dir / "end_to_end.json"))
+        return render_end_to_end(_read(results_dir / "end_to_end.json"))
     if table == "performance":  # the benchmark scripts' records
-        return render_performance([read_json(path) for path in sorted(results_dir.glob("*.json"))])
+        return render_performance([_read(path) for path in sorted(results_dir.glob("*.json"))])
     if table == "samplers":  # PIPELINE is a comma-separated list: one row per pipeline's sample manifest
-        return render_samplers({name: read_json(root / RESULTS_DIR / name / "samples.json")
+        return render_samplers({name: _read(root / RESULTS_DIR / name / "samples.json")
                                 for name in pipeline.split(",")})
     if table == "frontiers":  # PIPELINE is a comma-separated list: one row per pipeline's frontier study
         from apd.experiments.frontier import render_summary
 
-        return render_summary({name: read_json(root / RESULTS_DIR / name / "frontier.json")
+        return render_summary({name: _read(root / RESULTS_DIR / name / "frontier.json")
                                for name in pipeline.split(",")}).strip()
-    results = read_json(results_dir / "results.json")
+    results = _read(results_dir / "results.json")
     if table == "machine":
         return render_machine(results)
     if table.startswith("ood-"):
@@ -109,11 +110,11 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
 
 def render_machine(results: dict) -> str:
     """One line: where and how fast the numbers were measured."""
-    machine, timing = results.get("machine", {}), results.get("timing", {})
-    cores = machine.get("cores", "?")
-    return (f"Measured by `apd evaluate` on {machine.get('cpu', '?')} ({cores} cores, "
-            f"{machine.get('threads', '?')} torch thread(s), torch {machine.get('torch', '?')}, device "
-            f"{machine.get('device', '?')}); evaluation took {format_duration(timing.get('total', 0.0))}.")
+    machine = results.get("machine", {})
+    measured = (f"Measured by `apd evaluate` on {machine.get('cpu', '?')} ({machine.get('cores', '?')} cores, "
+                f"{machine.get('threads', '?')} torch thread(s), torch {machine.get('torch', '?')}, device "
+                f"{machine.get('device', '?')})")
+    return f"{measured}; evaluation took {format_duration(results.get('timing', {}).get('total', 0.0))}."
 
 
 def render_diagnostics(diagnostics: dict) -> str:
@@ -240,10 +241,55 @@ def render_paper(table: str, paper: dict) -> str:
     raise ArtifactError(f"unknown paper table {table!r} (accuracy, ood-max_prob, ood-bald, adversarial)")
 
 
+class _Traced(dict):
+    """A JSON object read for a region that notes, in :data:`_LAST_READ`, the file and key path of each key
+    read from it (by ``[]`` or ``get``), so that a missing key or a value of the wrong type can be named."""
+
+    def __init__(self, data: dict, file: Path, path: str) -> None:
+        super().__init__({key: _traced(value, file, f"{path}.{key}" if path else str(key))
+                          for key, value in data.items()})
+        self.file, self.path = file, path
+
+    def _note(self, key: object) -> None:
+        _LAST_READ[:] = [self.file, f"{self.path}.{key}" if self.path else str(key)]
+
+    def __getitem__(self, key: object) -> Any:
+        self._note(key)
+        return super().__getitem__(key)
+
+    def get(self, key: object, default: Any = None) -> Any:
+        self._note(key)
+        return super().get(key, default)
+
+
+_LAST_READ: list = []  # [file, key path] of the last key a region's renderer read
+
+
+def _traced(value: Any, file: Path, path: str) -> Any:
+    if isinstance(value, dict):
+        return _Traced(value, file, path)
+    if isinstance(value, list):
+        return [_traced(item, file, f"{path}[{i}]") for i, item in enumerate(value)]
+    return value
+
+
+def _read(path: Path) -> dict:
+    """A results file (:func:`apd.io.read_json`) whose key reads are traced (:class:`_Traced`)."""
+    return _Traced(read_json(path), path, "")
+
+
 def render_document(text: str, root: Path) -> str:
-    """``text`` with every marked region's body rendered afresh."""
+    """``text`` with every marked region's body rendered afresh. A results file the region's table cannot
+    be rendered from (a key missing, a value of the wrong type) is an :class:`ArtifactError` naming the file
+    and the key last read from it."""
     def fill(match: re.Match) -> str:
-        body = render_table(match["pipeline"], match["table"], root)
+        _LAST_READ.clear()
+        try:
+            body = render_table(match["pipeline"], match["table"], root)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            where = f"{_LAST_READ[0]}: field '{_LAST_READ[1]}'" if _LAST_READ else f"results:{match['pipeline']}"
+            raise ArtifactError(f"{where}: missing or of the wrong type for table {match['table']!r} "
+                                f"({type(exc).__name__}: {exc})") from None
         return f"{match.group(1)}{body}\n{match.group(5)}"
     return REGION.sub(fill, text)
 
@@ -253,16 +299,20 @@ def documents(root: Path) -> list[Path]:
 
 
 def render_docs(root: Path, check: bool = False) -> list[Path]:
-    """Render every document under ``root``; returns those that changed (written unless ``check``)."""
-    changed = []
+    """Render every document under ``root``; returns those that changed. Unless ``check``, they are written
+    together once every one has rendered (:func:`apd.io.written_together`): a results file that does not
+    render leaves every document as it was."""
+    changed = {}
     for path in documents(root):
         text = path.read_text()
         rendered = render_document(text, root)
         if rendered != text:
-            changed.append(path)
-            if not check:
-                path.write_text(rendered)
-    return changed
+            changed[path] = rendered
+    if not check:
+        with written_together(list(changed)) as built:
+            for path, rendered in changed.items():
+                write_text_atomic(built[path], rendered)
+    return list(changed)
 
 
 def publish(layout: Layout, name: str, root: Path) -> list[Path]:

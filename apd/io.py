@@ -1,6 +1,6 @@
 """Reading and writing artifact files safely: JSON, text and weights-only torch files, each written to a
-temporary file beside its target and renamed over it, so a reader never sees a partial file; whole
-directories swapped in one step.
+temporary file beside its target and renamed over it, so a reader never sees a partial file; several
+files replaced together once all are written; whole directories swapped in one step.
 
 Nothing here is ever unpickled: torch files are loaded with ``weights_only=True``.
 """
@@ -71,6 +71,24 @@ def hdf5_atomic(path: Path) -> Iterator[Any]:
     write_bytes_atomic(path, buffer.getvalue())
 
 
+@contextlib.contextmanager
+def written_together(finals: list[Path]) -> Iterator[dict[Path, Path]]:
+    """``with written_together([a, b]) as built:`` the block writes each final file's content to
+    ``built[final]``, a temporary name beside it; when the block ends without an error (and without a
+    Ctrl-C, :func:`apd.interrupts.raise_if_interrupted`) every one is renamed over its final name, else every
+    temporary is removed and no final file is touched. A failure while writing (a full disk, a rendering
+    error) so replaces none of them; the renames that follow need no space."""
+    built = {final: final.with_name(f".{final.name}.together.tmp") for final in finals}
+    try:
+        yield built
+        raise_if_interrupted()
+        for final, tmp in built.items():
+            os.replace(tmp, final)
+    finally:
+        for tmp in built.values():
+            tmp.unlink(missing_ok=True)
+
+
 def replace_directory(built: Path, final: Path) -> None:
     """Put the directory ``built`` in the place of ``final``. Where the system can (Linux's ``renameat2``),
     the two are exchanged in one atomic step, so ``final`` always names one complete directory or the
@@ -79,14 +97,23 @@ def replace_directory(built: Path, final: Path) -> None:
     (:func:`apd.interrupts.raise_if_interrupted`)."""
     raise_if_interrupted()
     if final.is_dir() and _exchange(built, final):
-        shutil.rmtree(built, ignore_errors=True)  # it now holds the old contents
+        remove_tree(built)  # it now holds the old contents
         return
     old = final.with_name(final.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
+    remove_tree(old)
+    if final.exists() or final.is_symlink():
         final.rename(old)
     built.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+    remove_tree(old)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove ``path``: a folder with what it holds, or a file or symbolic link in its place (never what a
+    link points to); nothing when there is none."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def restore_directory(final: Path) -> None:

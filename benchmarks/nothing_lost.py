@@ -153,6 +153,11 @@ class Proc:
     def stderr(self) -> str:
         return self.err.read_text(errors="replace") if self.err.exists() else ""
 
+    @property
+    def stdout(self) -> str:
+        out = self.err.with_suffix(".out")
+        return out.read_text(errors="replace") if out.exists() else ""
+
 
 class Runner:
     """Starts CLI runs: forks of this process (``apd`` already imported) or fresh interpreters."""
@@ -168,7 +173,7 @@ class Runner:
             import apd.pipeline.report  # noqa: F401
             import apd.pipeline.sample  # noqa: F401
 
-    def start(self, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+    def start(self, argv: list[str], env: dict[str, str] | None = None, cwd: Path = REPO) -> Proc:
         self.count += 1
         err = self.logs / f"{self.count:04d}.err"
         out = self.logs / f"{self.count:04d}.out"
@@ -176,7 +181,7 @@ class Runner:
         environment = {k: v for k, v in environment.items() if v is not None}
         if self.exec_mode:
             with open(out, "wb") as fo, open(err, "wb") as fe:
-                popen = subprocess.Popen([sys.executable, "-m", "apd", *argv], cwd=REPO, env=environment,
+                popen = subprocess.Popen([sys.executable, "-m", "apd", *argv], cwd=cwd, env=environment,
                                          stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
             return Proc(popen.pid, err, popen)
         sys.stdout.flush()
@@ -191,7 +196,7 @@ class Runner:
                     os.close(handle)
                 os.environ.clear()
                 os.environ.update(environment)
-                os.chdir(REPO)
+                os.chdir(cwd)
                 signal.signal(signal.SIGINT, signal.default_int_handler)
                 from apd.cli import main
 
@@ -447,11 +452,11 @@ class Env:
         return [command, "--config", str(config or self.h.config), "--artifacts", str(root or self.root),
                 "--quiet", *extra]
 
-    def start(self, command: str, *extra: str, env: dict | None = None, **kw) -> Proc:
-        return self.h.runner.start(self.argv(command, *extra, **kw), env)
+    def start(self, command: str, *extra: str, env: dict | None = None, cwd: Path = REPO, **kw) -> Proc:
+        return self.h.runner.start(self.argv(command, *extra, **kw), env, cwd)
 
-    def run(self, command: str, *extra: str, env: dict | None = None, **kw) -> Proc:
-        proc = self.start(command, *extra, env=env, **kw)
+    def run(self, command: str, *extra: str, env: dict | None = None, cwd: Path = REPO, **kw) -> Proc:
+        proc = self.start(command, *extra, env=env, cwd=cwd, **kw)
         proc.wait()
         return proc
 
@@ -475,11 +480,12 @@ class Env:
             self.fail(f"{label}stderr lacks /{has}/: {_last(err)}")
 
     def cli(self, command: str, *extra: str, rc: int | set[int] = 2, has: str | None = None,
-            same: bool = True, env: dict | None = None, **kw) -> Proc:
-        """Run one command; check it (``check``) and, with ``same``, that no complete artifact changed."""
+            same: bool = True, env: dict | None = None, cwd: Path = REPO, **kw) -> Proc:
+        """Run one command (in ``cwd``); check it (``check``) and, with ``same``, that no complete artifact
+        changed."""
         before = snapshot(self.dir)
         broken = manifest_problems(self.dir)
-        proc = self.run(command, *extra, env=env, **kw)
+        proc = self.run(command, *extra, env=env, cwd=cwd, **kw)
         self.check(proc, rc, has)
         if same:
             self.same(before)
@@ -980,6 +986,61 @@ def _disk_reuse(env: Env) -> None:
     env.same(before, root / NAME)
 
 
+FRONTIER = ["--option", "budgets=[2]", "--option", "steps=10", "--option", "subsets=2"]
+
+
+@case("disk-full-frontier", "disk", "experiment frontier again with 2 kB free (tmpfs): its JSON and Markdown fit, "
+      "its figure does not", "exit 2, one line; frontier.json, .md and .png all as they were", issue=True)
+def _disk_frontier(env: Env) -> None:
+    env.cli("experiment", "frontier", *FRONTIER, rc=0, same=False)
+    root = env.tmpfs(2000)
+    out = root / NAME / "experiments"
+    before = snapshot(out)
+    env.check(env.run("experiment", "frontier", *FRONTIER, "--option", "subsets=3", root=root), 2, has="No space")
+    env.same(before, out)
+    if sorted(p.name for p in out.iterdir()) != ["frontier.json", "frontier.md", "frontier.png"]:
+        env.fail(f"left in experiments/: {sorted(p.name for p in out.iterdir())}")
+
+
+def docs_project(env: Env, changes: dict[str, Callable[[dict], object] | str]) -> Path:
+    """A copy of README.md and docs/ under the case's folder, with each ``docs/results/`` file of ``changes``
+    changed by its function (on the parsed JSON) or replaced by its text."""
+    project = env.base / "project"
+    project.mkdir()
+    shutil.copy(REPO / "README.md", project)
+    shutil.copytree(REPO / "docs", project / "docs")
+    for name, change in changes.items():
+        path = project / "docs" / "results" / name
+        if isinstance(change, str):
+            path.write_text(change)
+        else:
+            data = json.loads(path.read_text())
+            change(data)
+            path.write_text(json.dumps(data))
+    return project
+
+
+DOCS = [("corrupt-file-and-a-change", {"fashion-lenet5/precision.json": "{",
+                                       "digits/results.json": lambda d: d["machine"].update(cpu="Another CPU")},
+         "precision.json"),
+        ("machine-not-a-table", {"digits/results.json": lambda d: d.update(machine=5)}, "field 'machine'"),
+        ("mean-not-a-number", {"digits/results.json": lambda d: d["accuracy"]["apd"]["acc"].update(mean="high")},
+         r"field 'accuracy\.apd\.acc\.mean'"),
+        ("samples-without-diagnostics", {"digits/samples.json": lambda d: d.pop("diagnostics")},
+         "samples.json: field 'diagnostics'")]
+for _id, _changes, _has in DOCS:
+    @case(f"docs-{_id}", "validate", f"report --docs with {', '.join(_changes)} changed",
+          "exit 2, one line naming the file (and field); no document written", issue=True)
+    def _docs_case(env: Env, changes=_changes, has=_has) -> None:
+        project = docs_project(env, changes)
+        before = snapshot(project)
+        env.cli("report", "--docs", has=has, cwd=project)
+        env.same(before, project)
+        leftovers = [str(p.relative_to(project)) for p in project.rglob("*.tmp")]
+        if leftovers:
+            env.fail(f"temporaries left: {leftovers}")
+
+
 for _command, _extra, _rc, _issue in (("sample", [], 2, True), ("sample", ["--force"], 2, False),
                                       ("distill", ["--force"], 2, False), ("evaluate", ["--force"], 2, True),
                                       ("report", [], 2, False), ("info", [], 0, False)):
@@ -989,6 +1050,26 @@ for _command, _extra, _rc, _issue in (("sample", [], 2, True), ("sample", ["--fo
     def _ro_case(env: Env, command=_command, extra=_extra, rc=_rc) -> None:
         env.read_only()
         env.cli(command, *extra, rc=rc)
+
+
+for _rank, _port in (("1", "1"), ("0", "29561")):
+    @case(f"torchrun-rank{_rank}-without-peers", "validate",
+          f"sample with RANK={_rank} WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT={_port} and no other worker",
+          "exit 2 after APD_JOIN_TIMEOUT (5 s), one line, unchanged; the lock is free again", issue=True)
+    def _torchrun_alone(env: Env, rank=_rank, port=_port) -> None:
+        variables = {"RANK": rank, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                     "APD_JOIN_TIMEOUT": "5"}
+        env.cli("sample", "--force", has="did not join", env=variables)
+        env.cli("info", rc=0)
+
+
+for _command, _rc in (("evaluate", 2), ("distill", 2), ("info", 0)):
+    @case(f"artifacts-missing-{_command}", "validate", f"{_command} --artifacts DIR/THAT/DOES/NOT/EXIST",
+          f"exit {_rc}; no folder created", issue=_command == "evaluate")
+    def _artifacts_missing(env: Env, command=_command, rc=_rc) -> None:
+        env.check(env.run(command, root=env.base / "nowhere" / "deeper"), rc)
+        if (env.base / "nowhere").exists():
+            env.fail(f"created {sorted(str(p.relative_to(env.base)) for p in (env.base / 'nowhere').rglob('*'))}")
 
 
 for _command in ("sample", "evaluate", "info"):
@@ -1255,6 +1336,12 @@ BAD_CONFIG = [
     ("bad-compression", "sample", ["--set", 'sgld.compression="zip"'], "compression"),
     ("ood-dirs-not-table", "evaluate", ["--set", 'data.ood_dirs="x"'], "ood_dirs"),
     ("train-split-too-large", "sample", ["--set", "data.train_size=1700"], "digits has"),
+    ("thin-keeps-no-sample", "sample", ["--set", "sgld.thin=5000"], "keep no sample"),
+    ("iterations-1e18", "sample", ["--set", "sgld.iterations=1000000000000000000"], "No space left"),
+    ("val-size-below-classes", "info", ["--set", "data.val_size=1"], "val_size"),
+    ("one-network", "evaluate", ["--set", "evaluate.networks=1"], "networks"),
+    ("prior-var-inf", "sample", ["--set", "sgld.prior_var=inf"], "prior_var"),
+    ("weight-decay-inf", "sample", ["--set", "baselines.weight_decay=inf"], "weight_decay"),
 ]
 for _id, _command, _extra, _has in BAD_CONFIG:
     @case(f"config-{_id}", "config", f"{_command} {' '.join(_extra)}", "exit 2, one line, unchanged")
@@ -1341,6 +1428,58 @@ for _command in ("sample", "distill", "evaluate", "report", "info"):
     @case(f"reuse-{_command}", "reuse", f"{_command} again on the complete set", "exit 0, every artifact unchanged")
     def _reuse(env: Env, command=_command) -> None:
         env.cli(command, rc=0, same=True)
+
+
+for _command in ("evaluate", "report", "sample"):
+    @case(f"quiet-{_command}", "reuse", f"{_command} --quiet on the complete set", "exit 0; prints nothing",
+          issue=_command == "evaluate")
+    def _quiet(env: Env, command=_command) -> None:
+        proc = env.cli(command, rc=0)
+        if proc.stdout or proc.stderr:
+            env.fail(f"printed {len((proc.stdout + proc.stderr).splitlines())} lines with --quiet")
+
+
+@case("info-names-leftovers", "reuse", "info with a shard, checkpoints and eval.partial left by interrupted runs",
+      "exit 0; one line per stage naming its leftovers and the command that finishes it", issue=True)
+def _info_leftovers(env: Env) -> None:
+    for name in ("samples-0.partial.h5", "samples-0.ckpt.pt", "generator.ckpt.pt", "eval.partial/scores.h5"):
+        env.path(name).parent.mkdir(exist_ok=True)
+        env.path(name).write_bytes(b"")
+    said = [line for line in env.cli("info", rc=0).stdout.splitlines() if line.startswith("interrupted ")]
+    for stage in ("sample", "distill", "evaluate"):
+        if sum(f"run `apd {stage} --config" in line for line in said) != 1:
+            env.fail(f"no line names `apd {stage}`: {said}")
+
+
+for _command in ("sample", "info"):
+    @case(f"lock-is-a-directory-{_command}", "validate", f"{_command} with NAME/.lock a directory",
+          "exit 2, one line naming the lock, unchanged", issue=_command == "sample")
+    def _lock_dir(env: Env, command=_command) -> None:
+        env.path(".lock").unlink(missing_ok=True)
+        env.path(".lock").mkdir()
+        env.cli(command, has=re.escape(str(env.path(".lock"))) + ": a directory")
+
+
+@case("eval-is-a-symlink", "validate", "evaluate --force twice with NAME/eval a symbolic link to a folder elsewhere",
+      "exit 2 both times, one line naming the link; the folder it points to unchanged", issue=True)
+def _eval_symlink(env: Env) -> None:
+    elsewhere = env.base / "elsewhere"
+    elsewhere.mkdir()
+    env.path("eval").rename(elsewhere / "eval")
+    env.path("eval").symlink_to(elsewhere / "eval")
+    before = snapshot(elsewhere)
+    for _ in range(2):
+        env.cli("evaluate", "--force", has="eval: a symbolic link")
+    env.same(before, elsewhere)
+
+
+@case("ascii-terminal-info", "reuse", "PYTHONIOENCODING=ascii python -m apd info (it prints ×)",
+      "exit 0; the character escaped, nothing on stderr", issue=True)
+def _ascii_info(env: Env) -> None:
+    result = subprocess.run([sys.executable, "-m", "apd", *env.argv("info")], cwd=REPO, capture_output=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONIOENCODING": "ascii"}, timeout=600)
+    if result.returncode or result.stderr or b"\\xd7" not in result.stdout:
+        env.fail(f"exit {result.returncode}: {_last(result.stderr.decode(errors='replace'))}")
 
 
 @case("reuse-sample-then-resample-same", "reuse", "sample --force with the same config",

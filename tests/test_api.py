@@ -57,3 +57,27 @@ def test_a_cuda_device_that_is_not_here_fails_at_load(tiny_pipeline, monkeypatch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="'cuda' requested but no CUDA device is available"):
         apd.load(root / "tiny", method, device="cuda")
+
+
+@pytest.mark.parametrize(("method", "change"), [
+    ("sgd", lambda m: m.pop("sizes")), ("sgd", lambda m: m.update(sizes="64-32-10")),
+    ("sgd", lambda m: m.update(sizes=[64, 0, 10])), ("mcdropout", lambda m: m.update(dropout="half")),
+    ("mcdropout", lambda m: m.update(conv=[6])),
+])
+def test_a_baseline_manifest_without_a_valid_network_is_one_artifact_error(tiny_pipeline, tmp_path, method, change):
+    import json
+    import shutil
+
+    import apd
+    from apd.errors import ArtifactError
+
+    root, _ = tiny_pipeline
+    copy = tmp_path / "tiny"
+    shutil.copytree(root / "tiny" / "baselines", copy / "baselines")
+    manifest = copy / "baselines" / f"{method}.json"
+    record = json.loads(manifest.read_text())
+    change(record)
+    manifest.write_text(json.dumps(record))
+    with pytest.raises(ArtifactError, match=re.escape(str(manifest.with_suffix(""))) + r"\.(json|pt): ") as err:
+        apd.load(copy, method)
+    assert "\n" not in str(err.value)

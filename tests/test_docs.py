@@ -55,6 +55,34 @@ def test_check_reports_a_stale_document_and_writing_fixes_it(project):
     assert render_docs(project, check=True) == []
 
 
+def test_a_results_file_that_does_not_render_leaves_every_document_as_it_was(project):
+    (project / "README.md").write_text("<!-- results:demo:timing -->\nold\n<!-- end -->\n")
+    (project / "docs" / "a.md").write_text("<!-- results:demo:storage -->\nold\n<!-- end -->\n")
+    (project / "docs" / "b.md").write_text("<!-- results:broken:precision -->\nold\n<!-- end -->\n")
+    (project / "docs" / "results" / "broken").mkdir()
+    (project / "docs" / "results" / "broken" / "precision.json").write_text("{")
+    before = {path: path.read_text() for path in documents(project)}
+    with pytest.raises(ArtifactError, match="precision.json: not valid JSON"):
+        render_docs(project)
+    assert {path: path.read_text() for path in documents(project)} == before
+    assert sorted(p.name for p in project.rglob("*.tmp")) == []
+
+
+@pytest.mark.parametrize(("file", "change", "table", "field"), [
+    ("results.json", lambda d: d.update(machine=5), "machine", "'machine'"),
+    ("results.json", lambda d: d["accuracy"]["apd"]["acc"].update(mean="high"), "accuracy", "'accuracy.apd.acc.mean'"),
+    ("samples.json", lambda d: d.pop("diagnostics"), "diagnostics", "'diagnostics'"),
+])
+def test_a_field_of_the_wrong_type_is_one_error_naming_file_and_field(project, file, change, table, field):
+    path = project / "docs" / "results" / "demo" / file
+    data = json.loads(path.read_text()) if path.is_file() else {"diagnostics": {}}
+    change(data)
+    path.write_text(json.dumps(data))
+    with pytest.raises(ArtifactError) as err:
+        render_document(f"<!-- results:demo:{table} -->\n<!-- end -->\n", project)
+    assert str(err.value).startswith(f"{path}: field {field}: missing or of the wrong type")
+
+
 def test_committed_documents_match_the_committed_results():
     """README.md and docs/*.md are exactly what `make docs` renders from docs/results/."""
     assert render_docs(ROOT, check=True) == []

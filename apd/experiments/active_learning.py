@@ -47,7 +47,7 @@ from apd.distillation.codec import storage_in_samples
 from apd.errors import ArtifactError, ConfigError
 from apd.experiments.active_models import ActivePlan, BatchTimes, fit_models, plan_from_options, trajectories
 from apd.experiments.active_report import draw_figure, render_markdown, write_csv
-from apd.io import read_json, write_json_atomic
+from apd.io import read_json, write_json_atomic, write_text_atomic, written_together
 from apd.metrics import accuracy
 from apd.nets import ParamSpec
 from apd.pipeline.runtime import RunContext
@@ -351,12 +351,16 @@ def summarise(ctx: RunContext, plan: ActivePlan, state: dict) -> dict:
 
 
 def write_outputs(ctx: RunContext, results: dict) -> None:
-    """``experiments/active_learning.{json,csv,md,png}`` (:mod:`apd.experiments.active_report`); prints the
-    Markdown."""
+    """``experiments/active_learning.{json,csv,md,png}`` (:mod:`apd.experiments.active_report`), the four
+    replaced together once all are written; prints the Markdown (not with ``--quiet``)."""
     out = ctx.layout.experiments
-    write_json_atomic(out / "active_learning.json", results)
-    write_csv(out / "active_learning.csv", results)
-    markdown = render_markdown(results)
-    (out / "active_learning.md").write_text(markdown)
-    draw_figure(results, out / "active_learning.png")
-    print(markdown)
+    files = [out / f"active_learning.{suffix}" for suffix in ("json", "csv", "md", "png")]
+    out.mkdir(parents=True, exist_ok=True)
+    with written_together(files) as built:
+        write_json_atomic(built[files[0]], results)
+        write_csv(built[files[1]], results)
+        markdown = render_markdown(results)
+        write_text_atomic(built[files[2]], markdown)
+        draw_figure(results, built[files[3]])
+    if not ctx.quiet:
+        print(markdown)

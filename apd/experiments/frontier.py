@@ -347,5 +347,5 @@ def run_frontier(ctx: RunContext, options: list[str]) -> dict:
     print the table."""
     plan = plan_from_options(options, FrontierPlan)
     results = frontier(ctx, plan)
-    write_study(ctx.layout.experiments, study_stem(plan), results, render_table, draw_figure)
+    write_study(ctx.layout.experiments, study_stem(plan), results, render_table, draw_figure, show=not ctx.quiet)
     return results

@@ -1,5 +1,6 @@
 """What every study leaves: ``experiments/STEM.json`` (its results), ``STEM.md`` (its table) and
-``STEM.png`` (its figure), each written atomically, the table printed; and the one way a study runs from
+``STEM.png`` (its figure), replaced together once all are written, the table printed (not with
+``--quiet``); and the one way a study runs from
 its ``--option`` strings to those files."""
 
 from __future__ import annotations
@@ -9,19 +10,24 @@ from pathlib import Path
 from typing import Any
 
 from apd.experiments.options import plan_from_options
-from apd.io import write_json_atomic, write_text_atomic
+from apd.io import write_json_atomic, write_text_atomic, written_together
 from apd.pipeline.runtime import RunContext
 
 
 def write_study(out: Path, stem: str, results: dict, render: Callable[[dict], str],
-                draw: Callable[[dict, Path], None]) -> str:
-    """Write ``results`` as JSON, ``render(results)`` as Markdown and ``draw(results, png)`` under ``out``;
-    print and return the Markdown."""
-    write_json_atomic(out / f"{stem}.json", results)
-    markdown = render(results)
-    write_text_atomic(out / f"{stem}.md", markdown)
-    draw(results, out / f"{stem}.png")
-    print(markdown)
+                draw: Callable[[dict, Path], None], show: bool) -> str:
+    """Write ``results`` as JSON, ``render(results)`` as Markdown and ``draw(results, png)`` under ``out``,
+    replacing the three together once all are written (:func:`apd.io.written_together`); return the
+    Markdown, printed when ``show``."""
+    json_file, md_file, png_file = (out / f"{stem}.{suffix}" for suffix in ("json", "md", "png"))
+    out.mkdir(parents=True, exist_ok=True)
+    with written_together([json_file, md_file, png_file]) as built:
+        write_json_atomic(built[json_file], results)
+        markdown = render(results)
+        write_text_atomic(built[md_file], markdown)
+        draw(results, built[png_file])
+    if show:
+        print(markdown)
     return markdown
 
 
@@ -31,5 +37,5 @@ def run_study(ctx: RunContext, options: list[str], plan: type, compute: Callable
     (:func:`~apd.experiments.options.plan_from_options`), written by :func:`write_study` under
     ``ctx.layout.experiments``; returns the results."""
     results = compute(ctx, plan_from_options(options, plan))
-    write_study(ctx.layout.experiments, stem, results, render, draw)
+    write_study(ctx.layout.experiments, stem, results, render, draw, show=not ctx.quiet)
     return results

@@ -12,9 +12,11 @@ The group carries little: each worker's report at the end (:meth:`Group.gather`)
 monitoring tensors (a few kB), rank 0's outcome and a barrier; samples go to each worker's own file. So
 the backend is gloo on every device, over TCP: it needs no GPU per rank, where NCCL refuses two ranks on one
 card ("Duplicate GPU detected"), and its messages cost nothing beside the sampling. A worker on CUDA samples
-on GPU ``LOCAL_RANK mod count``. Its collectives
-wait up to :data:`TIMEOUT`, since a worker with fewer chains waits at the gather for the others to finish
-sampling (a worker that dies is noticed by the launcher, which stops the rest).
+on GPU ``LOCAL_RANK mod count``. A worker waits for the others to join for :func:`join_timeout` (the
+environment variable ``APD_JOIN_TIMEOUT``, in seconds; 300 by default), saying so, and gives up with one
+line after it (torchrun variables set without the other workers started). Its collectives wait up to
+:data:`TIMEOUT`, since a worker with fewer chains waits at the gather for the others to finish sampling (a
+worker that dies is noticed by the launcher, which stops the rest).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import contextlib
 import datetime
 import json
 import logging
+import math
 import os
 import socket
 import sys
@@ -37,13 +40,29 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from apd import errors
-from apd.errors import ApdError, ArtifactError
+from apd.errors import ApdError, ArtifactError, ConfigError
 from apd.interrupts import noting_interrupts
 
 log = logging.getLogger(__name__)
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 TIMEOUT = datetime.timedelta(days=30)
+JOIN_TIMEOUT_VARIABLE, JOIN_TIMEOUT_DEFAULT = "APD_JOIN_TIMEOUT", 300.0
+
+
+def join_timeout() -> float:
+    """Seconds a worker waits for the others to join: ``APD_JOIN_TIMEOUT``, or 300; a value that is not a
+    positive number is a :class:`ConfigError`."""
+    text = os.environ.get(JOIN_TIMEOUT_VARIABLE, "")
+    if not text:
+        return JOIN_TIMEOUT_DEFAULT
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ConfigError(f"{JOIN_TIMEOUT_VARIABLE}={text!r}: expected a positive number of seconds")
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -72,17 +91,19 @@ def worker_device(device: torch.device, local_rank: int) -> torch.device:
 
 @dataclass(frozen=True)
 class Group:
-    """The workers' process group as seen from one worker (``size`` 1: no group, every call local)."""
+    """The workers' process group as seen from one worker (``size`` 1: no group, every call local); its
+    collectives run in ``handle``, a group of the same workers that waits up to :data:`TIMEOUT`."""
 
     rank: int
     size: int
+    handle: Any = None
 
     def gather(self, obj: Any) -> list[Any]:
         """Every worker's ``obj`` (picklable), in rank order, on every worker."""
         if self.size == 1:
             return [obj]
         out: list[Any] = [None] * self.size
-        dist.all_gather_object(out, obj)
+        dist.all_gather_object(out, obj, group=self.handle)
         return out
 
     def broadcast(self, obj: Any) -> Any:
@@ -90,36 +111,64 @@ class Group:
         if self.size == 1:
             return obj
         box = [obj]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, group=self.handle)
         return box[0]
 
     def barrier(self) -> None:
         """Wait until every worker reaches this call."""
         if self.size > 1:
-            dist.barrier()
+            dist.barrier(group=self.handle)
 
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """The element-wise sum of every worker's ``tensor`` (same shape everywhere)."""
         if self.size == 1:
             return tensor
         total = tensor.cpu().clone()
-        dist.all_reduce(total)
+        dist.all_reduce(total, group=self.handle)
         return total.to(tensor.device)
 
 
 @contextlib.contextmanager
 def process_group(rank: int, size: int, device: torch.device, init_method: str = "env://") -> Iterator[Group]:
-    """Join the group (gloo, module docstring) for the ``with`` block; ``size`` 1 forms none."""
+    """Join the group (gloo, module docstring) for the ``with`` block; ``size`` 1 forms none. Workers that do
+    not all join within :func:`join_timeout` are a :class:`ConfigError` naming where they were awaited."""
     if size == 1:
         yield Group(0, 1)
         return
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=size, timeout=TIMEOUT)
+    seconds = join_timeout()
+    where = (f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}" if init_method == "env://"
+             else init_method)
+    log.info("worker %d/%d: waiting up to %g s for the other workers to join at %s (%s sets the seconds)", rank, size,
+             seconds, where, JOIN_TIMEOUT_VARIABLE)
     try:
-        yield Group(rank, size)
+        with _native_stderr_dropped():  # c10d's own lines on each failed try to connect
+            dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=size,
+                                    timeout=datetime.timedelta(seconds=seconds))
+    except dist.DistError:
+        raise ConfigError(f"worker {rank} of {size}: the other workers did not join at {where} within {seconds:g} s "
+                          f"({JOIN_TIMEOUT_VARIABLE}); start all of them (torchrun), or unset RANK and WORLD_SIZE "
+                          "to sample without torchrun") from None
+    try:
+        yield Group(rank, size, dist.new_group(backend="gloo", timeout=TIMEOUT))
     finally:
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _native_stderr_dropped() -> Iterator[None]:
+    """Whatever native code writes to file descriptor 2 in the block is dropped (Python's own ``sys.stderr``
+    is flushed first)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def free_port() -> int:

@@ -14,7 +14,6 @@ Everything is built in ``eval.partial/`` and swapped in for ``eval/`` when compl
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from contextlib import ExitStack
 
@@ -23,7 +22,7 @@ import torch
 
 from apd.config import config_hash
 from apd.data import available_ood, ood_set
-from apd.errors import DataError
+from apd.errors import ArtifactError, DataError
 from apd.evaluation.fidelity import fidelity
 from apd.evaluation.protocol import EvaluationInputs, Judgement, judge
 from apd.evaluation.yardstick import (
@@ -35,13 +34,13 @@ from apd.evaluation.yardstick import (
     quality,
     reference_predictive,
 )
-from apd.io import hdf5_atomic, read_json, replace_directory, restore_directory, write_json_atomic
+from apd.io import hdf5_atomic, read_json, remove_tree, replace_directory, restore_directory, write_json_atomic
 from apd.metrics import mean_std
 from apd.pipeline.adversarial import evaluate_adversarial
 from apd.pipeline.layout import manifest_of
 from apd.pipeline.manifests import file_digest, is_complete, manifest_record, write_manifest
 from apd.pipeline.methods import METHODS, fit_mixture, load_methods, method_inputs
-from apd.pipeline.report import run_report, write_report
+from apd.pipeline.report import print_summary, report_again, write_report
 from apd.pipeline.runtime import RunContext, machine, stopwatch, torch_threads
 from apd.posteriors import Posterior
 from apd.samplers.store import SampleStore
@@ -81,8 +80,11 @@ def run_evaluate(ctx: RunContext) -> dict:
     restore_directory(layout.eval_dir)
     if not ctx.force and is_complete(layout.evaluate_manifest, stage_hash, method_inputs(ctx)):
         log.info("reusing %s (--force to redo)", layout.results)
-        run_report(ctx)
+        print_summary(ctx, report_again(ctx)[0])
         return {}
+    if layout.eval_dir.is_symlink():
+        raise ArtifactError(f"{layout.eval_dir}: a symbolic link; `apd evaluate` replaces this folder whole, so it "
+                            "must be a folder of its own (put what the link points to in its place)")
     started = time.perf_counter()
     with ExitStack() as stack:
         stack.enter_context(torch_threads(cfg.evaluate.threads))
@@ -90,7 +92,7 @@ def run_evaluate(ctx: RunContext) -> dict:
         loading: dict[str, float] = {}
         methods, inputs = load_methods(ctx, stack, details, loading)
         built = layout.eval_dir.with_name("eval.partial")
-        shutil.rmtree(built, ignore_errors=True)
+        remove_tree(built)
         built.mkdir(parents=True)
         results = evaluate_methods(ctx, methods, stack, built)
         results["peers"] = details
@@ -103,13 +105,13 @@ def run_evaluate(ctx: RunContext) -> dict:
     write_json_atomic(built / "results.json", results)
     results = read_json(built / "results.json")  # tables from what results.json holds, as `apd report` makes them
     generator_json = layout.generator.with_suffix(".json")
-    text = write_report(built, results, generator_json if generator_json.is_file() else None)
+    write_report(built, results, generator_json if generator_json.is_file() else None)
     digests = {name: file_digest(built / name) for name in RECORDED_FILES}
     write_manifest(built / layout.evaluate_manifest.name,
                    {**manifest_record("evaluate", stage_hash, inputs, seconds=results["timing"]["total"]),
                     "files": digests})
     replace_directory(built, layout.eval_dir)
-    print(text)
+    print_summary(ctx, results)
     return results
 
 

@@ -24,7 +24,10 @@ from apd.errors import ArtifactError
 
 @contextlib.contextmanager
 def artifact_lock(lock_path: Path, shared: bool = False) -> Iterator[None]:
-    """Hold the lock at ``lock_path`` (exclusive, or ``shared``) for the ``with`` block; never waits."""
+    """Hold the lock at ``lock_path`` (exclusive, or ``shared``) for the ``with`` block; never waits. The
+    folders it creates for the lock are removed again when the block leaves nothing else in them (a command
+    that failed, or only read), so that a command leaves no folder it did not need."""
+    created = [folder for folder in (lock_path.parent, *lock_path.parent.parents) if not folder.exists()]
     try:
         lock_path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -32,6 +35,8 @@ def artifact_lock(lock_path: Path, shared: bool = False) -> Iterator[None]:
         if shared and exc.errno == errno.EROFS:
             yield
             return
+        if exc.errno == errno.EISDIR:
+            raise ArtifactError(f"{lock_path}: a directory where apd keeps its lock file; move it away") from None
         raise ArtifactError(f"{lock_path.parent}: cannot write there ({exc.strerror})") from None
     try:
         try:
@@ -46,6 +51,11 @@ def artifact_lock(lock_path: Path, shared: bool = False) -> Iterator[None]:
                 os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
     finally:
+        with contextlib.suppress(OSError):
+            if created and os.listdir(lock_path.parent) == [lock_path.name]:
+                lock_path.unlink()
+                for folder in created:  # the deepest first; one another process has filled stays
+                    folder.rmdir()
         os.close(fd)  # closing the descriptor releases the lock
 
 

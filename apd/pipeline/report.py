@@ -13,7 +13,7 @@ from apd.pipeline.figures import write_figures
 from apd.pipeline.manifests import file_digest
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.table_format import write_csv
-from apd.pipeline.tables import assemble, build_tables
+from apd.pipeline.tables import assemble, build_tables, summary
 
 
 def write_report(eval_dir: Path, results: dict, generator_json: Path | None = None) -> str:
@@ -31,7 +31,22 @@ def write_report(eval_dir: Path, results: dict, generator_json: Path | None = No
 
 
 def run_report(ctx: RunContext) -> None:
-    """``apd report``: render the tables and figures again from ``eval/results.json`` and print the tables."""
+    """``apd report``: render the tables and figures again from ``eval/results.json`` and print the tables
+    (not with ``--quiet``)."""
+    markdown = report_again(ctx)[1]
+    if not ctx.quiet:
+        print(markdown)
+
+
+def print_summary(ctx: RunContext, results: dict) -> None:
+    """Print the closing summary of an evaluation (:func:`apd.pipeline.tables.summary`), not with ``--quiet``."""
+    if not ctx.quiet:
+        print(summary(results, ctx.layout.eval_dir / "tables.md"))
+
+
+def report_again(ctx: RunContext) -> tuple[dict, str]:
+    """Render the tables and figures again from ``eval/results.json`` (checked against the evaluation's
+    manifest); returns the results and the Markdown of ``tables.md``."""
     layout = ctx.layout
     restore_directory(layout.eval_dir)
     results_path = layout.results
@@ -47,4 +62,4 @@ def run_report(ctx: RunContext) -> None:
         markdown = write_report(layout.eval_dir, results, layout.generator.with_suffix(".json"))
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise ArtifactError(f"{results_path}: malformed results ({type(exc).__name__}: {exc})") from None
-    print(markdown)
+    return results, markdown

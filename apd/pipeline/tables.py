@@ -260,3 +260,25 @@ def render_tables(results: dict) -> str:
     """The Markdown of ``tables.md``: a header (pipeline, data, runs, ensemble sizes, device, detection
     conventions) and every table laid out as in Wang et al. (2018), so the two can be read side by side."""
     return assemble(results, build_tables(results))
+
+
+SUMMARY_METHODS = ("sgld", "apd")  # what the pipeline compares: the rows of a run's closing summary
+
+
+def summary(results: dict, tables_md: object) -> str:
+    """What ``apd evaluate`` prints at its end instead of ``tables.md``: SGLD's and APD's accuracy and mean OOD
+    AUROC per score (those results.json holds), and where every table is (``tables_md``)."""
+    lines = []
+    accuracy = results.get("accuracy") or {}
+    shown = [f"{method_label(m)} {accuracy[m]['acc']['mean']:.4f}" for m in SUMMARY_METHODS if m in accuracy]
+    if shown:
+        lines.append("accuracy: " + ", ".join(shown))
+    ood = results.get("ood") or {}
+    for score in _ood_scores(ood):
+        shown = [f"{method_label(m)} {value:.1f}" for m in SUMMARY_METHODS
+                 if (value := mean_auroc(ood, score, m)) is not None]
+        if shown:
+            lines.append(f"mean OOD AUROC, {score_label(score)}: " + ", ".join(shown))
+    lines.append(f"every table: {tables_md}")
+    return "\n".join(lines)
+

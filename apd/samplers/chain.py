@@ -149,6 +149,6 @@ def is_thinned_sample(s: SGLDConfig, schedule: StepSchedule, t: int) -> bool:
 
 
 def thinned_count(s: SGLDConfig, schedule: StepSchedule | None = None) -> int:
-    """How many iterates one chain keeps."""
+    """How many iterates one chain keeps (those :func:`is_thinned_sample` keeps), in closed form."""
     schedule = schedule or make_schedule(s)
-    return sum(is_thinned_sample(s, schedule, t) for t in range(s.burn_in, s.iterations))
+    return schedule.sampling_count(s.burn_in + s.thin - 1, s.thin, max(0, (s.iterations - s.burn_in) // s.thin))

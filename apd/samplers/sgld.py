@@ -278,6 +278,11 @@ class StepSchedule(ABC):
         """Whether iteration t injects Langevin noise (off means a plain gradient step)."""
         return True
 
+    def sampling_count(self, start: int, step: int, n: int) -> int:
+        """How many of the n iterations start, start + step, …, start + (n − 1)·step are in the sampling
+        phase (:meth:`is_sampling`), in closed form: no loop over the iterations."""
+        return n
+
     def apply(self, optimizer: Optimizer, t: int, temperature: float = 1.0) -> None:
         """Set every param group's ``lr`` to lr_t and its ``temperature`` to ``temperature``, or to 0
         where :meth:`noise_on` says the step injects no noise."""
@@ -358,8 +363,34 @@ class CyclicalSchedule(StepSchedule):
     def is_sampling(self, t: int) -> bool:
         return self._phase(t) >= self.explore_fraction
 
+    def sampling_count(self, start: int, step: int, n: int) -> int:
+        # t samples when mod(t, L) ≥ r0, the first offset whose phase reaches explore_fraction (found with
+        # the float comparison is_sampling makes), and [mod(t, L) ≥ r0] = ⌊(t + L − r0)/L⌋ − ⌊t/L⌋
+        length = self.cycle_length
+        r0 = min(length, math.ceil(self.explore_fraction * length))
+        while r0 > 0 and (r0 - 1) / length >= self.explore_fraction:
+            r0 -= 1
+        while r0 < length and r0 / length < self.explore_fraction:
+            r0 += 1
+        return floor_sum(n, length, step, start + length - r0) - floor_sum(n, length, step, start)
     def noise_on(self, t: int) -> bool:
         return self.is_sampling(t)
+
+
+def floor_sum(n: int, m: int, a: int, b: int) -> int:
+    """Σ_{i<n} ⌊(a·i + b)/m⌋ for n ≥ 0, m ≥ 1 and a, b ≥ 0, in O(log m) steps (Euclid-like reduction)."""
+    total = 0
+    while True:
+        if a >= m:
+            total += n * (n - 1) // 2 * (a // m)
+            a %= m
+        if b >= m:
+            total += n * (b // m)
+            b %= m
+        top = a * n + b
+        if top < m:
+            return total
+        n, b, m, a = top // m, top % m, a, m
 
 
 def make_schedule(cfg: SGLDConfig) -> StepSchedule:

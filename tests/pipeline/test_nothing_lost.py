@@ -344,6 +344,20 @@ def test_seed_out_of_range(art, seed):
     art.fails("sample", "--set", f"seed={seed}", match="'seed'")
 
 
+@pytest.mark.parametrize(("command", "setting", "match"), [
+    ("sample", "sgld.thin=5000", "keep no sample"),
+    ("sample", "sgld.iterations=1000000000000000000", "No space left for the sample store"),
+    ("info", "data.val_size=1", "'data.val_size' \\(1\\) must be at least the number of classes"),
+    ("evaluate", "evaluate.networks=1", "'evaluate.networks' must be at least 2"),
+    ("sample", "sgld.prior_var=inf", "'sgld.prior_var' must be a finite number"),
+    ("sample", "baselines.weight_decay=inf", "'baselines.weight_decay' must be a finite number"),
+])
+def test_a_config_that_cannot_work_is_one_line_before_any_work(art, command, setting, match):
+    started = time.perf_counter()
+    art.fails(command, "--set", setting, match=match)
+    assert time.perf_counter() - started < 60
+
+
 @pytest.mark.parametrize("name", ["../../x", "a/b", "..", ".", "", "ABSOLUTE"])
 def test_name_must_be_a_plain_file_name(art, tmp_path, name):
     name = str(tmp_path / "absolute") if name == "ABSOLUTE" else name
@@ -473,6 +487,53 @@ def test_artifacts_pointing_at_a_file(art, tmp_path):
     assert plain.read_text() == "x"
 
 
+@pytest.mark.parametrize("variables", [{"RANK": "1", "MASTER_PORT": "1"}, {"RANK": "0", "MASTER_PORT": "FREE"}],
+                         ids=["rank1-nobody-listening", "rank0-alone"])
+def test_a_torchrun_worker_without_its_peers_gives_up_after_the_join_timeout(art, monkeypatch, variables):
+    from apd.pipeline.distributed import free_port
+
+    port = str(free_port()) if variables["MASTER_PORT"] == "FREE" else variables["MASTER_PORT"]
+    for name, value in {**variables, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                        "APD_JOIN_TIMEOUT": "2"}.items():
+        monkeypatch.setenv(name, value)
+    started = time.perf_counter()
+    art.fails("sample", "--set", "sgld.chains=2", match=r"the other workers did not join at 127\.0\.0\.1:\d+ "
+              r"within 2 s \(APD_JOIN_TIMEOUT\)")
+    assert time.perf_counter() - started < 60
+    monkeypatch.setenv("APD_JOIN_TIMEOUT", "soon")
+    art.fails("sample", "--set", "sgld.chains=2", match="APD_JOIN_TIMEOUT='soon': expected a positive number")
+    monkeypatch.delenv("RANK")
+    assert art.run("info").rc == 0  # the lock is free again
+
+
+def test_quiet_prints_nothing_and_evaluate_ends_with_a_short_summary(art, capsys):
+    for command in ("evaluate", "report", "sample", "distill"):
+        assert main(art.argv(command)) == 0  # --quiet, every stage reused
+        assert capsys.readouterr() == ("", "")
+    assert main([arg for arg in art.argv("evaluate") if arg != "--quiet"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) <= 6 and out[0].startswith("accuracy: SGLD 0.") and ", APD 0." in out[0]
+    assert out[-1] == f"every table: {art.path('eval') / 'tables.md'}"
+
+
+def test_info_names_what_an_interrupted_run_left_and_the_command_that_resumes_it(art, capsys):
+    for name in ("samples-0.partial.h5", "samples-0.ckpt.pt", "generator.ckpt.pt", "eval.partial/scores.h5"):
+        art.path(name).parent.mkdir(exist_ok=True)
+        art.path(name).write_bytes(b"")
+    assert main(art.argv("info")) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("interrupted ")]
+    where = f"--config {art.config} --artifacts {art.root}"
+    assert lines == [f"interrupted eval.partial: run `apd evaluate {where}` to finish it",
+                     f"interrupted generator.ckpt.pt: run `apd distill {where}` to finish it",
+                     f"interrupted samples-0.ckpt.pt, samples-0.partial.h5: run `apd sample {where}` to finish it"]
+
+
+@pytest.mark.parametrize(("command", "rc"), [("evaluate", 2), ("distill", 2), ("info", 0)])
+def test_a_command_on_artifacts_that_do_not_exist_leaves_no_folder(art, tmp_path, command, rc):
+    assert art.run(command, root=tmp_path / "nowhere" / "deeper").rc == rc
+    assert not (tmp_path / "nowhere").exists()
+
+
 @contextlib.contextmanager
 def mounted(*commands: list[str], target: Path):
     if os.geteuid() != 0 or subprocess.run(commands[0], capture_output=True).returncode:
@@ -592,6 +653,38 @@ def _python_apd(art: Artifacts, *argv: str, err: Path) -> subprocess.Popen:
     with open(err, "wb") as fh:
         return subprocess.Popen([sys.executable, "-m", "apd", *art.argv(*argv)], cwd=REPO, stderr=fh,
                                 stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+@pytest.mark.parametrize("command", ["sample", "info"])
+def test_a_lock_that_is_a_directory_is_named(art, command):
+    art.path(".lock").unlink(missing_ok=True)
+    art.path(".lock").mkdir()
+    art.fails(command, match=re.escape(f"{art.path('.lock')}: a directory where apd keeps its lock file"))
+    assert art.path(".lock").is_dir()
+
+
+def test_a_symlinked_eval_folder_is_refused_every_time_and_a_symlinked_leftover_is_removed(art, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    art.path("eval").rename(elsewhere / "eval")
+    art.path("eval").symlink_to(elsewhere / "eval")
+    outside = snapshot(elsewhere)
+    for _ in range(2):
+        art.fails("evaluate", "--force", match=r"/eval: a symbolic link; `apd evaluate` replaces this folder whole")
+    assert snapshot(elsewhere) == outside
+    art.path("eval").unlink()
+    (elsewhere / "eval").rename(art.path("eval"))
+    art.path("eval.partial").symlink_to(elsewhere)  # left by a swap of a symlinked folder
+    assert art.run("evaluate", "--force").rc == 0
+    assert not art.path("eval.partial").exists() and elsewhere.is_dir()
+
+
+def test_a_terminal_that_cannot_show_a_character_gets_its_escape(art):
+    """``apd info`` prints × (8×8 images); with ASCII output it prints ``\\xd7`` instead of failing."""
+    result = subprocess.run([sys.executable, "-m", "apd", *art.argv("info")], cwd=REPO, capture_output=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONIOENCODING": "ascii"}, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert b"images 8\\xd78" in result.stdout and not result.stderr
 
 
 @pytest.mark.slow

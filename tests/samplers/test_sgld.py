@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from apd.config import SGLDConfig
 from apd.nets import mlp
+from apd.samplers.chain import is_thinned_sample, thinned_count
 from apd.samplers.sgld import (
     SGLD,
     ConstantSchedule,
@@ -212,6 +213,19 @@ def test_make_schedule_builds_the_configured_one() -> None:
     cyc = make_schedule(SGLDConfig(lr=0.1, schedule="cyclical", iterations=1000, cycles=4,
                                    explore_fraction=0.9))
     assert cyc == CyclicalSchedule(0.1, 1000, 4, 0.9) and cyc.cycle_length == 250 and cyc.is_sampling(249)
+
+
+@pytest.mark.parametrize("schedule", ["constant", "polynomial", "cyclical"])
+def test_thinned_count_in_closed_form_counts_the_kept_iterates(schedule: str) -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        iterations = int(rng.integers(1, 400))
+        s = SGLDConfig(iterations=iterations, burn_in=int(rng.integers(0, iterations)), thin=int(rng.integers(1, 50)),
+                       schedule=schedule, cycles=int(rng.integers(1, min(iterations, 20) + 1)),
+                       explore_fraction=float(rng.choice([0.0, 0.1, 1 / 3, 0.8, 0.99, rng.random()])))
+        kept = make_schedule(s)
+        assert thinned_count(s) == sum(is_thinned_sample(s, kept, t) for t in range(s.burn_in, s.iterations)), s
+    assert thinned_count(SGLDConfig(iterations=10**18, burn_in=0, thin=10)) == 10**17  # no loop over them
 
 
 @pytest.mark.parametrize(
