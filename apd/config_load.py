@@ -22,7 +22,7 @@ from apd.config import (
     parse_override,
 )
 from apd.errors import ConfigError
-from apd.samplers.chain import thinned_count
+from apd.schedules import thinned_count
 
 log = logging.getLogger(__name__)
 

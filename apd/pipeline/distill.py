@@ -53,8 +53,8 @@ from apd.pipeline.runtime import RunContext, machine
 from apd.pipeline.sample_chains import make_chains
 from apd.pipeline.stage import publish, require_input, reusable, weights_load
 from apd.posteriors.modes import chain_means
-from apd.samplers.chain import is_thinned_sample
 from apd.samplers.store import SampleStore
+from apd.schedules import is_thinned_sample
 
 log = logging.getLogger(__name__)
 

@@ -53,9 +53,9 @@ from apd.pipeline.sample_publish import publish_samples
 from apd.pipeline.sample_workers import death_notice, sample_shard, spawned_worker
 from apd.pipeline.stage import publish, reusable, weights_load
 from apd.samplers.baselines import train_baseline
-from apd.samplers.chain import thinned_count
 from apd.samplers.store import SampleStore
 from apd.samplers.store_disk import FREE_MARGIN
+from apd.schedules import thinned_count
 
 log = logging.getLogger(__name__)
 

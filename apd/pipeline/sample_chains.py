@@ -21,9 +21,10 @@ from apd.io import save_torch_atomic
 from apd.nets import ParamSpec, predict_probs
 from apd.pipeline.manifests import load_checkpoint
 from apd.pipeline.runtime import RunContext
-from apd.samplers.chain import ChainSeeds, SGLDChains, is_thinned_sample
+from apd.samplers.chain import ChainSeeds, SGLDChains
 from apd.samplers.sgld import prefetch_pays
 from apd.samplers.store import SampleStore
+from apd.schedules import is_thinned_sample
 
 log = logging.getLogger(__name__)
 

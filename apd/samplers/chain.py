@@ -16,7 +16,8 @@ from apd.data import MinibatchOrders
 from apd.errors import DivergenceError
 from apd.nets import ParamSpec, network, per_network_logits
 from apd.samplers.langevin_kernel import fused_update_available, keyed_langevin_update_
-from apd.samplers.sgld import GaussianNoise, StepSchedule, langevin_update_, make_schedule
+from apd.samplers.sgld import GaussianNoise, langevin_update_
+from apd.schedules import make_schedule
 
 
 @dataclass(frozen=True)
@@ -141,14 +142,3 @@ class SGLDChains:
         self.theta.copy_(state["theta"])
         if not self.fused:
             self.noise.rewind(state["noise_states"])
-
-
-def is_thinned_sample(s: SGLDConfig, schedule: StepSchedule, t: int) -> bool:
-    """Whether iterate t is kept: past burn-in, every ``thin``-th, in the schedule's sampling phase."""
-    return t >= s.burn_in and (t - s.burn_in + 1) % s.thin == 0 and schedule.is_sampling(t)
-
-
-def thinned_count(s: SGLDConfig, schedule: StepSchedule | None = None) -> int:
-    """How many iterates one chain keeps (those :func:`is_thinned_sample` keeps), in closed form."""
-    schedule = schedule or make_schedule(s)
-    return schedule.sampling_count(s.burn_in + s.thin - 1, s.thin, max(0, (s.iterations - s.burn_in) // s.thin))

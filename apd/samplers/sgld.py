@@ -1,5 +1,5 @@
-"""Stochastic gradient Langevin dynamics (Welling & Teh, ICML 2011) as a ``torch.optim.Optimizer``,
-and the step-size schedules used with it.
+"""Stochastic gradient Langevin dynamics (Welling & Teh, ICML 2011) as a ``torch.optim.Optimizer``, and its
+step as a function of tensors for chains stepped together (step-size schedules: :mod:`apd.schedules`).
 
 The user backpropagates the **mean** minibatch negative log-likelihood, exactly as for SGD. With N
 training points, prior N(0, prior_std²·I) and the energy
@@ -25,17 +25,13 @@ from __future__ import annotations
 
 import math
 import os
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch.optim import Optimizer
-
-from apd.config import SGLDConfig
 
 _STATE_KEY = "sgld_noise_generator"
 
@@ -261,145 +257,3 @@ class SGLD(Optimizer):
             self.generator.set_state(generator_state)
         else:
             self._noise.rewind([generator_state])
-
-
-class StepSchedule(ABC):
-    """A step-size schedule t ↦ lr_t for :class:`SGLD` (t counts optimizer steps from 0)."""
-
-    @abstractmethod
-    def lr(self, t: int) -> float:
-        """The step size ``lr`` (ε·N) at iteration t."""
-
-    def is_sampling(self, t: int) -> bool:
-        """Whether iteration t's parameters are posterior samples (burn-in is the caller's business)."""
-        return True
-
-    def noise_on(self, t: int) -> bool:
-        """Whether iteration t injects Langevin noise (off means a plain gradient step)."""
-        return True
-
-    def sampling_count(self, start: int, step: int, n: int) -> int:
-        """How many of the n iterations start, start + step, …, start + (n − 1)·step are in the sampling
-        phase (:meth:`is_sampling`), in closed form: no loop over the iterations."""
-        return n
-
-    def apply(self, optimizer: Optimizer, t: int, temperature: float = 1.0) -> None:
-        """Set every param group's ``lr`` to lr_t and its ``temperature`` to ``temperature``, or to 0
-        where :meth:`noise_on` says the step injects no noise."""
-        lr = self.lr(t)
-        step_temperature = temperature if self.noise_on(t) else 0.0
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-            group["temperature"] = step_temperature
-
-
-@dataclass(frozen=True)
-class ConstantSchedule(StepSchedule):
-    """lr_t = lr (the paper's reference run)."""
-
-    step_size: float
-
-    def __post_init__(self) -> None:
-        if not self.step_size > 0:
-            raise ValueError(f"constant schedule needs lr > 0, got {self.step_size!r}")
-
-    def lr(self, t: int) -> float:
-        return self.step_size
-
-
-@dataclass(frozen=True)
-class PolynomialSchedule(StepSchedule):
-    """lr_t = a·(b + t)^(−γ), the decaying step of Welling & Teh (2011); they need γ ∈ (0.5, 1] for
-    the SGLD chain to converge, γ = 0 gives a constant step a·b⁰ = a."""
-
-    a: float
-    b: float
-    gamma: float
-
-    def __post_init__(self) -> None:
-        if not (self.a > 0 and self.b > 0 and 0 <= self.gamma <= 1):
-            raise ValueError(f"polynomial schedule needs a > 0, b > 0, 0 <= gamma <= 1, got a={self.a!r}, "
-                             f"b={self.b!r}, gamma={self.gamma!r}")
-
-    def lr(self, t: int) -> float:
-        return self.a * (self.b + t) ** (-self.gamma)
-
-
-@dataclass(frozen=True)
-class CyclicalSchedule(StepSchedule):
-    """Cyclical SGLD (Zhang, Li, Zhang, Chen & Wilson, ICLR 2020), M cycles over T iterations:
-
-    lr_t = lr0/2 · (cos(π·mod(t, L)/L) + 1),   L = ⌈T/M⌉,
-
-    restarting at lr0 every L iterations. Iteration t explores (plain gradient steps, no noise) while
-    mod(t, L)/L < explore_fraction and samples (Langevin steps, kept as samples) afterwards.
-    """
-
-    lr0: float
-    total_iterations: int
-    cycles: int
-    explore_fraction: float
-
-    def __post_init__(self) -> None:
-        valid = self.lr0 > 0 and 1 <= self.cycles <= self.total_iterations and 0 <= self.explore_fraction < 1
-        if not valid:
-            raise ValueError(
-                f"cyclical schedule needs lr0 > 0, 1 <= cycles <= total_iterations and 0 <= explore_fraction "
-                f"< 1, got lr0={self.lr0!r}, total_iterations={self.total_iterations!r}, "
-                f"cycles={self.cycles!r}, explore_fraction={self.explore_fraction!r}")
-
-    @property
-    def cycle_length(self) -> int:
-        """L = ⌈T/M⌉ iterations."""
-        return -(-self.total_iterations // self.cycles)
-
-    def _phase(self, t: int) -> float:
-        """mod(t, L)/L ∈ [0, 1): how far iteration t is through its cycle."""
-        return (t % self.cycle_length) / self.cycle_length
-
-    def lr(self, t: int) -> float:
-        return self.lr0 / 2 * (math.cos(math.pi * self._phase(t)) + 1)
-
-    def is_sampling(self, t: int) -> bool:
-        return self._phase(t) >= self.explore_fraction
-
-    def sampling_count(self, start: int, step: int, n: int) -> int:
-        # t samples when mod(t, L) ≥ r0, the first offset whose phase reaches explore_fraction (found with
-        # the float comparison is_sampling makes), and [mod(t, L) ≥ r0] = ⌊(t + L − r0)/L⌋ − ⌊t/L⌋
-        length = self.cycle_length
-        r0 = min(length, math.ceil(self.explore_fraction * length))
-        while r0 > 0 and (r0 - 1) / length >= self.explore_fraction:
-            r0 -= 1
-        while r0 < length and r0 / length < self.explore_fraction:
-            r0 += 1
-        return floor_sum(n, length, step, start + length - r0) - floor_sum(n, length, step, start)
-    def noise_on(self, t: int) -> bool:
-        return self.is_sampling(t)
-
-
-def floor_sum(n: int, m: int, a: int, b: int) -> int:
-    """Σ_{i<n} ⌊(a·i + b)/m⌋ for n ≥ 0, m ≥ 1 and a, b ≥ 0, in O(log m) steps (Euclid-like reduction)."""
-    total = 0
-    while True:
-        if a >= m:
-            total += n * (n - 1) // 2 * (a // m)
-            a %= m
-        if b >= m:
-            total += n * (b // m)
-            b %= m
-        top = a * n + b
-        if top < m:
-            return total
-        n, b, m, a = top // m, top % m, a, m
-
-
-def make_schedule(cfg: SGLDConfig) -> StepSchedule:
-    """The schedule ``cfg.schedule`` names: constant lr; polynomial lr·(b + t)^(−γ) with b = ``poly_b``,
-    γ = ``poly_gamma``; cyclical with lr0 = lr over ``iterations`` in ``cycles`` cycles."""
-    if cfg.schedule == "constant":
-        return ConstantSchedule(cfg.lr)
-    if cfg.schedule == "polynomial":
-        return PolynomialSchedule(cfg.lr, cfg.poly_b, cfg.poly_gamma)
-    if cfg.schedule == "cyclical":
-        return CyclicalSchedule(cfg.lr, cfg.iterations, cfg.cycles, cfg.explore_fraction)
-    raise ValueError(f"unknown SGLD schedule {cfg.schedule!r}")

@@ -13,15 +13,15 @@ from torch import Tensor, nn
 
 from apd.config import SGLDConfig
 from apd.nets import mlp
-from apd.samplers.chain import is_thinned_sample, thinned_count
-from apd.samplers.sgld import (
-    SGLD,
+from apd.samplers.sgld import SGLD, prefetch_pays
+from apd.schedules import (
     ConstantSchedule,
     CyclicalSchedule,
     PolynomialSchedule,
     StepSchedule,
+    is_thinned_sample,
     make_schedule,
-    prefetch_pays,
+    thinned_count,
 )
 from tests.helpers import assert_gaussian_moments
 
