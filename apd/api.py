@@ -16,6 +16,7 @@ from apd.io import load_torch, read_json
 from apd.nets import network
 from apd.pipeline.layout import Layout, manifest_of
 from apd.pipeline.runtime import resolve_device
+from apd.pipeline.stage import check_provenance
 from apd.posteriors import APDGenerator, MCDropout, PointEstimate, Posterior, SGLDSamples
 from apd.samplers.store import SampleStore
 
@@ -26,11 +27,15 @@ def load(artifact_dir: str | Path, method: str, device: torch.device | str = "cp
     """The posterior ``method`` of the pipeline whose artifacts are in ``artifact_dir`` (e.g.
     ``artifacts/digits``): ``sgld`` (the sample store, kept open), ``apd`` (the generator), ``sgd`` and
     ``mcdropout`` (the baselines), or ``mog`` (the evaluation's largest mixture, fit again to the store).
-    ``device`` as ``--device`` takes it; one that is not here raises :class:`~apd.errors.ConfigError` at once."""
+    ``device`` as ``--device`` takes it; one that is not here raises :class:`~apd.errors.ConfigError` at once.
+    The artifact is checked as the command line checks it (complete, files unchanged, made from the sample
+    store there now); one that fails is an :class:`~apd.errors.ArtifactError`."""
     layout = Layout(Path(artifact_dir))
     if method not in LOADABLE:
         raise ValueError(f"method must be one of {', '.join(LOADABLE)}, got {method!r}")
     device = resolve_device(str(device))
+    artifact = {"sgld": layout.samples, "mog": layout.samples, "apd": layout.generator}.get(method)
+    _check(artifact or layout.baseline(method), layout)
     if method in ("sgld", "mog"):
         store = SampleStore.open(layout.samples)
         if method == "sgld":
@@ -53,6 +58,17 @@ def load(artifact_dir: str | Path, method: str, device: torch.device | str = "cp
         raise ArtifactError(f"{path}: does not match its manifest's network {manifest['sizes']}") from None
     net = net.to(device).eval()
     return PointEstimate(net) if method == "sgd" else MCDropout(net, dropout)
+
+
+def _check(artifact: Path, layout: Layout) -> None:
+    """The checks the command line makes before it uses ``artifact``: complete (its manifest is there), its
+    files unchanged since they were made (SHA-256), made from the inputs there now
+    (:func:`apd.pipeline.stage.check_provenance`)."""
+    manifest = manifest_of(artifact)
+    producer = "distill" if artifact == layout.generator else "sample"
+    if not manifest.is_file():
+        raise ArtifactError(f"{artifact}: missing or incomplete; run `apd {producer}` first")
+    check_provenance(artifact, read_json(manifest), layout, f"`apd {producer}`")
 
 
 def _recorded_network(manifest: dict, where: Path) -> tuple[torch.nn.Module, float]:

@@ -81,3 +81,33 @@ def test_a_baseline_manifest_without_a_valid_network_is_one_artifact_error(tiny_
     with pytest.raises(ArtifactError, match=re.escape(str(manifest.with_suffix(""))) + r"\.(json|pt): ") as err:
         apd.load(copy, method)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("method", "edit", "message"), [
+    ("apd", "generator.pt", r"generator.pt: changed since it was made; run `apd distill` --force"),
+    ("sgld", "samples.h5", r"samples.h5: changed since it was made; run `apd sample` --force"),
+    ("apd", "samples.json", r"generator.pt: made from other samples than the ones there now"),
+])
+def test_load_makes_the_command_lines_integrity_checks(tiny_pipeline, tmp_path, method, edit, message):
+    """A swapped generator, an edited store, or a generator of other samples than the store there now is one
+    ArtifactError, as the command line gives, not a posterior."""
+    import json
+    import shutil
+
+    import apd
+    from apd.errors import ArtifactError
+
+    root, _ = tiny_pipeline
+    copy = tmp_path / "tiny"
+    shutil.copytree(root / "tiny", copy)
+    path = copy / edit
+    if edit.endswith(".json"):
+        path.write_text(json.dumps({**json.loads(path.read_text()), "note": "another run"}))
+    else:
+        with path.open("r+b") as file:  # one byte past the headers
+            file.seek(path.stat().st_size // 2)
+            byte = file.read(1)
+            file.seek(-1, 1)
+            file.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(ArtifactError, match=message):
+        apd.load(copy, method)

@@ -19,7 +19,7 @@ from apd.config import STAGE_SECTIONS, config_hash
 from apd.errors import ArtifactError
 from apd.interrupts import raise_if_interrupted
 from apd.io import load_torch, read_json
-from apd.pipeline.layout import manifest_of
+from apd.pipeline.layout import Layout, manifest_of
 from apd.pipeline.manifests import file_digest, is_complete, manifest_digest, recorded_files, write_manifest
 from apd.pipeline.runtime import RunContext
 
@@ -50,16 +50,24 @@ def require_input(ctx: RunContext, artifact: Path, stage: str) -> str:
     if record.get("config_hash") != config_hash(ctx.cfg, stage):
         raise ArtifactError(f"{artifact}: made with another configuration of {', '.join(STAGE_SECTIONS[stage])}; "
                             f"run {command} again")
+    check_provenance(artifact, record, ctx.layout, command)
+    return manifest_digest(manifest)
+
+
+def check_provenance(artifact: Path, record: dict, layout: Layout, command: str) -> None:
+    """Raise an :class:`ArtifactError` naming ``command`` unless every file the manifest ``record`` of
+    ``artifact`` lists is unchanged since it was made (SHA-256) and every input it was made from (the
+    sample store a generator was distilled from) is the one there now."""
+    manifest = manifest_of(artifact)
     for name, digest in recorded_files(record, manifest).items():
         if file_digest(manifest.parent / name) != digest:
             raise ArtifactError(f"{manifest.parent / name}: changed since it was made; run {command} --force")
     for name, digest in recorded_files(record, manifest, "inputs").items():
         if name in INPUT_ARTIFACTS:
-            source = manifest_of(INPUT_ARTIFACTS[name](ctx.layout))
+            source = manifest_of(INPUT_ARTIFACTS[name](layout))
             if not source.is_file() or manifest_digest(source) != digest:
                 raise ArtifactError(f"{artifact}: made from other {name} than the ones there now; run {command} "
                                     "again")
-    return manifest_digest(manifest)
 
 
 def publish(files: dict[Path, Path], manifest: Path, record: dict) -> None:
