@@ -48,7 +48,6 @@ from typing import Literal
 import torch
 
 from apd.config import bounded
-from apd.distillation.chain_generators import chain_partition
 from apd.distillation.precision import Precision
 from apd.errors import ConfigError
 from apd.evaluation.yardstick import kept_for, kept_samples, mean_of, std_of
@@ -74,7 +73,7 @@ from apd.pipeline.figures import new_figure, save_figure
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.stage import require_input
 from apd.pipeline.table_format import MISSING, format_gap, format_number, format_sample_count, markdown_table, mean_std
-from apd.samplers.store import SampleStore
+from apd.samplers.store import SampleStore, chain_partition
 
 log = logging.getLogger(__name__)
 

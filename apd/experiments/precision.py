@@ -55,7 +55,7 @@ import torch
 from torch import Tensor
 
 from apd.config import DistillConfig, bounded
-from apd.distillation.chain_generators import ChainTrainers, chain_partition
+from apd.distillation.chain_generators import ChainTrainers
 from apd.distillation.codec import WeightCodec
 from apd.distillation.generator import DistilledGenerator, architecture, build_generator
 from apd.distillation.precision import (
@@ -83,7 +83,7 @@ from apd.pipeline.stage import require_input
 from apd.pipeline.table_format import MISSING, format_gap, format_number, format_sample_count, markdown_table, mean_std
 from apd.posteriors import APDGenerator, Posterior
 from apd.posteriors.kept import FixedEnsemble, evenly_spaced_rows
-from apd.samplers.store import SampleStore
+from apd.samplers.store import SampleStore, chain_partition
 
 log = logging.getLogger(__name__)
 

@@ -65,6 +65,15 @@ _REBUILD_ROWS = 1000  # rows copied per append when a crashed writer's store is 
 _LIBVER = ("earliest", "v108")
 
 
+def chain_partition(chains: np.ndarray) -> tuple[list[int], list[Tensor], Tensor]:
+    """The chains of a store's rows (``chains``: each row's chain id): their ids in increasing order, each
+    chain's row indices, and each chain's share of the rows."""
+    labels = np.asarray(chains)
+    ids = [int(c) for c in np.unique(labels)]
+    rows = [torch.from_numpy(np.flatnonzero(labels == c)) for c in ids]
+    return ids, rows, torch.tensor([len(r) / len(labels) for r in rows])
+
+
 class SampleStore:
     """An HDF5 file of weight samples (see the module docstring). Build with :meth:`create`/:meth:`open`."""
 
