@@ -23,6 +23,7 @@ from apd.errors import ConfigError
 
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")  # a device name as configured or given by --device
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # a pipeline's name: one plain file name
+YARDSTICK_SUBSETS = 200  # the fewest random kept subsets a percentile rank is taken among (evaluate and studies)
 
 
 def bounded(default: Any, **bounds: float) -> Any:
@@ -250,8 +251,10 @@ class EvaluateConfig:
     the store (each costs one full-training-set gradient); the Laplace approximations choose their
     posterior scale on the validation split, the widest scale within ``laplace_nll_tolerance`` nats of
     the lowest validation NLL (0: the lowest). The kept-samples yardstick (:mod:`apd.evaluation.yardstick`)
-    draws ``yardstick_subsets`` random subsets per size, for the sizes ``yardstick_sizes`` and each
-    method's own storage, against SGLD's predictive over at most ``yardstick_reference`` samples.
+    draws ``yardstick_subsets`` random subsets per size (stratified by chain; at least
+    :data:`YARDSTICK_SUBSETS`, so that a percentile rank of 95 is resolved to half a percent), for the sizes
+    ``yardstick_sizes`` and each method's own storage, against SGLD's predictive over at most
+    ``yardstick_reference`` samples.
 
     ``threads``: torch's CPU threads while evaluating (0: the pipeline's ``threads``). Evaluation multiplies
     large batches (K networks × thousands of inputs) and gains from every core, where a sampler's or a
@@ -270,7 +273,7 @@ class EvaluateConfig:
     stein_candidates: int = bounded(1000, ge=1)
     laplace_nll_tolerance: float = bounded(0.01, ge=0)
     yardstick_sizes: list[int] = bounded([1, 2, 3, 5, 10, 20, 50])
-    yardstick_subsets: int = bounded(5, ge=1)
+    yardstick_subsets: int = bounded(YARDSTICK_SUBSETS, ge=YARDSTICK_SUBSETS)
     yardstick_reference: int = bounded(2000, ge=1)
     threads: int = bounded(0, ge=0)
     adversarial: AdversarialConfig = field(default_factory=AdversarialConfig)

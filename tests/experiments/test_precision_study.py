@@ -79,7 +79,7 @@ def test_one_generator_per_chain_is_counted_with_its_codec_and_shares_and_stored
 
 
 def test_the_study_compares_apd_with_its_kept_samples_at_each_precision(tiny_pipeline, tmp_path):
-    out = run_experiment_on_copy(tiny_pipeline, tmp_path, "precision", "budget=4", "steps=20", "subsets=2")
+    out = run_experiment_on_copy(tiny_pipeline, tmp_path, "precision", "budget=4", "steps=20")
     results = json.loads((out / "precision.json").read_text())
     rows = {row["precision"]: row for row in results["rows"]}
     assert list(rows) == ["float32", "float16", "int8", "int4"]
@@ -123,8 +123,7 @@ def test_the_study_compares_apd_with_its_kept_samples_at_each_precision(tiny_pip
 
 
 def test_a_budget_too_small_for_the_generator_still_scores_the_kept_samples(tiny_pipeline, tmp_path):
-    out = run_experiment_on_copy(tiny_pipeline, tmp_path, "precision", "budget=1", 'precisions=["float32"]',
-                                 "subsets=1")
+    out = run_experiment_on_copy(tiny_pipeline, tmp_path, "precision", "budget=1", 'precisions=["float32"]')
     row = json.loads((out / "precision.json").read_text())["rows"][0]
     assert row["rank"] == 0 and row["apd"] is None and row["margins"] is None and row["kept"]["k"] == 1
     assert row["coordinates"] is None
