@@ -254,7 +254,10 @@ class EvaluateConfig:
     draws ``yardstick_subsets`` random subsets per size (stratified by chain; at least
     :data:`YARDSTICK_SUBSETS`, so that a percentile rank of 95 is resolved to half a percent), for the sizes
     ``yardstick_sizes`` and each method's own storage, against SGLD's predictive over at most
-    ``yardstick_reference`` samples.
+    ``yardstick_reference`` samples. ``burn_in_from_trace`` (off by default, so that results are read as
+    before): SGLD's reference and the kept samples (``sgld``, ``kept``, the yardstick) drop each chain's
+    burn-in read from its log-likelihood trace (:mod:`apd.samplers.burn_in`); the evaluation records that
+    burn-in either way.
 
     ``threads``: torch's CPU threads while evaluating (0: the pipeline's ``threads``). Evaluation multiplies
     large batches (K networks × thousands of inputs) and gains from every core, where a sampler's or a
@@ -275,6 +278,7 @@ class EvaluateConfig:
     yardstick_sizes: list[int] = bounded([1, 2, 3, 5, 10, 20, 50])
     yardstick_subsets: int = bounded(YARDSTICK_SUBSETS, ge=YARDSTICK_SUBSETS)
     yardstick_reference: int = bounded(2000, ge=1)
+    burn_in_from_trace: bool = False
     threads: int = bounded(0, ge=0)
     adversarial: AdversarialConfig = field(default_factory=AdversarialConfig)
 

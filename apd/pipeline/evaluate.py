@@ -40,9 +40,10 @@ from apd.metrics import mean_std
 from apd.pipeline.adversarial import evaluate_adversarial
 from apd.pipeline.layout import manifest_of
 from apd.pipeline.manifests import file_digest, is_complete, manifest_record, write_manifest
-from apd.pipeline.methods import METHODS, fit_mixture, load_methods, method_inputs
+from apd.pipeline.methods import METHODS, fit_mixture, load_methods, method_inputs, sgld_samples
 from apd.pipeline.report import run_report, write_report
 from apd.pipeline.runtime import RunContext, machine, stopwatch, torch_threads
+from apd.pipeline.sample_publish import stored_burn_in
 from apd.posteriors import Posterior
 from apd.samplers.store import SampleStore
 
@@ -162,6 +163,7 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
         "storage": {m: _storage(ctx, m, method) for m, method in methods.items()},
         "timing": {m: round(t, 2) for m, t in timing.items()},
         "sgld_diagnostics": _sgld_diagnostics(ctx),
+        "burn_in": _burn_in(ctx),
     }
     with stopwatch(results["timing"], "fidelity"):
         x_test = data.x_test.to(device)
@@ -184,6 +186,13 @@ def _sgld_diagnostics(ctx: RunContext) -> dict | None:
     """The convergence diagnostics ``apd sample`` stored in the sample manifest (None without one)."""
     manifest = manifest_of(ctx.layout.samples)
     return read_json(manifest).get("diagnostics") if manifest.is_file() else None
+
+
+def _burn_in(ctx: RunContext) -> dict:
+    """The burn-in the store's log-likelihood trace gives (:func:`apd.samplers.burn_in.trace_burn_in`) and
+    whether SGLD's reference and the kept samples dropped it (``evaluate.burn_in_from_trace``)."""
+    with SampleStore.open(ctx.layout.samples) as store:
+        return {**stored_burn_in(store), "applied": ctx.cfg.evaluate.burn_in_from_trace}
 
 
 def _summarise_detection(runs: list[dict | None]) -> dict | None:
@@ -285,7 +294,8 @@ def sgld_reference(ctx: RunContext, results: dict, inputs: EvaluationInputs) -> 
     ood = results["ood"]
     per_set = {score: {name: ood[name][score]["sgld"]["auroc"]["mean"] for name in ood
                        if ood[name].get(score, {}).get("sgld") is not None} for score in ("bald", "max_prob")}
-    with SampleStore.open(ctx.layout.samples) as store:
+    with SampleStore.open(ctx.layout.samples) as opened:
+        store = sgld_samples(ctx, opened)
         predictive, information, samples = reference_predictive(store, inputs, ctx.cfg.evaluate.yardstick_reference,
                                                                 ctx.device)
     return Reference(per_set["bald"], per_set["max_prob"], results["accuracy"]["sgld"]["nll"]["mean"], predictive,
@@ -349,7 +359,8 @@ def yardstick(ctx: RunContext, methods: dict[str, Posterior], inputs: Evaluation
     stored at it (``kept`` key "K PRECISION", the entry's ``at_precision``)."""
     e = ctx.cfg.evaluate
     generator = torch.Generator().manual_seed(ctx.seed("evaluate", "yardstick"))
-    with SampleStore.open(ctx.layout.samples) as store:
+    with SampleStore.open(ctx.layout.samples) as opened:
+        store = sgld_samples(ctx, opened)
         n, dim = len(store), store.spec.numel
         curve = kept_curve(store, e.yardstick_sizes, inputs, reference, e.yardstick_subsets, generator, ctx.device)
         by_k = {row["k"]: row for row in curve}
