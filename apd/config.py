@@ -323,8 +323,10 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
 UNHASHED: tuple[tuple[str, str], ...] = (("sgld", "workers"), ("evaluate", "threads"))
 # Fields left out of the hash while they hold this value (what the pipelines made before the field existed),
 # so that existing artifacts stay reusable: an empty ``net.conv`` is the MLP every earlier pipeline had, an
-# empty ``distill.generators_at`` the generator stored at one precision throughout.
-HASHED_UNLESS: tuple[tuple[str, str, Any], ...] = (("net", "conv", []), ("distill", "generators_at", ""))
+# empty ``distill.generators_at`` the generator stored at one precision throughout, ``evaluate.burn_in_from_trace``
+# off the whole store read as before.
+HASHED_UNLESS: tuple[tuple[str, str, Any], ...] = (("net", "conv", []), ("distill", "generators_at", ""),
+                                                  ("evaluate", "burn_in_from_trace", False))
 
 
 def config_hash(cfg: PipelineConfig, stage: str | None = None) -> str:
