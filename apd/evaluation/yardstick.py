@@ -156,14 +156,20 @@ def _mean_std(values: list[float | None]) -> dict[str, float] | None:
     return None if any(v is None for v in values) else {"mean": float(np.mean(values)), "std": float(np.std(values))}
 
 
+def stored_value(value: float) -> float:
+    """A subset's gap as results store it, to 6 significant digits; a method's gap is ranked at the same
+    precision, so that a gap equal to the subsets' (one network's BALD, 0 for all) is a tie."""
+    return float(f"{value:.6g}")
+
+
 def _with_band(values: list[float | None]) -> dict | None:
-    """:func:`_mean_std` with the :data:`BAND` percentiles (``p5``, ``p95``) and every value (6 significant
-    digits)."""
+    """:func:`_mean_std` with the :data:`BAND` percentiles (``p5``, ``p95``) and every value
+    (:func:`stored_value`)."""
     found = _mean_std(values)
     if found is None:
         return None
     low, high = np.percentile(values, BAND)
-    return {**found, "p5": float(low), "p95": float(high), "values": [float(f"{v:.6g}") for v in values]}
+    return {**found, "p5": float(low), "p95": float(high), "values": [stored_value(v) for v in values]}
 
 
 def mean_of(value: dict | float | None) -> float | None:
@@ -200,12 +206,12 @@ def percentile_rank(gap: float, subsets: Iterable[float]) -> float:
 
 def standing(gap: float | None, fixed: list[float | None], subsets: list[float] | None) -> dict | None:
     """A method's ``gap`` against its kept samples: the fixed selections' gaps ``fixed`` (evenly spaced,
-    last), the random subsets' gaps ``subsets``; its percentile rank among them (:func:`percentile_rank`),
-    their 5–95 % band and ``beats``: smaller than every fixed gap and a percentile rank of at least
-    :data:`WIN_PERCENTILE`. None where a gap is undefined."""
+    last), the random subsets' gaps ``subsets``; its percentile rank among them (:func:`percentile_rank`, both
+    at :func:`stored_value`'s precision), their 5–95 % band and ``beats``: smaller than every fixed gap and a
+    percentile rank of at least :data:`WIN_PERCENTILE`. None where a gap is undefined."""
     if gap is None or subsets is None or any(g is None for g in fixed):
         return None
-    rank = percentile_rank(gap, subsets)
+    rank = percentile_rank(stored_value(gap), [stored_value(g) for g in subsets])
     low, high = np.percentile(subsets, BAND)
     return {"gap": gap, "fixed": list(fixed), "percentile": rank, "band": [float(low), float(high)],
             "beats": rank >= WIN_PERCENTILE and all(gap < g for g in fixed)}

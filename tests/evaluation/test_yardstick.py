@@ -87,6 +87,9 @@ def test_standing_needs_both_fixed_selections_and_the_95th_percentile():
     assert ten["percentile"] == 95.25 and ten["beats"]
     assert not standing(11.0, [20.0, 30.0], subsets)["beats"]  # 94.75
     assert standing(None, [1.0, 1.0], subsets) is None and standing(1.0, [None, 1.0], subsets) is None
+    # a gap equal to every subset's, up to the 6 digits results keep (one network's BALD is 0 for all): a tie
+    same = standing(0.98940123, [0.98940123, 0.98940123], [0.989401] * 200)
+    assert same["percentile"] == 50.0 and not same["beats"]
 
 
 def test_quality_and_summary_of_a_hand_made_judgement():
