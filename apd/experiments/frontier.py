@@ -8,9 +8,9 @@ For each budget S of ``budgets`` (SGLD samples' worth, bytes / (4·D)):
   ``precision`` (:func:`~apd.experiments.precision.chain_generators_storage`), trained on float32
   coordinates and then stored at the precision (the generator networks at ``generators_at`` where given,
   the codec at ``precision``: :func:`~apd.experiments.precision.apd_bytes`);
-- **kept samples**: S SGLD samples stored at float32, evenly spaced over the store (across chains) and
-  ``subsets`` random subsets (:func:`~apd.evaluation.yardstick.kept_samples`): the kept-samples yardstick, ⌈S⌉
-  samples as they are;
+- **kept samples**: S SGLD samples stored at float32, centred in equal parts of each chain, the last of
+  each chain, and ``subsets`` random subsets stratified by chain (:func:`~apd.evaluation.yardstick.kept_samples`):
+  the kept-samples yardstick, ⌈S⌉ samples as they are;
 - **kept samples at APD's precision** (``kept_at_precision``, on by default, none when APD is stored at
   float32): ⌈S / s⌉ SGLD samples, each stored at ``precision`` as APD is (s: one sample's storage at it;
   :func:`~apd.evaluation.yardstick.kept_for`, as ``apd evaluate`` sets a method at a lower precision
@@ -22,11 +22,12 @@ For each budget S of ``budgets`` (SGLD samples' worth, bytes / (4·D)):
   not the budget's, and it is an analysis rather than a distiller: it tells a generator that falls short
   of its subspace from a subspace that falls short of SGLD.
 
-Both are scored by the kept-samples yardstick (:mod:`apd.evaluation.yardstick`): worst per-set BALD and
-max-prob AUROC gap to SGLD, NLL gap, KL(SGLD's predictive ‖ the method's) on the judged images; and APD's
-margins over the kept samples (:func:`~apd.evaluation.yardstick.margins_over_kept`: a win is a margin over
-both the evenly spaced and the random subsets larger than the subsets' std). APD's curve crosses the kept
-samples' at the budgets where all four summaries are below both kept rows' (:func:`below_kept`), and the
+Both are scored by the kept-samples yardstick (:mod:`apd.evaluation.yardstick`): worst per-set absolute BALD
+and max-prob AUROC gap to SGLD, NLL gap, KL(SGLD's predictive ‖ the method's) on the judged images (and the
+function-space gaps on the tuning pool); and APD's wins over the kept samples
+(:func:`~apd.evaluation.yardstick.wins_over_kept`: a gap below the evenly spaced and the last samples' and a
+percentile rank of at least 95 among the random subsets, stratified by chain). APD's curve crosses the kept
+samples' at the budgets where it wins on all four summaries (:func:`below_kept`), and the
 curve of the samples kept at APD's precision likewise. APD's storage is at most S, so both sets of kept
 samples have at least APD's bytes, unless the store holds fewer than ⌈S / s⌉; a crossing counts only where
 they do (:func:`crossings`).

@@ -10,8 +10,8 @@ A storage budget of S SGLD samples' worth (``budget``, bytes / (4·D)) buys, at 
   precision;
 - **kept samples**: the fewest SGLD samples that take the budget at that precision, k = ⌈S / s⌉ with s
   = bytes of one sample / 4D (:func:`~apd.evaluation.yardstick.kept_for`, as ``apd evaluate`` and the
-  frontier keep them), so at least every method's storage; evenly spaced over the store (across chains)
-  and ``subsets`` random subsets for the spread, each sample stored at the precision. (Studies written
+  frontier keep them), so at least every method's storage; centred in equal parts of each chain, the last of
+  each chain, and ``subsets`` random subsets stratified by chain, each sample stored at the precision. (Studies written
   before kept ⌊S / s⌋, which may take less than a method: the table says where.)
 
 - **SGLD coordinates**: the ceiling of any generator in a rank-r subspace, and a distilled store of its
@@ -26,10 +26,10 @@ A storage budget of S SGLD samples' worth (``budget``, bytes / (4·D)) buys, at 
 
 So lower precision buys APD a larger rank and the kept samples more members, and the kept samples never have
 fewer bytes than the method they are set against. Both are scored by the kept-samples yardstick
-(:mod:`apd.evaluation.yardstick`): worst per-set BALD and max-prob AUROC gap to SGLD, NLL gap and KL to
-SGLD's predictive, and the margins of APD and of the coordinates over their kept samples
-(:func:`~apd.evaluation.yardstick.margins_over_kept`: a win is a margin larger than the random subsets'
-spread over both the evenly spaced and the random subsets).
+(:mod:`apd.evaluation.yardstick`): worst per-set absolute BALD and max-prob AUROC gap to SGLD, NLL gap and
+KL to SGLD's predictive, and the wins of APD and of the coordinates over their kept samples
+(:func:`~apd.evaluation.yardstick.wins_over_kept`: a gap below the evenly spaced and the last samples' and a
+percentile rank of at least 95 among the random subsets; studies written before by their margins' rule).
 The *storage shift* is the mean total variation ½ Σ_y |p̄₃₂(y | x) − p̄(y | x)| on validation images
 between an ensemble stored at float32 and the same ensemble (the same codes and residual draws; the same
 rows) stored at the precision: what the rounding alone changes.
