@@ -50,9 +50,11 @@ def toml(data: dict) -> str:
 
 
 def copy_samples(root: Path, target: Path) -> None:
-    """The tiny pipeline's sample store (and its manifest), copied under ``target`` for a stage to run on."""
+    """The tiny pipeline's sample store (with the shards it joins, which its manifest lists) and its manifest,
+    copied under ``target`` for a stage to run on."""
     (target / "tiny").mkdir(parents=True, exist_ok=True)
-    for name in ("samples.h5", "samples.json"):
+    shards = sorted(path.name for path in (root / "tiny").glob("samples-*.h5"))
+    for name in ("samples.h5", "samples.json", *shards):
         (target / "tiny" / name).write_bytes((root / "tiny" / name).read_bytes())
 
 

@@ -101,11 +101,12 @@ def test_the_study_compares_apd_with_its_kept_samples_at_each_precision(tiny_pip
     for row in rows.values():
         for method in (row["apd"], row["per_chain"]):
             assert math.ceil(method["in_sgld_samples"]) == 4
-            over = wins_over_float32_kept(method, float32_kept)
-            assert over["compared"] == 5
+            over = wins_over_float32_kept(method, float32_kept, results["sgld"])
+            assert over["compared"] == 5 and "percentile" in over["nll"]
             if row["precision"] == "float32":  # the same kept samples as the row's own margins
                 assert over == (row["margins"] if method is row["apd"] else method["margins"])
-    assert wins_over_float32_kept(rows["int8"]["apd"] | {"in_sgld_samples": 2.5}, float32_kept) is None  # 3 ≠ 4
+    assert wins_over_float32_kept(rows["int8"]["apd"] | {"in_sgld_samples": 2.5}, float32_kept,
+                                  results["sgld"]) is None  # 3 ≠ 4
     table = (out / "precision.md").read_text()
     assert "| int8 | SGLD coordinates |" in table and "none fits" not in table
     assert "wins over ⌈S⌉ float32 kept" in table
