@@ -24,6 +24,7 @@ from apd.errors import ConfigError
 
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")  # a device name as configured or given by --device
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # a pipeline's name: one plain file name
+YARDSTICK_SUBSETS = 200  # the fewest random kept subsets a percentile rank is taken among (evaluate and studies)
 
 
 def bounded(default: Any, **bounds: float) -> Any:
@@ -251,8 +252,13 @@ class EvaluateConfig:
     the store (each costs one full-training-set gradient); the Laplace approximations choose their
     posterior scale on the validation split, the widest scale within ``laplace_nll_tolerance`` nats of
     the lowest validation NLL (0: the lowest). The kept-samples yardstick (:mod:`apd.evaluation.yardstick`)
-    draws ``yardstick_subsets`` random subsets per size, for the sizes ``yardstick_sizes`` and each
-    method's own storage, against SGLD's predictive over at most ``yardstick_reference`` samples.
+    draws ``yardstick_subsets`` random subsets per size (stratified by chain; at least
+    :data:`YARDSTICK_SUBSETS`, so that a percentile rank of 95 is resolved to half a percent), for the sizes
+    ``yardstick_sizes`` and each method's own storage, against SGLD's predictive over at most
+    ``yardstick_reference`` samples. ``burn_in_from_trace`` (off by default, so that results are read as
+    before): SGLD's reference and the kept samples (``sgld``, ``kept``, the yardstick) drop each chain's
+    burn-in read from its log-likelihood trace (:mod:`apd.samplers.burn_in`); the evaluation records that
+    burn-in either way.
 
     ``threads``: torch's CPU threads while evaluating (0: the pipeline's ``threads``). Evaluation multiplies
     large batches (K networks × thousands of inputs) and gains from every core, where a sampler's or a
@@ -271,8 +277,9 @@ class EvaluateConfig:
     stein_candidates: int = bounded(1000, ge=1)
     laplace_nll_tolerance: float = bounded(0.01, ge=0)
     yardstick_sizes: list[int] = bounded([1, 2, 3, 5, 10, 20, 50])
-    yardstick_subsets: int = bounded(5, ge=1)
+    yardstick_subsets: int = bounded(YARDSTICK_SUBSETS, ge=YARDSTICK_SUBSETS)
     yardstick_reference: int = bounded(2000, ge=1)
+    burn_in_from_trace: bool = False
     threads: int = bounded(0, ge=0)
     adversarial: AdversarialConfig = field(default_factory=AdversarialConfig)
 
@@ -317,8 +324,10 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
 UNHASHED: tuple[tuple[str, str], ...] = (("sgld", "workers"), ("evaluate", "threads"))
 # Fields left out of the hash while they hold this value (what the pipelines made before the field existed),
 # so that existing artifacts stay reusable: an empty ``net.conv`` is the MLP every earlier pipeline had, an
-# empty ``distill.generators_at`` the generator stored at one precision throughout.
-HASHED_UNLESS: tuple[tuple[str, str, Any], ...] = (("net", "conv", []), ("distill", "generators_at", ""))
+# empty ``distill.generators_at`` the generator stored at one precision throughout, ``evaluate.burn_in_from_trace``
+# off the whole store read as before.
+HASHED_UNLESS: tuple[tuple[str, str, Any], ...] = (("net", "conv", []), ("distill", "generators_at", ""),
+                                                  ("evaluate", "burn_in_from_trace", False))
 
 
 def config_hash(cfg: PipelineConfig, stage: str | None = None) -> str:

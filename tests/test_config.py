@@ -113,9 +113,10 @@ def test_hash_is_stable_and_sensitive():
 def test_an_mlp_pipeline_hashes_as_before_net_conv_existed():
     """``net.conv`` at its default (an MLP) leaves the hashes as they were before the field existed (the values
     below are those of commit 32a8d45), so sample stores made then stay reusable; convolution layers change
-    every stage's hash. A deliberate change of the sampling defaults changes the pinned value too."""
+    every stage's hash. A deliberate change of the defaults changes the pinned value too (the yardstick's 200
+    random subsets, up from 5, changed the whole config's)."""
     mlp = from_dict({"name": "x"})
-    assert (config_hash(mlp), config_hash(mlp, "sample")) == ("4633817ac88bc863", "51b0978d77b79856")
+    assert (config_hash(mlp), config_hash(mlp, "sample")) == ("2fe0737cb84851b4", "51b0978d77b79856")
     methods = ["sgld", "apd", "kept"]
     cnn = from_dict({"name": "x", "net": {"conv": [4]}, "evaluate": {"methods": methods}})
     plain = from_dict({"name": "x", "evaluate": {"methods": methods}})
@@ -126,9 +127,10 @@ def test_an_mlp_pipeline_hashes_as_before_net_conv_existed():
 def test_a_generator_at_one_precision_hashes_as_before_distill_generators_at_existed():
     """``distill.generators_at`` empty (the generator networks at ``precision``) leaves the hashes as they were
     before the field existed (commit 86da1b2's values), so generators distilled then stay reusable; a
-    precision of their own changes the distill and evaluate hashes, not the sample stage's."""
+    precision of their own changes the distill and evaluate hashes, not the sample stage's. (The evaluate hash
+    changed since with the yardstick's default of 200 random subsets.)"""
     plain = from_dict({"name": "x"})
-    assert (config_hash(plain, "distill"), config_hash(plain, "evaluate")) == ("51d11f35ae544470", "0549c67b746ecde9")
+    assert (config_hash(plain, "distill"), config_hash(plain, "evaluate")) == ("51d11f35ae544470", "35173567c8d65c85")
     assert plain.distill.generator_precision() == "float32"
     mixed = from_dict({"name": "x", "distill": {"precision": "int4", "generators_at": "int8"}})
     codec_only = from_dict({"name": "x", "distill": {"precision": "int4"}})
@@ -138,6 +140,18 @@ def test_a_generator_at_one_precision_hashes_as_before_distill_generators_at_exi
     assert config_hash(mixed, "sample") == config_hash(codec_only, "sample")
     with pytest.raises(ConfigError, match="generators_at"):
         from_dict({"name": "x", "distill": {"generators_at": "int2"}})
+
+
+def test_the_yardstick_takes_at_least_200_subsets_and_the_trace_burn_in_only_changes_evaluation():
+    plain = from_dict({"name": "x"})
+    assert plain.evaluate.yardstick_subsets == 200 and not plain.evaluate.burn_in_from_trace
+    with pytest.raises(ConfigError, match="yardstick_subsets"):
+        from_dict({"name": "x", "evaluate": {"yardstick_subsets": 199}})
+    traced = from_dict({"name": "x", "evaluate": {"burn_in_from_trace": True}})
+    assert config_hash(traced, "evaluate") != config_hash(plain, "evaluate")
+    assert config_hash(traced, "sample") == config_hash(plain, "sample")
+    off = from_dict({"name": "x", "evaluate": {"burn_in_from_trace": False}})
+    assert config_hash(off) == config_hash(plain)
 
 
 def test_evaluation_threads_say_how_it_runs_not_what_it_makes():

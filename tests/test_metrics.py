@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from apd.metrics import NLL_EPS, accuracy, brier, detection, ece, mean_std, nll, reliability
+from apd.metrics import NLL_EPS, accuracy, auroc, brier, detection, ece, mean_std, nll, reliability
 
 # Three inputs, two classes, all labelled 0: predictions right, wrong, right.
 HAND_PROBS = torch.tensor([[0.7, 0.3], [0.2, 0.8], [0.6, 0.4]])
@@ -192,3 +192,10 @@ def test_mean_std_uses_the_population_std():
     assert mean_std([0.97]) == {"mean": 0.97, "std": 0.0}
     with pytest.raises(ValueError, match="non-empty"):
         mean_std([])
+
+
+def test_auroc_alone_is_detections_area_ties_included():
+    rng = np.random.default_rng(0)
+    scores_in, scores_out = rng.integers(0, 6, 300).astype(float), rng.integers(2, 9, 200).astype(float)
+    assert auroc(scores_in, scores_out)["auroc"] == pytest.approx(detection(scores_in, scores_out)["auroc"], abs=1e-12)
+    assert auroc([0.0, 1.0], [1.0, 2.0])["auroc"] == 0.875  # pairs: 1 > 0, 1 = 1 (½), 2 > 0, 2 > 1

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -27,15 +26,6 @@ def systematic_allocation(shares: Tensor, k: int) -> Tensor:
     one, in order."""
     positions = (torch.arange(k, device=shares.device) + 0.5) / k
     return torch.searchsorted(shares.cumsum(0), positions).clamp_max(len(shares) - 1)
-
-
-def chain_partition(chains: np.ndarray) -> tuple[list[int], list[Tensor], Tensor]:
-    """The chains of a store's rows (``chains``: each row's chain id): their ids in increasing order, each
-    chain's row indices, and each chain's share of the rows."""
-    labels = np.asarray(chains)
-    ids = [int(c) for c in np.unique(labels)]
-    rows = [torch.from_numpy(np.flatnonzero(labels == c)) for c in ids]
-    return ids, rows, torch.tensor([len(r) / len(labels) for r in rows])
 
 
 class ChainGenerators(nn.Module):

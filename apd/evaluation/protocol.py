@@ -10,7 +10,8 @@ prediction over the test set, the in-distribution OOD subset and each OOD set.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -18,7 +19,7 @@ from torch import Tensor
 
 from apd.metrics import accuracy, brier, detection, ece, nll
 from apd.posteriors.base import Posterior
-from apd.uncertainty import ENSEMBLE_SCORES
+from apd.uncertainty import ENSEMBLE_SCORES, bald
 from apd.uncertainty import scores as uncertainty_scores
 
 ACCURACY_METRICS = {"acc": accuracy, "nll": nll, "brier": brier, "ece": ece}
@@ -46,18 +47,24 @@ class EvaluationInputs:
 @dataclass
 class Judgement:
     """One ensemble's results: ``accuracy`` (metric → value), ``detection`` (set → score → metrics or
-    None), the test predictive ``test_probs`` [N, C], and per-input scores ``inside`` (score → [n_in])
-    and ``outside`` (set → score → [n_out]) for histograms."""
+    None), the test predictive ``test_probs`` [N, C], per-input scores ``inside`` (score → [n_in])
+    and ``outside`` (set → score → [n_out]) for histograms, and for the test inputs (``"test"``) and each
+    OOD set the predictive p̄ [n, C] (``predictive``) and the per-input BALD [n] (``information``; 0 for
+    one network), float64 on the CPU, for the function-space distances to SGLD."""
 
     accuracy: dict[str, float]
     detection: dict[str, dict[str, dict | None]]
     test_probs: Tensor
     inside: dict[str, np.ndarray]
     outside: dict[str, dict[str, np.ndarray]]
+    predictive: dict[str, Tensor] = field(default_factory=dict)
+    information: dict[str, Tensor] = field(default_factory=dict)
 
 
-def judge_probs(probs: Tensor, inputs: EvaluationInputs, scores: list[str]) -> Judgement:
-    """:class:`Judgement` of member probabilities ``probs`` [K, N, C] over ``inputs.stacked()``."""
+def judge_probs(probs: Tensor, inputs: EvaluationInputs, scores: list[str],
+                detect: Callable[[np.ndarray, np.ndarray], dict] = detection) -> Judgement:
+    """:class:`Judgement` of member probabilities ``probs`` [K, N, C] over ``inputs.stacked()``; ``detect``
+    gives each set's detection metrics (:func:`apd.metrics.auroc` where only the AUROC is needed)."""
     n_test, n_in = inputs.n_test, len(inputs.x_in)
     test_probs = probs[:, :n_test].mean(0)
     y = inputs.y_test.to(probs.device)
@@ -66,14 +73,18 @@ def judge_probs(probs: Tensor, inputs: EvaluationInputs, scores: list[str]) -> J
     defined = [s for s in scores if probs.shape[0] > 1 or s not in ENSEMBLE_SCORES]
     per_input = {s: values[s].cpu().numpy() for s in defined}
     inside = {s: v[:n_in] for s, v in per_input.items()}
+    mean_probs, information = probs.double().mean(0).cpu(), bald(probs).double().cpu()
+    predictive, disagreement = {"test": mean_probs[:n_test]}, {"test": information[:n_test]}
     outside, found = {}, {}
     start = n_in
     for name, x_out in inputs.ood.items():
         part = slice(start, start + len(x_out))
         start += len(x_out)
         outside[name] = {s: v[part] for s, v in per_input.items()}
-        found[name] = {s: detection(inside[s], outside[name][s]) if s in per_input else None for s in scores}
-    return Judgement(metrics, found, test_probs, inside, outside)
+        found[name] = {s: detect(inside[s], outside[name][s]) if s in per_input else None for s in scores}
+        stacked = slice(n_test + part.start, n_test + part.stop)
+        predictive[name], disagreement[name] = mean_probs[stacked], information[stacked]
+    return Judgement(metrics, found, test_probs, inside, outside, predictive, disagreement)
 
 
 @torch.no_grad()

@@ -1,22 +1,32 @@
 """The kept-samples yardstick (docs/design.md, "Honest protocol"): what a method that stores S SGLD
 samples' worth of numbers must beat is ⌈S⌉ SGLD samples simply kept.
 
-Quality of an ensemble, against SGLD (the reference), on the evaluation's inputs:
+Quality of an ensemble, against SGLD (the reference); every summary is a gap, smaller is better:
 
-- ``bald_gap``: the worst per-set gap to SGLD's BALD AUROC, max_o (AUROC_SGLD,o − AUROC_o), in percent
-  points over the OOD sets o (positive = below SGLD on some set; None for one network, which has no BALD);
+- ``bald_gap``: the worst per-set absolute gap to SGLD's BALD AUROC, max_o |AUROC_SGLD,o − AUROC_o|, in
+  percent points over the OOD sets o (two-sided: detecting an OOD set better than SGLD is as far from SGLD as
+  detecting it worse; None for one network, which has no BALD);
 - ``max_prob_gap``: the same for the max-probability score (1 − max p̄, the paper's "variation ratio");
-- ``nll_gap``: NLL − NLL_SGLD on the test set (nats);
-- ``kl``: the function-space distance (1/N) Σ_n KL(p̄_SGLD(· | x_n) ‖ p̄(· | x_n)) on the N test inputs,
-  p̄_SGLD the predictive of (up to a cap) every stored sample (:func:`apd.distillation.selection.function_space_gap`'s
-  KL term, shared code).
+- ``nll_gap``: NLL − NLL_SGLD on the test set (nats; signed: a lower NLL than SGLD's is not a shortfall);
+- ``kl``: (1/N) Σ_n KL(p̄_SGLD(· | x_n) ‖ p̄(· | x_n)) on the N test inputs, and ``kl_ood`` the same on
+  each OOD set's inputs, averaged over the sets;
+- ``input_bald_gap``: (1/N) Σ_n |I(x_n) − I_SGLD(x_n)| on the test inputs, I the per-input BALD
+  H[p̄] − (1/K) Σ_k H[p_k] (nats), and ``input_bald_gap_ood`` the same on each OOD set, averaged over the
+  sets (:func:`apd.distillation.selection.function_space_gap`'s two terms, here on the final inputs).
 
-AUROC and NLL references are SGLD's own evaluated numbers (its ensemble size, mean over runs); the KL
-reference is the whole store's predictive. :func:`kept_samples` measures k kept samples (evenly spaced
-over the store, across chains, and ``subsets`` random subsets for the spread); :func:`kept_curve` does so
-for several k. :func:`margins_over_kept` says, per score and OOD set and for the NLL, by how much a method
-beats its ⌈S⌉ kept samples, and whether by more than the random subsets' spread. Nothing is chosen
-here: these are the final report's numbers on the test split and the reported OOD sets. No paths, no
+AUROC and NLL references are SGLD's own evaluated numbers (its ensemble size, mean over runs); p̄_SGLD and
+I_SGLD are those of (up to a cap) every stored sample. :func:`kept_samples` measures k kept samples three
+ways: centred in equal parts of each chain (``evenly_spaced``), the last samples of each chain
+(``last``), and ``subsets`` random subsets stratified by chain (``random``: mean, std, 5–95 % band and
+every subset's value); :func:`kept_curve` does so for several k.
+
+A method's standing against its ⌈S⌉ kept samples (:func:`standing`) is its **percentile rank** among the
+random subsets, :func:`percentile_rank`: the percentage of subsets whose gap is strictly larger than the
+method's, ties counted half. It **wins** a comparison where its gap is smaller than both fixed selections'
+(evenly spaced and last) and its percentile rank is at least :data:`WIN_PERCENTILE` (better than 95 % of
+random subsets; a method that is one more random subset does so 5 % of the time). :func:`ranks_over_kept`
+counts the wins set by set (each score's absolute AUROC gap per OOD set) and on the NLL gap. Nothing is
+chosen here: these are the final report's numbers on the test split and the reported OOD sets. No paths, no
 run context: callers pass the store, inputs and generators.
 """
 
@@ -33,60 +43,101 @@ from torch import Tensor
 from apd.distillation.precision import in_samples, round_trip, stored_bytes
 from apd.distillation.selection import PROBABILITY_FLOOR
 from apd.evaluation.protocol import EvaluationInputs, Judgement, judge_probs
+from apd.metrics import auroc
 from apd.nets import predict_probs
-from apd.posteriors.kept import evenly_spaced_rows, random_rows
+from apd.posteriors.kept import evenly_spaced_rows, last_rows, random_rows
 from apd.samplers.store import SampleStore
+from apd.uncertainty import predictive_entropy
 
 SCORES = ["bald", "max_prob"]  # the scores whose AUROC gaps define quality
-SUMMARY_KEYS = ("acc", "nll", "mean_bald_auroc", "bald_gap", "max_prob_gap", "nll_gap", "kl")
+FUNCTION_KEYS = ("kl", "kl_ood", "input_bald_gap", "input_bald_gap_ood")  # the function-space gaps
+GAP_KEYS = ("bald_gap", "max_prob_gap", "nll_gap", *FUNCTION_KEYS)  # every summary; smaller is better
+SUMMARY_KEYS = ("acc", "nll", "mean_bald_auroc", *GAP_KEYS)
+WIN_PERCENTILE = 95.0  # a win: better than this percentage of the random subsets (and both fixed selections)
+BAND = (5.0, 95.0)  # the random subsets' band, percentiles
+FIXED = ("evenly_spaced", "last")  # the fixed selections of kept samples
+RANK_RULE = ("Percentile rank: the percentage of the random subsets whose gap is strictly larger than the method's, "
+             "ties counted half; band: the subsets' 5–95 % range. A win: a gap smaller than both the evenly spaced "
+             f"and the last samples' and a percentile rank of at least {WIN_PERCENTILE:g}.")
 
 
 @dataclass(frozen=True)
 class Reference:
-    """SGLD's side: per-set AUROC (percent) of BALD and max_prob, test NLL, and the predictive p̄ [N, C]
-    of ``samples`` stored samples on the test inputs."""
+    """SGLD's side: per-set AUROC (percent) of BALD and max_prob, test NLL, and on the test inputs
+    (``"test"``) and each OOD set the predictive p̄ [n, C] (``predictive``) and per-input BALD [n]
+    (``information``) of ``samples`` stored samples, float64 on the CPU."""
 
     bald_auroc: dict[str, float]
     max_prob_auroc: dict[str, float]
     nll: float
-    mean_probs: Tensor
+    predictive: dict[str, Tensor]
+    information: dict[str, Tensor]
     samples: int
 
 
-def reference_predictive(store: SampleStore, x_test: Tensor, limit: int, device: torch.device | str = "cpu",
-                         chunk: int = 200) -> tuple[Tensor, int]:
-    """p̄_SGLD [N, C] (float64, CPU) over min(limit, len(store)) samples evenly spaced over the store (all of
-    them when the store is no larger), read ``chunk`` at a time; and that number of samples."""
+def reference_predictive(store: SampleStore, inputs: EvaluationInputs, limit: int,
+                         device: torch.device | str = "cpu", chunk: int = 200) -> tuple[dict, dict, int]:
+    """p̄_SGLD and I_SGLD = H[p̄_SGLD] − (1/K) Σ_k H[p_k] on the test inputs (``"test"``) and each OOD set of
+    ``inputs`` (float64, CPU), over the K = min(limit, len(store)) samples of
+    :func:`~apd.posteriors.kept.evenly_spaced_rows` (all of them when the store is no larger), read ``chunk``
+    at a time; and K."""
     rows = evenly_spaced_rows(len(store), min(limit, len(store)))
-    total = None
-    x = x_test.to(device)
+    named = {"test": inputs.x_test, **inputs.ood}
+    x = torch.cat(list(named.values())).to(device)
+    total = member_entropy = 0.0
     for start in range(0, len(rows), chunk):
-        probs = predict_probs(store.spec, store.read(rows[start:start + chunk]).to(device), x)
-        part = probs.double().sum(0).cpu()
-        total = part if total is None else total + part
-    return total / len(rows), len(rows)
+        probs = predict_probs(store.spec, store.read(rows[start:start + chunk]).to(device), x).double()
+        total = total + probs.sum(0).cpu()
+        entropies = predictive_entropy(probs.flatten(0, 1)[None]).view(len(probs), -1)  # H[p_k], [chunk, N]
+        member_entropy = member_entropy + entropies.sum(0).cpu()
+    mean_probs = total / len(rows)
+    information = (predictive_entropy(mean_probs[None]) - member_entropy / len(rows)).clamp_min(0.0)
+    bounds = np.cumsum([0, *(len(v) for v in named.values())])
+    parts = {name: slice(a, b) for name, a, b in zip(named, bounds[:-1], bounds[1:], strict=True)}
+    return ({name: mean_probs[part] for name, part in parts.items()},
+            {name: information[part] for name, part in parts.items()}, len(rows))
 
 
-def kl_to_reference(test_probs: Tensor, reference: Reference) -> float:
-    """(1/N) Σ_n KL(p̄_SGLD ‖ p̄) in nats for a predictive ``test_probs`` [N, C]."""
-    ref = reference.mean_probs.clamp_min(PROBABILITY_FLOOR)
-    probs = test_probs.detach().double().cpu().clamp_min(PROBABILITY_FLOOR)
+def kl_to_reference(probs: Tensor, reference: Tensor) -> float:
+    """(1/N) Σ_n KL(p̄_SGLD(· | x_n) ‖ p̄(· | x_n)) in nats of a predictive ``probs`` [N, C] against
+    SGLD's ``reference`` [N, C] on the same inputs."""
+    ref = reference.clamp_min(PROBABILITY_FLOOR)
+    probs = probs.detach().double().cpu().clamp_min(PROBABILITY_FLOOR)
     return float((ref * (ref.log() - probs.log())).sum(-1).mean())
 
 
+def function_gaps(predictive: dict[str, Tensor], information: dict[str, Tensor],
+                  reference: Reference) -> dict[str, float]:
+    """The function-space gaps :data:`FUNCTION_KEYS` (module docstring) of an ensemble's predictive and
+    per-input BALD on the test inputs (``"test"``) and the OOD sets, against SGLD's; the ``_ood`` ones are
+    None without OOD sets."""
+    sets = [name for name in reference.predictive if name != "test"]
+
+    def kl(name: str) -> float:
+        return kl_to_reference(predictive[name], reference.predictive[name])
+
+    def bald_gap(name: str) -> float:
+        return float((information[name].double().cpu() - reference.information[name]).abs().mean())
+
+    return {"kl": kl("test"), "kl_ood": float(np.mean([kl(s) for s in sets])) if sets else None,
+            "input_bald_gap": bald_gap("test"),
+            "input_bald_gap_ood": float(np.mean([bald_gap(s) for s in sets])) if sets else None}
+
+
 def worst_gap(reference: dict[str, float], values: dict[str, float | None]) -> float | None:
-    """max over sets of reference − value (percent points); None when any value is undefined."""
+    """max over sets of |reference − value| (percent points); None when any value is undefined."""
     if not reference or any(values.get(name) is None for name in reference):
         return None
-    return max(reference[name] - values[name] for name in reference)
+    return max(abs(reference[name] - values[name]) for name in reference)
 
 
 def quality(bald_auroc: dict[str, float | None], max_prob_auroc: dict[str, float | None], nll: float,
-            kl: float, reference: Reference) -> dict[str, float | None]:
-    """``bald_gap``, ``max_prob_gap``, ``nll_gap`` and ``kl`` (module docstring) of AUROCs in percent."""
+            function: dict[str, float | None], reference: Reference) -> dict[str, float | None]:
+    """:data:`GAP_KEYS` (module docstring) of AUROCs in percent, an NLL and the :func:`function_gaps`
+    ``function``."""
     return {"bald_gap": worst_gap(reference.bald_auroc, bald_auroc),
             "max_prob_gap": worst_gap(reference.max_prob_auroc, max_prob_auroc),
-            "nll_gap": nll - reference.nll, "kl": kl}
+            "nll_gap": nll - reference.nll, **{key: function[key] for key in FUNCTION_KEYS}}
 
 
 def summarise(judgement: Judgement, reference: Reference) -> dict[str, float | None]:
@@ -97,12 +148,28 @@ def summarise(judgement: Judgement, reference: Reference) -> dict[str, float | N
     return {"acc": judgement.accuracy["acc"], "nll": judgement.accuracy["nll"],
             "mean_bald_auroc": float(np.mean(bald)) if len(bald) == len(aurocs["bald"]) and bald else None,
             **quality(aurocs["bald"], aurocs["max_prob"], judgement.accuracy["nll"],
-                      kl_to_reference(judgement.test_probs, reference), reference),
+                      function_gaps(judgement.predictive, judgement.information, reference), reference),
             "auroc": aurocs}
 
 
 def _mean_std(values: list[float | None]) -> dict[str, float] | None:
     return None if any(v is None for v in values) else {"mean": float(np.mean(values)), "std": float(np.std(values))}
+
+
+def stored_value(value: float) -> float:
+    """A subset's gap as results store it, to 6 significant digits; a method's gap is ranked at the same
+    precision, so that a gap equal to the subsets' (one network's BALD, 0 for all) is a tie."""
+    return float(f"{value:.6g}")
+
+
+def _with_band(values: list[float | None]) -> dict | None:
+    """:func:`_mean_std` with the :data:`BAND` percentiles (``p5``, ``p95``) and every value
+    (:func:`stored_value`)."""
+    found = _mean_std(values)
+    if found is None:
+        return None
+    low, high = np.percentile(values, BAND)
+    return {**found, "p5": float(low), "p95": float(high), "values": [stored_value(v) for v in values]}
 
 
 def mean_of(value: dict | float | None) -> float | None:
@@ -116,14 +183,70 @@ def std_of(value: dict | float | None) -> float:
     return value["std"] if isinstance(value, dict) else 0.0
 
 
-def spread(summaries: list[dict]) -> dict:
+def spread(summaries: list[dict], band: bool = False) -> dict:
     """Mean and population std over ``summaries`` of each :data:`SUMMARY_KEYS` value and of each per-set
-    AUROC (``auroc``: score → set → mean and std), None where undefined."""
-    out: dict = {key: _mean_std([s[key] for s in summaries]) for key in SUMMARY_KEYS}
+    AUROC (``auroc``: score → set → mean and std), None where undefined. With ``band`` (random subsets),
+    the gaps :data:`GAP_KEYS` and the per-set AUROCs also get their 5–95 % band and every value
+    (:func:`percentile_rank` needs them)."""
+    ranked = _with_band if band else _mean_std
+    out: dict = {key: (ranked if key in GAP_KEYS else _mean_std)([s[key] for s in summaries]) for key in SUMMARY_KEYS}
     first = summaries[0]["auroc"]
-    out["auroc"] = {score: {name: _mean_std([s["auroc"][score][name] for s in summaries]) for name in first[score]}
+    out["auroc"] = {score: {name: ranked([s["auroc"][score][name] for s in summaries]) for name in first[score]}
                     for score in first}
     return out
+
+
+def percentile_rank(gap: float, subsets: Iterable[float]) -> float:
+    """The percentile rank of a method's ``gap`` among the random subsets' gaps g_1 … g_J (smaller is
+    better): P = 100 · (#{j: g_j > gap} + ½ · #{j: g_j = gap}) / J, the percentage of subsets the method
+    beats, ties counted half. P = 100: better than every subset; 50: the median subset's equal."""
+    values = np.asarray(list(subsets), dtype=np.float64)
+    return float(100.0 * (np.sum(values > gap) + 0.5 * np.sum(values == gap)) / values.size)
+
+
+def standing(gap: float | None, fixed: list[float | None], subsets: list[float] | None) -> dict | None:
+    """A method's ``gap`` against its kept samples: the fixed selections' gaps ``fixed`` (evenly spaced,
+    last), the random subsets' gaps ``subsets``; its percentile rank among them (:func:`percentile_rank`, both
+    at :func:`stored_value`'s precision), their 5–95 % band and ``beats``: smaller than every fixed gap and a
+    percentile rank of at least :data:`WIN_PERCENTILE`. None where a gap is undefined."""
+    if gap is None or subsets is None or any(g is None for g in fixed):
+        return None
+    rank = percentile_rank(stored_value(gap), [stored_value(g) for g in subsets])
+    low, high = np.percentile(subsets, BAND)
+    return {"gap": gap, "fixed": list(fixed), "percentile": rank, "band": [float(low), float(high)],
+            "beats": rank >= WIN_PERCENTILE and all(gap < g for g in fixed)}
+
+
+def summary_standings(own: dict, kept: dict) -> dict:
+    """:func:`standing` of a method's summaries ``own`` (its :func:`quality`, plain values or means over
+    runs) on each of :data:`GAP_KEYS` against a :func:`kept_samples` row."""
+    drawn = kept["random"]
+    return {key: standing(mean_of(own.get(key)), [kept[name][key] for name in FIXED],
+                          None if drawn[key] is None else drawn[key]["values"]) for key in GAP_KEYS}
+
+
+def ranks_over_kept(own_auroc: dict[str, dict[str, float | None]], own_nll: float, kept: dict,
+                    reference_auroc: dict[str, dict[str, float]], reference_nll: float) -> dict:
+    """A method against its ⌈S⌉ kept samples (a :func:`kept_samples` row), set by set: for each score of
+    ``own_auroc`` (score → set → AUROC, percent) and set, the absolute gap to SGLD's AUROC
+    (``reference_auroc``), and the NLL gap (to ``reference_nll``), each as a :func:`standing` against the
+    kept samples' gaps. ``wins`` counts the comparisons beaten among the ``compared`` ones that are defined
+    (a score one network cannot have is left out)."""
+    def gap(value: float | None, ref: float) -> float | None:
+        return None if value is None else abs(value - ref)
+
+    def against(score: str, name: str, value: float | None) -> dict | None:
+        ref, drawn = reference_auroc[score][name], kept["random"]["auroc"][score].get(name)
+        return standing(gap(value, ref), [gap(kept[fixed]["auroc"][score].get(name), ref) for fixed in FIXED],
+                        None if drawn is None else [abs(v - ref) for v in drawn["values"]])
+
+    auroc = {score: {name: against(score, name, value) for name, value in by_set.items()}
+             for score, by_set in own_auroc.items()}
+    nll = standing(own_nll - reference_nll, [kept[fixed]["nll_gap"] for fixed in FIXED],
+                   kept["random"]["nll_gap"]["values"])
+    found = [m for by_set in auroc.values() for m in by_set.values() if m is not None] + [nll]
+    return {"auroc": auroc, "nll": nll, "wins": sum(m["beats"] for m in found), "compared": len(found),
+            "rule": f"percentile rank ≥ {WIN_PERCENTILE:g} and below both fixed selections"}
 
 
 def _margin(own: float | None, kept: float | None, drawn: dict[str, float] | None, sign: float) -> dict | None:
@@ -135,17 +258,33 @@ def _margin(own: float | None, kept: float | None, drawn: dict[str, float] | Non
 
 
 def margins_over_kept(own_auroc: dict[str, dict[str, float | None]], own_nll: float, kept: dict) -> dict:
-    """A method against its ⌈S⌉ kept samples (a :func:`kept_samples` row): for each score of ``own_auroc``
-    (score → set → AUROC, percent) and set, and for the NLL, the margin over the evenly spaced samples and
-    over the random subsets' mean (positive: the method is better; AUROC higher, NLL lower), the subsets'
-    std, and ``beats``: both margins larger than that std. ``wins`` counts the comparisons beaten among the
-    ``compared`` ones that are defined (a score one network cannot have is left out)."""
+    """The comparison of results written before :func:`ranks_over_kept` (their random subsets hold only a
+    mean and std), kept so that those results still render: for each score of ``own_auroc`` (score → set →
+    AUROC, percent) and set, and for the NLL, the margin over the evenly spaced samples and over the random
+    subsets' mean (positive: the method is better; AUROC higher, NLL lower), the subsets' std, and
+    ``beats``: both margins larger than that std. ``wins`` counts the comparisons beaten among the
+    ``compared`` ones that are defined."""
     even, drawn = kept["evenly_spaced"], kept["random"]
     auroc = {score: {name: _margin(value, even["auroc"][score].get(name), drawn["auroc"][score].get(name), 1.0)
                      for name, value in by_set.items()} for score, by_set in own_auroc.items()}
     nll = _margin(own_nll, even["nll"], drawn["nll"], -1.0)
     found = [m for by_set in auroc.values() for m in by_set.values() if m is not None] + ([nll] if nll else [])
     return {"auroc": auroc, "nll": nll, "wins": sum(m["beats"] for m in found), "compared": len(found)}
+
+
+def ranked(kept: dict) -> bool:
+    """Whether a :func:`kept_samples` row holds every random subset's value (and the last samples): rows
+    written before percentile ranks hold only the subsets' mean and std."""
+    return "last" in kept
+
+
+def wins_over_kept(own_auroc: dict[str, dict[str, float | None]], own_nll: float, kept: dict,
+                   reference_auroc: dict[str, dict[str, float]], reference_nll: float) -> dict:
+    """:func:`ranks_over_kept`, or :func:`margins_over_kept` for a row written before percentile ranks
+    (:func:`ranked`), the rule its results were reported by."""
+    if ranked(kept):
+        return ranks_over_kept(own_auroc, own_nll, kept, reference_auroc, reference_nll)
+    return margins_over_kept(own_auroc, own_nll, kept)
 
 
 @torch.no_grad()
@@ -155,20 +294,22 @@ def judge_rows(store: SampleStore, rows: np.ndarray, inputs: EvaluationInputs, d
     (:func:`apd.distillation.precision.round_trip`)."""
     weights = torch.stack([round_trip(row, precision) for row in store.read(rows)]).to(device)
     probs = predict_probs(store.spec, weights, inputs.stacked(device))
-    return summarise(judge_probs(probs, inputs, SCORES), reference)
+    return summarise(judge_probs(probs, inputs, SCORES, auroc), reference)
 
 
 def kept_samples(store: SampleStore, k: int, inputs: EvaluationInputs, reference: Reference, subsets: int,
                  generator: torch.Generator, device: torch.device | str = "cpu", precision: str = "float32") -> dict:
-    """k kept samples, each stored at ``precision``: ``evenly_spaced`` (over the store, the same number from
-    each chain) and the mean and std over ``subsets`` uniformly random subsets (``random``); their storage
-    in SGLD samples' worth."""
-    n, dim = len(store), store.spec.numel
-    even = judge_rows(store, evenly_spaced_rows(n, k, store.chains), inputs, device, reference, precision)
-    drawn = [judge_rows(store, random_rows(n, k, generator), inputs, device, reference, precision)
+    """k kept samples, each stored at ``precision``: centred in equal parts of each chain (``evenly_spaced``),
+    each chain's last samples (``last``), and over ``subsets`` random subsets stratified by chain
+    (``random``: :func:`spread` with the band and every subset's value); their storage in SGLD samples'
+    worth (:mod:`apd.posteriors.kept` for the three selections)."""
+    n, dim, chains = len(store), store.spec.numel, store.chains
+    fixed = {"evenly_spaced": evenly_spaced_rows(n, k, chains), "last": last_rows(n, k, chains)}
+    judged = {name: judge_rows(store, rows, inputs, device, reference, precision) for name, rows in fixed.items()}
+    drawn = [judge_rows(store, random_rows(n, k, generator, chains), inputs, device, reference, precision)
              for _ in range(subsets)]
-    return {"k": k, "in_sgld_samples": k * in_samples(stored_bytes(dim, precision), dim), "evenly_spaced": even,
-            "random": spread(drawn), "subsets": subsets, "precision": precision}
+    return {"k": k, "in_sgld_samples": k * in_samples(stored_bytes(dim, precision), dim), **judged,
+            "random": spread(drawn, band=True), "subsets": subsets, "precision": precision}
 
 
 def kept_for(worth: float, dim: int, precision: str, available: int) -> int:

@@ -8,9 +8,9 @@ For each budget S of ``budgets`` (SGLD samples' worth, bytes / (4·D)):
   ``precision`` (:func:`~apd.experiments.precision.chain_generators_storage`), trained on float32
   coordinates and then stored at the precision (the generator networks at ``generators_at`` where given,
   the codec at ``precision``: :func:`~apd.experiments.precision.apd_bytes`);
-- **kept samples**: S SGLD samples stored at float32, evenly spaced over the store (across chains) and
-  ``subsets`` random subsets (:func:`~apd.evaluation.yardstick.kept_samples`): the kept-samples yardstick, ⌈S⌉
-  samples as they are;
+- **kept samples**: S SGLD samples stored at float32, centred in equal parts of each chain, the last of
+  each chain, and ``subsets`` random subsets stratified by chain (:func:`~apd.evaluation.yardstick.kept_samples`):
+  the kept-samples yardstick, ⌈S⌉ samples as they are;
 - **kept samples at APD's precision** (``kept_at_precision``, on by default, none when APD is stored at
   float32): ⌈S / s⌉ SGLD samples, each stored at ``precision`` as APD is (s: one sample's storage at it;
   :func:`~apd.evaluation.yardstick.kept_for`, as ``apd evaluate`` sets a method at a lower precision
@@ -22,11 +22,12 @@ For each budget S of ``budgets`` (SGLD samples' worth, bytes / (4·D)):
   not the budget's, and it is an analysis rather than a distiller: it tells a generator that falls short
   of its subspace from a subspace that falls short of SGLD.
 
-Both are scored by the kept-samples yardstick (:mod:`apd.evaluation.yardstick`): worst per-set BALD and
-max-prob AUROC gap to SGLD, NLL gap, KL(SGLD's predictive ‖ the method's) on the judged images; and APD's
-margins over the kept samples (:func:`~apd.evaluation.yardstick.margins_over_kept`: a win is a margin over
-both the evenly spaced and the random subsets larger than the subsets' std). APD's curve crosses the kept
-samples' at the budgets where all four summaries are below both kept rows' (:func:`below_kept`), and the
+Both are scored by the kept-samples yardstick (:mod:`apd.evaluation.yardstick`): worst per-set absolute BALD
+and max-prob AUROC gap to SGLD, NLL gap, KL(SGLD's predictive ‖ the method's) on the judged images (and the
+function-space gaps on the tuning pool); and APD's wins over the kept samples
+(:func:`~apd.evaluation.yardstick.wins_over_kept`: a gap below the evenly spaced and the last samples' and a
+percentile rank of at least 95 among the random subsets, stratified by chain). APD's curve crosses the kept
+samples' at the budgets where it wins on all four summaries (:func:`below_kept`), and the
 curve of the samples kept at APD's precision likewise. APD's storage is at most S, so both sets of kept
 samples have at least APD's bytes, unless the store holds fewer than ⌈S / s⌉; a crossing counts only where
 they do (:func:`crossings`).
@@ -47,11 +48,10 @@ from typing import Literal
 
 import torch
 
-from apd.config import bounded
-from apd.distillation.chain_generators import chain_partition
+from apd.config import YARDSTICK_SUBSETS, bounded
 from apd.distillation.precision import Precision
 from apd.errors import ConfigError
-from apd.evaluation.yardstick import kept_for, kept_samples, mean_of, std_of
+from apd.evaluation.yardstick import FIXED, RANK_RULE, kept_for, kept_samples, mean_of, ranked, standing, std_of
 from apd.experiments.options import plan_from_options
 from apd.experiments.outputs import write_study
 from apd.experiments.precision import (
@@ -74,11 +74,11 @@ from apd.pipeline.figures import new_figure, save_figure
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.stage import require_input
 from apd.pipeline.table_format import MISSING, format_gap, format_number, format_sample_count, markdown_table, mean_std
-from apd.samplers.store import SampleStore
+from apd.samplers.store import SampleStore, chain_partition
 
 log = logging.getLogger(__name__)
 
-KEPT = {"evenly_spaced": "kept, evenly spaced", "random": "kept, random subsets"}
+KEPT = {"evenly_spaced": "kept, evenly spaced", "last": "kept, last of each chain", "random": "kept, random subsets"}
 APD, CEILING = "APD per chain", "SGLD coordinates (APD's ceiling)"
 SUMMARIES = {"bald_gap": "BALD", "max_prob_gap": "max-prob", "nll_gap": "NLL", "kl": "KL"}
 
@@ -89,7 +89,7 @@ class FrontierPlan:
 
     budgets: list[int] = bounded([2, 4, 8, 16])  # SGLD samples' worth; S kept samples at each
     precision: Precision = "int8"  # APD's stored tensors (S kept samples stay float32)
-    subsets: int = bounded(5, ge=1)  # random kept subsets per budget: the spread a win must exceed
+    subsets: int = bounded(YARDSTICK_SUBSETS, ge=YARDSTICK_SUBSETS)  # random kept subsets per budget
     steps: int = bounded(0, ge=0)  # generator steps per chain; 0: the pipeline's distill.steps
     ceiling: bool = True  # also score every sample's coordinates in APD's subspace (float32)
     kept_at_precision: bool = True  # also keep the samples S buys at APD's precision (none at float32)
@@ -146,13 +146,13 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
                 stored = stored_apd(exact, plan.precision, plan.generators())
                 nbytes = apd_bytes(stored.model, plan.precision, plan.generators())
                 apd = {"rank": rank, "chains": chains, "seconds": round(time.perf_counter() - t0, 2),
-                       **scored(ctx, stored, nbytes, inputs, reference, kept, seed)}
+                       **scored(ctx, stored, nbytes, inputs, reference, kept, seed, sgld)}
                 if plan.ceiling:
                     ceiling = {"rank": rank, **scored(ctx, coordinates, coordinates.stored_bytes("float32"), inputs,
-                                                      reference, kept, seed)}
+                                                      reference, kept, seed, sgld)}
                 for summary in filter(None, (apd, ceiling)):
-                    summary["margins_at_precision"] = None if stored_kept is None else judged_margins(summary,
-                                                                                                       stored_kept)
+                    summary["margins_at_precision"] = (None if stored_kept is None else
+                                                       judged_margins(summary, stored_kept, sgld))
             points.append({"budget": budget, "kept": kept, "kept_at_precision": stored_kept, "apd": apd,
                            "ceiling": ceiling})
             log.info("budget %d: %s", budget, "no generator fits" if apd is None else
@@ -166,10 +166,13 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
 
 def below_kept(point: dict, method: str = "apd", kept: str = "kept") -> list[str]:
     """The yardstick summaries of :data:`SUMMARIES` on which ``method`` (``"apd"`` or ``"ceiling"``) at one
-    budget is below both rows of the ``kept`` samples (``"kept"``: at float32; ``"kept_at_precision"``: at
-    APD's precision): its mean worst BALD or max-prob AUROC gap, NLL gap or KL smaller than the evenly
-    spaced samples' value and the random subsets' mean. Gaps are signed, so an NLL below SGLD's is below
-    any NLL above it. A summary a kept row lacks (one kept sample has no BALD) is not below, and a point
+    budget is below the ``kept`` samples (``"kept"``: at float32; ``"kept_at_precision"``: at APD's
+    precision): its mean worst BALD or max-prob AUROC gap, NLL gap or KL wins against them
+    (:func:`~apd.evaluation.yardstick.standing`: smaller than the evenly spaced and the last samples' value
+    and a percentile rank of at least 95 among the random subsets). Studies written before percentile
+    ranks (:func:`~apd.evaluation.yardstick.ranked`) are read by their rule: smaller than the evenly spaced
+    samples' value and the random subsets' mean. The NLL gap is signed, so an NLL below SGLD's is below any
+    NLL above it. A summary a kept row lacks (one kept sample has no BALD) is not below, and a point
     without those kept samples has none. APD's curve crosses the kept samples' at the budgets where it is
     below on all four."""
     summary, rows = point.get(method), point.get(kept)
@@ -177,7 +180,14 @@ def below_kept(point: dict, method: str = "apd", kept: str = "kept") -> list[str
         return []
     below = []
     for key, label in SUMMARIES.items():
-        ours, theirs = mean_of(summary[key]), [mean_of(rows[kind][key]) for kind in KEPT]
+        ours = mean_of(summary[key])
+        if ranked(rows):
+            drawn = rows["random"][key]
+            found = standing(ours, [rows[name][key] for name in FIXED], None if drawn is None else drawn["values"])
+            if found is not None and found["beats"]:
+                below.append(label)
+            continue
+        theirs = [mean_of(rows[kind][key]) for kind in ("evenly_spaced", "random")]
         if ours is not None and None not in theirs and all(ours < value for value in theirs):
             below.append(label)
     return below
@@ -200,7 +210,8 @@ def crossings(results: dict, kept: str = "kept") -> list[float]:
 def _kept_rows(kept: dict, label: str) -> list[tuple[str, str, dict, None]]:
     """The evenly spaced and the random rows of one set of kept samples, labelled ``label``."""
     return [(f"{label}, {name.removeprefix('kept, ')}", f"k={kept['k']}",
-             {**kept[key], "in_sgld_samples": kept["in_sgld_samples"]}, None) for key, name in KEPT.items()]
+             {**kept[key], "in_sgld_samples": kept["in_sgld_samples"]}, None) for key, name in KEPT.items()
+            if key in kept]  # studies written before percentile ranks kept no last samples
 
 
 def _rows(point: dict, precision: str) -> list[tuple[str, str, dict | None, str | None]]:
@@ -221,6 +232,20 @@ def _listed(budgets: list[float]) -> str:
     return f"{at} samples' worth" if at else "no budget"
 
 
+MARGINS_NOTE = ("Gaps to SGLD: worst per-set AUROC gap in points (positive: below SGLD), NLL gap in nats; KL to SGLD's "
+                "predictive. Wins: APD's margins over both the evenly spaced and the random kept samples larger than "
+                "the random subsets' std, of the per-set BALD and max-prob AUROCs and the NLL. Below both kept: the "
+                "summaries on which APD's mean is smaller than both the evenly spaced samples' value and the random "
+                "subsets' mean (signed: an NLL below SGLD's counts as below); APD's curve crosses the kept samples' "
+                "where it is below on all four.")  # the rule of studies written before percentile ranks
+RANKED_NOTE = ("Gaps to SGLD: worst per-set absolute AUROC gap in points (above or below SGLD alike), NLL gap in nats "
+               "(signed); KL to SGLD's predictive. Kept samples: centred in equal parts of each chain (evenly spaced), "
+               "the last of each chain, and random subsets stratified by chain. Wins: the comparisons APD wins, of "
+               "the per-set absolute BALD and max-prob AUROC gaps and the NLL gap. " + RANK_RULE + " Below both "
+               "kept: the summaries on which APD's mean wins so; APD's curve crosses the kept samples' where it "
+               "wins on all four.")
+
+
 def render_table(results: dict) -> str:
     """The Markdown of ``frontier.md``: a note on the protocol and, per budget, APD and the kept samples on
     each yardstick quantity, with APD's wins over the kept samples (and over those kept at its precision,
@@ -239,12 +264,8 @@ def render_table(results: dict) -> str:
                f"holds that many), each stored at {precision} as {rounded_as}" if at_precision else "")
             + f". {results['runs']} runs × {results['networks']} networks per APD "
             f"draw (mean ± std over runs); judged on validation images and the OOD tuning pool "
-            f"({' / '.join(results['ood_sets'])}). Gaps to SGLD: worst per-set AUROC gap in points (positive: "
-            "below SGLD), NLL gap in nats; KL to SGLD's predictive. Wins: APD's margins over both the evenly "
-            "spaced and the random kept samples larger than the random subsets' std, of the per-set BALD and "
-            "max-prob AUROCs and the NLL. Below both kept: the summaries on which APD's mean is smaller than "
-            "both the evenly spaced samples' value and the random subsets' mean (signed: an NLL below SGLD's "
-            "counts as below); APD's curve crosses the kept samples' where it is below on all four."
+            f"({' / '.join(results['ood_sets'])}). "
+            + (RANKED_NOTE if ranked(points[0]["kept"]) else MARGINS_NOTE)
             + (" APD's ceiling: every SGLD sample's own coordinates in APD's subspace at float32, the best a "
                "generator there can do; its storage column counts every sample's coordinates, so it is not held to "
                "the budget."
@@ -325,7 +346,7 @@ def draw_figure(results: dict, path: Path) -> None:
                     errors.append(std_of(value))
             if xs:
                 ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, color=f"C{i}", label=method,
-                            linestyle=("-", "-", "--", ":", "-", "--")[i])
+                            linestyle=("-", "-", "-.", "--", ":", "-", "-.", "--")[i])
         ax.axhline(0, color="grey", linewidth=0.8)
         ax.set_xscale("log")
         budgets = [point["budget"] for point in results["points"]]

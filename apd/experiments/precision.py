@@ -10,8 +10,8 @@ A storage budget of S SGLD samples' worth (``budget``, bytes / (4·D)) buys, at 
   precision;
 - **kept samples**: the fewest SGLD samples that take the budget at that precision, k = ⌈S / s⌉ with s
   = bytes of one sample / 4D (:func:`~apd.evaluation.yardstick.kept_for`, as ``apd evaluate`` and the
-  frontier keep them), so at least every method's storage; evenly spaced over the store (across chains)
-  and ``subsets`` random subsets for the spread, each sample stored at the precision. (Studies written
+  frontier keep them), so at least every method's storage; centred in equal parts of each chain, the last of
+  each chain, and ``subsets`` random subsets stratified by chain, each sample stored at the precision. (Studies written
   before kept ⌊S / s⌋, which may take less than a method: the table says where.)
 
 - **SGLD coordinates**: the ceiling of any generator in a rank-r subspace, and a distilled store of its
@@ -26,10 +26,10 @@ A storage budget of S SGLD samples' worth (``budget``, bytes / (4·D)) buys, at 
 
 So lower precision buys APD a larger rank and the kept samples more members, and the kept samples never have
 fewer bytes than the method they are set against. Both are scored by the kept-samples yardstick
-(:mod:`apd.evaluation.yardstick`): worst per-set BALD and max-prob AUROC gap to SGLD, NLL gap and KL to
-SGLD's predictive, and the margins of APD and of the coordinates over their kept samples
-(:func:`~apd.evaluation.yardstick.margins_over_kept`: a win is a margin larger than the random subsets'
-spread over both the evenly spaced and the random subsets).
+(:mod:`apd.evaluation.yardstick`): worst per-set absolute BALD and max-prob AUROC gap to SGLD, NLL gap and
+KL to SGLD's predictive, and the wins of APD and of the coordinates over their kept samples
+(:func:`~apd.evaluation.yardstick.wins_over_kept`: a gap below the evenly spaced and the last samples' and a
+percentile rank of at least 95 among the random subsets; studies written before by their margins' rule).
 The *storage shift* is the mean total variation ½ Σ_y |p̄₃₂(y | x) − p̄(y | x)| on validation images
 between an ensemble stored at float32 and the same ensemble (the same codes and residual draws; the same
 rows) stored at the precision: what the rounding alone changes.
@@ -54,8 +54,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from apd.config import DistillConfig, bounded
-from apd.distillation.chain_generators import chain_partition
+from apd.config import YARDSTICK_SUBSETS, DistillConfig, bounded
 from apd.distillation.codec import WeightCodec
 from apd.distillation.generator import DistilledGenerator, architecture, build_generator
 from apd.distillation.precision import (
@@ -70,7 +69,16 @@ from apd.distillation.precision import (
 from apd.distillation.training import encode_store, make_chain_trainers
 from apd.errors import ConfigError
 from apd.evaluation.protocol import EvaluationInputs
-from apd.evaluation.yardstick import Reference, kept_for, kept_samples, margins_over_kept, mean_of, std_of
+from apd.evaluation.yardstick import (
+    RANK_RULE,
+    Reference,
+    kept_for,
+    kept_samples,
+    mean_of,
+    ranked,
+    std_of,
+    wins_over_kept,
+)
 from apd.experiments.distillers import DistillerPlan, Variant, build
 from apd.experiments.outputs import run_study
 from apd.experiments.storage import judge_runs, sgld_reference
@@ -83,7 +91,7 @@ from apd.pipeline.stage import require_input
 from apd.pipeline.table_format import MISSING, format_gap, format_number, format_sample_count, markdown_table, mean_std
 from apd.posteriors import APDGenerator, Posterior
 from apd.posteriors.kept import FixedEnsemble, evenly_spaced_rows
-from apd.samplers.store import SampleStore
+from apd.samplers.store import SampleStore, chain_partition
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +104,7 @@ class PrecisionPlan:
 
     budget: float = bounded(4.0, gt=0)  # SGLD samples' worth (fcNN2's target: S ≤ 4)
     precisions: list[Precision] = bounded(list(PRECISIONS))
-    subsets: int = bounded(5, ge=1)  # random kept subsets per precision: the spread a win must exceed
+    subsets: int = bounded(YARDSTICK_SUBSETS, ge=YARDSTICK_SUBSETS)  # random kept subsets per precision
     steps: int = bounded(0, ge=0)  # generator steps; 0: the pipeline's distill.steps
     max_seconds: float = bounded(1200.0, gt=0)  # wall clock for training one generator
     per_chain: bool = True  # also APD with one generator per chain
@@ -239,9 +247,11 @@ def _means(auroc: dict) -> dict:
             for score, by_set in auroc.items()}
 
 
-def judged_margins(summary: dict, kept: dict) -> dict:
-    """:func:`~apd.evaluation.yardstick.margins_over_kept` of a judged method (its mean AUROCs and NLL)."""
-    return margins_over_kept(_means(summary["auroc"]), summary["nll"]["mean"], kept)
+def judged_margins(summary: dict, kept: dict, sgld: dict) -> dict:
+    """:func:`~apd.evaluation.yardstick.wins_over_kept` of a judged method (its mean AUROCs and NLL) against
+    ``kept``, SGLD's side from ``sgld`` (its judged summary: mean per-set AUROCs and NLL, the reference)."""
+    return wins_over_kept(_means(summary["auroc"]), summary["nll"]["mean"], kept, _means(sgld["auroc"]),
+                          sgld["nll"]["mean"])
 
 
 def kept_row(ctx: RunContext, store: SampleStore, k: int, inputs: EvaluationInputs, reference: Reference,
@@ -259,20 +269,20 @@ def kept_row(ctx: RunContext, store: SampleStore, k: int, inputs: EvaluationInpu
 
 
 def scored(ctx: RunContext, stored: Posterior, nbytes: int, inputs: EvaluationInputs, reference: Reference,
-           kept: dict | None, seed: int) -> dict:
+           kept: dict | None, seed: int, sgld: dict) -> dict:
     """A method stored in ``nbytes``: its storage, the yardstick over ``runs`` draws of ``networks`` members
-    and its margins over ``kept`` (None without kept samples)."""
+    and its wins over ``kept`` (None without kept samples; ``sgld``: SGLD's judged summary)."""
     e = ctx.cfg.evaluate
     out = {"in_sgld_samples": in_samples(nbytes, stored.spec.numel),
            **judge_runs(stored, e.networks, inputs, reference, e.runs, seed)}
-    out["margins"] = None if kept is None else judged_margins(out, kept)
+    out["margins"] = None if kept is None else judged_margins(out, kept, sgld)
     return out
 
 
 def judged(ctx: RunContext, exact: Posterior, stored: Posterior, nbytes: int, inputs: EvaluationInputs,
-           reference: Reference, kept: dict | None, seed: int) -> dict:
+           reference: Reference, kept: dict | None, seed: int, sgld: dict) -> dict:
     """:func:`scored`, and the storage shift of ``stored`` against ``exact`` (the same method at float32)."""
-    return {**scored(ctx, stored, nbytes, inputs, reference, kept, seed),
+    return {**scored(ctx, stored, nbytes, inputs, reference, kept, seed, sgld),
             "storage_shift": storage_shift(exact, stored, ctx.data.x_val, ctx.cfg.evaluate.networks, seed)}
 
 
@@ -327,7 +337,7 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
                 row["apd"] = {"steps": built.steps, "residual_scale": built.residual_scale,
                               "seconds": round(time.perf_counter() - t0, 2),
                               **judged(ctx, built.method, stored, module_bytes(stored.model, precision), inputs,
-                                       reference, kept, seed)}
+                                       reference, kept, seed, sgld)}
                 row["margins"] = row["apd"].pop("margins")
             if chain_rank:
                 exact = train_chain_generators(ctx, store, coordinates_at(chain_rank),
@@ -335,13 +345,13 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
                 stored = stored_apd(exact, precision)
                 row["per_chain"] = {"rank": chain_rank, "chains": len(stored.model.generator.generators),
                                     **judged(ctx, exact, stored, module_bytes(stored.model, precision), inputs,
-                                             reference, kept, seed)}
+                                             reference, kept, seed, sgld)}
             if coordinate_rank:
                 exact = coordinates_at(coordinate_rank)
                 stored = exact.stored_at(precision)
                 row["coordinates"] = {"rank": coordinate_rank,
                                       **judged(ctx, exact, stored, stored.stored_bytes(precision), inputs,
-                                               reference, kept, seed)}
+                                               reference, kept, seed, sgld)}
             rows.append(row)
             log.info("%s: APD rank %d, %d kept samples%s", precision, rank, k,
                      "" if row["margins"] is None else f"; APD wins {row['margins']['wins']} of "
@@ -364,6 +374,7 @@ def _method_rows(row: dict) -> list[tuple[str, str, dict | None, dict | None]]:
             ("SGLD coordinates", f"r={coordinates['rank']}" if coordinates else "none fits", coordinates,
              None if coordinates is None else coordinates.get("margins")),
             ("kept, evenly spaced", f"k={row['k']}", None if kept is None else kept["evenly_spaced"], None),
+            *([("kept, last of each chain", f"k={row['k']}", kept["last"], None)] if kept and "last" in kept else []),
             ("kept, random subsets", f"k={row['k']}", None if kept is None else kept["random"], None)]
 
 
@@ -377,19 +388,29 @@ def fewer_bytes_than_kept(row: dict) -> list[str]:
         if margins is not None and summary["in_sgld_samples"] > kept["in_sgld_samples"]]
 
 
-def wins_over_float32_kept(summary: dict, float32_kept: dict | None) -> dict | None:
-    """A judged method's margins over ⌈S⌉ kept samples stored at float32 (the kept-samples yardstick), S its
+def wins_over_float32_kept(summary: dict, float32_kept: dict | None, sgld: dict) -> dict | None:
+    """A judged method's wins over ⌈S⌉ kept samples stored at float32 (the kept-samples yardstick), S its
     storage: over ``float32_kept`` (the float32 row's kept samples) when there are ⌈S⌉ of them; None
     otherwise."""
     if float32_kept is None or float32_kept["k"] != math.ceil(summary["in_sgld_samples"]):
         return None
-    return judged_margins(summary, float32_kept)
+    return judged_margins(summary, float32_kept, sgld)
+
+
+MARGINS_NOTE = ("worst per-set AUROC gap in points (positive: below SGLD), NLL gap in nats; KL to SGLD's predictive. "
+                "Wins over kept: margins over both the evenly spaced and the random kept samples larger than the "
+                "random subsets' std, of the per-set BALD and max-prob AUROCs and the NLL;")  # studies before ranks
+RANKED_NOTE = ("worst per-set absolute AUROC gap in points (above or below SGLD alike), NLL gap in nats (signed); KL "
+               "to SGLD's predictive. Kept samples: centred in equal parts of each chain (evenly spaced), the last of "
+               "each chain, and random subsets stratified by chain. Wins over kept: the comparisons won, of the "
+               "per-set absolute BALD and max-prob AUROC gaps and the NLL gap;")
 
 
 def render_table(results: dict) -> str:
     """The Markdown of ``precision.md``: a note on the protocol and, per precision, APD, the SGLD coordinates
     and the kept samples on each yardstick quantity."""
     kept_rows = [row["kept"] for row in results["rows"] if row["kept"] is not None]
+    by_ranks = bool(kept_rows) and ranked(kept_rows[0])
     kept_phrase = ("the fewest SGLD samples that take the budget (⌈S / s⌉, s one sample's storage)"
                    if all(kept["in_sgld_samples"] >= results["budget"] - 1e-9 for kept in kept_rows)
                    else "the most SGLD samples that fit")
@@ -404,10 +425,9 @@ def render_table(results: dict) -> str:
             f"of {results['plan']['subsets']} random subsets, all stored at the same precision. "
             f"{results['runs']} runs × {results['networks']} networks per draw (mean ± std over runs); judged on "
             f"validation images and the OOD tuning pool ({' / '.join(results['ood_sets'])}). Gaps to SGLD: "
-            "worst per-set AUROC gap in points (positive: below SGLD), NLL gap in nats; KL to SGLD's predictive. "
-            "Wins over kept: margins over both the evenly spaced and the random kept samples larger than the "
-            "random subsets' std, of the per-set BALD and max-prob AUROCs and the NLL; over kept at the row's "
-            "precision, and over ⌈S⌉ samples kept at float32 (the float32 row's). Storage shift: mean total "
+            + (RANKED_NOTE if by_ranks else MARGINS_NOTE) +
+            " over kept at the row's precision, and over ⌈S⌉ samples kept at float32 (the float32 row's). "
+            + (RANK_RULE + " " if by_ranks else "") + "Storage shift: mean total "
             "variation between the predictive stored at float32 and at the precision (the same members), on "
             "validation images.\n\n")
     header = ["precision", "method", "rank / k", "storage", *GAPS.values(), "KL", "wins over kept",
@@ -424,7 +444,7 @@ def render_table(results: dict) -> str:
             storage = (row["kept"]["in_sgld_samples"] if method.startswith("kept") and row["kept"] is not None
                        else None if summary is None else summary["in_sgld_samples"])
             kl = None if summary is None else summary["kl"]
-            over_float32 = None if margins is None else wins_over_float32_kept(summary, float32_kept)
+            over_float32 = None if margins is None else wins_over_float32_kept(summary, float32_kept, results["sgld"])
             body.append([row["precision"], method, size, format_sample_count(storage),
                          *(MISSING if summary is None else format_gap(summary[key], 3 if key == "nll_gap" else 1)
                            for key in GAPS),

@@ -95,16 +95,16 @@ def judge_runs(method: Posterior, members: int, inputs: EvaluationInputs, refere
 def sgld_reference(ctx: RunContext, store: SampleStore, inputs: EvaluationInputs) -> tuple[dict, Reference]:
     """SGLD judged like every method (``sgld_samples`` members, ``runs`` draws), and the yardstick's
     reference from it: its per-set BALD and max_prob AUROC and NLL (means over the draws), and the predictive
-    of up to ``yardstick_reference`` stored samples on the validation images."""
+    of up to ``yardstick_reference`` stored samples on the validation images and the OOD tuning pool."""
     e = ctx.cfg.evaluate
     generator = torch.Generator().manual_seed(ctx.seed("experiment", "storage", "SGLD"))
     sgld = SGLDSamples(store, ctx.device)
     draws = [judge(sgld, inputs, e.sgld_samples, generator, SCORES) for _ in range(e.runs)]
     auroc = {score: {name: float(np.mean([100.0 * d.detection[name][score]["auroc"] for d in draws]))
                      for name in inputs.ood} for score in SCORES}
-    mean_probs, samples = reference_predictive(store, inputs.x_test, e.yardstick_reference, ctx.device)
+    predictive, information, samples = reference_predictive(store, inputs, e.yardstick_reference, ctx.device)
     reference = Reference(auroc["bald"], auroc["max_prob"], float(np.mean([d.accuracy["nll"] for d in draws])),
-                          mean_probs, samples)
+                          predictive, information, samples)
     return spread([summarise(d, reference) for d in draws]), reference
 
 

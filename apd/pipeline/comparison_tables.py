@@ -10,7 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from apd.evaluation.yardstick import margins_over_kept, mean_of
+from apd.evaluation.yardstick import (
+    FIXED,
+    RANK_RULE,
+    mean_of,
+    ranked,
+    summary_standings,
+    wins_over_kept,
+)
 from apd.pipeline.table_format import (
     MISSING,
     UNDEFINED,
@@ -38,7 +45,24 @@ def _plain(value: float | dict | None, digits: int) -> str:
 QUALITY_NOTE = ("Gaps to SGLD (the yardstick, `apd/evaluation/yardstick.py`): worst per-set AUROC gap = max over the "
                 "OOD sets of SGLD's AUROC − the method's, in percent points (positive: below SGLD on some set); NLL "
                 "gap = NLL − SGLD's NLL (nats); KL = mean over test inputs of KL(SGLD's predictive ‖ the method's), "
-                "SGLD's predictive over {samples} stored samples.")
+                "SGLD's predictive over {samples} stored samples.")  # results written before two-sided gaps
+TWO_SIDED_NOTE = ("Gaps to SGLD (the yardstick, `apd/evaluation/yardstick.py`), smaller is better: worst per-set "
+                  "AUROC gap = max over the OOD sets of |SGLD's AUROC − the method's|, in percent points (above or "
+                  "below SGLD alike); NLL gap = NLL − SGLD's NLL (nats, signed); KL = mean over the inputs of "
+                  "KL(SGLD's predictive ‖ the method's), on the test inputs and (OOD) on each OOD set, averaged over "
+                  "the sets; BALD per input = mean over the inputs of |the method's BALD − SGLD's| (nats), likewise; "
+                  "SGLD's predictive and BALD over {samples} stored samples.")
+GAP_LABELS = {"bald_gap": "worst BALD gap", "max_prob_gap": "worst max-prob gap", "nll_gap": "NLL gap", "kl": "KL",
+              "kl_ood": "KL (OOD)", "input_bald_gap": "BALD per input", "input_bald_gap_ood": "BALD per input (OOD)"}
+GAP_DIGITS = {"bald_gap": 1, "max_prob_gap": 1, "nll_gap": 3, "kl": 4, "kl_ood": 4, "input_bald_gap": 4,
+              "input_bald_gap_ood": 4}
+
+
+def quality_note(results: dict) -> str:
+    """The note on the gaps to SGLD that ``results`` were computed with (two-sided where they hold ``kl_ood``)."""
+    samples = results.get("yardstick", {}).get("reference", {}).get("kl_samples", "?")
+    two_sided = any("kl_ood" in row for row in (results.get("quality") or {}).values())
+    return (TWO_SIDED_NOTE if two_sided else QUALITY_NOTE).format(samples=samples)
 
 
 def kept_comparisons(y: dict, method: str) -> list[tuple[str, float, dict]]:
@@ -68,13 +92,14 @@ def members_table(results: dict) -> Table | None:
                   if per_set.get("bald", {}).get(m) is not None]
         return float(np.mean(values)) if values and len(values) == len(results["ood"]) else None
 
+    extra = [key for key in ("kl_ood", "input_bald_gap", "input_bald_gap_ood") if key in q[methods[0]]]
     body, rows = [], []
     for m in methods:
         own = q[m]
         cells = [method_label(m), format_sample_count(own["in_sgld_samples"]), f"{own['members']:,}",
                  _plain(acc[m]["acc"], 4), _plain(acc[m]["nll"], 3), _plain(mean_bald(m), 1),
                  format_gap(own["bald_gap"]), format_gap(own["max_prob_gap"]), format_gap(own["nll_gap"], 3),
-                 _plain(own["kl"], 4)]
+                 _plain(own["kl"], 4), *(_plain(own[key], 4) for key in extra)]
         row = at.get(m)
         cells += ([UNDEFINED] * 4 if row is None else
                   [_plain(row["acc"], 4), _plain(row["nll"], 3), _plain(row["mean_bald_auroc"], 1),
@@ -82,29 +107,33 @@ def members_table(results: dict) -> Table | None:
         body.append(cells)
         rows.append([m, own["in_sgld_samples"], own["members"], acc[m]["acc"]["mean"], acc[m]["nll"]["mean"],
                      mean_bald(m), own["bald_gap"], own["max_prob_gap"], own["nll_gap"], own["kl"],
+                     *(own[key] for key in extra),
                      None if row is None else row["acc"]["mean"], None if row is None else row["nll"]["mean"],
                      None if row is None else row["mean_bald_auroc"]["mean"],
                      None if row is None or row.get("bald_gap") is None else row["bald_gap"]["mean"]])
     header = ["method", "storage (SGLD samples)", "members", "accuracy", "NLL", "mean BALD AUROC",
-              "worst BALD gap", "worst max-prob gap", "NLL gap", "KL", f"accuracy @{networks}", f"NLL @{networks}",
-              f"mean BALD AUROC @{networks}", f"worst BALD gap @{networks}"]
-    samples = results.get("yardstick", {}).get("reference", {}).get("kl_samples", "?")
+              "worst BALD gap", "worst max-prob gap", "NLL gap", "KL", *(GAP_LABELS[key] for key in extra),
+              f"accuracy @{networks}", f"NLL @{networks}", f"mean BALD AUROC @{networks}",
+              f"worst BALD gap @{networks}"]
     note = (f"Each method at its own ensemble size (the draws of the tables above) and at {networks} members where "
-            "it can draw that many (n/a: a fixed set of fewer members). " + QUALITY_NOTE.format(samples=samples)
-            + "\n\n")
+            "it can draw that many (n/a: a fixed set of fewer members). " + quality_note(results) + "\n\n")
     return Table("members", "Every method against SGLD, at its own size and at a common size", note + markdown_table(
         header, body), ["method", "in_sgld_samples", "members", "acc", "nll", "mean_bald_auroc", "bald_gap",
-                        "max_prob_gap", "nll_gap", "kl", "acc_at_networks", "nll_at_networks",
+                        "max_prob_gap", "nll_gap", "kl", *extra, "acc_at_networks", "nll_at_networks",
                         "mean_bald_auroc_at_networks", "bald_gap_at_networks"], rows)
 
 
 def yardstick_table(results: dict) -> Table | None:
-    """The kept-samples yardstick: each method of storage S against ⌈S⌉ SGLD samples simply kept (evenly
-    spaced; random subsets for the spread), on the worst per-set BALD AUROC gap, the NLL gap and the KL."""
+    """The kept-samples yardstick: each method of storage S against ⌈S⌉ SGLD samples simply kept. Results
+    with percentile ranks (:func:`~apd.evaluation.yardstick.ranked`) get :func:`ranked_yardstick_table`;
+    older ones the method, the evenly spaced samples and the random subsets' mean ± std on the worst per-set
+    BALD AUROC gap, the NLL gap and the KL."""
     y, q = results.get("yardstick"), results.get("quality") or {}
     if not y:
         return None
     kept = y.get("kept", {})
+    if kept and ranked(next(iter(kept.values()))):
+        return ranked_yardstick_table(results)
     body, rows = [], []
     for m in methods_in_order(results, y.get("equal_storage", {})):
         for size, worth, row in kept_comparisons(y, m):
@@ -126,7 +155,7 @@ def yardstick_table(results: dict) -> Table | None:
             f"mean ± std over {subsets} random subsets of ⌈S⌉ samples. A method stored at a lower precision is also "
             "set against the samples that precision buys with S (e.g. \"15 int8\": 15 samples, each stored at 8 "
             "bits). A compressed posterior is useful where it beats the kept samples. "
-            + QUALITY_NOTE.format(samples=y["reference"]["kl_samples"]) + "\n\n")
+            + quality_note(results) + "\n\n")
     header = ["method", "S", "⌈S⌉", "BALD gap: method", "kept", "random", "NLL gap: method", "kept", "random",
               "KL: method", "kept", "random"]
     return Table("yardstick", "The kept-samples yardstick at equal storage", note + markdown_table(header, body),
@@ -135,86 +164,158 @@ def yardstick_table(results: dict) -> Table | None:
                   "kept_kl", "random_kl", "random_kl_std"], rows)
 
 
+def ranked_yardstick_table(results: dict) -> Table | None:
+    """Each method of storage S against its ⌈S⌉ kept SGLD samples on every gap to SGLD
+    (:func:`~apd.evaluation.yardstick.summary_standings`): the method's gap, the evenly spaced and the last
+    samples' gaps, the random subsets' 5–95 % band, the method's percentile rank among the subsets, and ✓
+    where it wins."""
+    y, q = results["yardstick"], results.get("quality") or {}
+    body, rows = [], []
+    for m in methods_in_order(results, y.get("equal_storage", {})):
+        for size, worth, row in kept_comparisons(y, m):
+            for key, found in summary_standings(q.get(m, {}), row).items():
+                digits = GAP_DIGITS[key]
+                cells = ([UNDEFINED] * 5 if found is None else
+                         [format_gap(found["gap"], digits), *(format_gap(g, digits) for g in found["fixed"]),
+                          f"{format_gap(found['band'][0], digits)} … {format_gap(found['band'][1], digits)}",
+                          f"{found['percentile']:.1f}" + (" ✓" if found["beats"] else "")])
+                body.append([method_label(m), format_sample_count(worth), size, GAP_LABELS[key], *cells])
+                rows.append([m, worth, size, key, *((None,) * 7 if found is None else
+                                                    (found["gap"], *found["fixed"], *found["band"],
+                                                     found["percentile"], found["beats"]))])
+    if not body:
+        return None
+    subsets = next(iter(y["kept"].values()))["subsets"]
+    note = (f"For each method of storage S, on each gap to SGLD: the method, ⌈S⌉ kept SGLD samples centred in equal "
+            f"parts of each chain (evenly spaced) and the last samples of each chain, the 5–95 % band of {subsets} "
+            "random subsets of ⌈S⌉ samples stratified by chain, and the method's percentile rank among those subsets. "
+            + RANK_RULE + " A method stored at a lower precision is also set against the samples that precision "
+            "buys with S (e.g. \"15 int8\": 15 samples, each stored at 8 bits). " + quality_note(results) + "\n\n")
+    header = ["method", "S", "⌈S⌉", "gap", "method", "evenly spaced", "last", "random 5–95 %", "percentile rank"]
+    return Table("yardstick", "The kept-samples yardstick at equal storage", note + markdown_table(header, body),
+                 ["method", "in_sgld_samples", "k", "gap", "value", *(f"{name}_value" for name in FIXED),
+                  "random_p5", "random_p95", "percentile", "wins"], rows)
+
+
 def _margin_cell(margin: dict | None, digits: int = 1) -> str:
+    """A set-by-set comparison: the gap, its percentile rank and ✓ for a win; older results' margins over the
+    evenly spaced samples and the random subsets' mean ± their std."""
     if margin is None:
         return UNDEFINED
+    if "percentile" in margin:
+        return f"{margin['gap']:.{digits}f} ({margin['percentile']:.0f})" + (" ✓" if margin["beats"] else "")
     return (f"{margin['over_kept']:+.{digits}f} / {margin['over_random']:+.{digits}f} "
             f"±{format_number(margin['random_std'], digits)}" + (" ✓" if margin["beats"] else ""))
 
 
+def _margin_values(margin: dict | None) -> tuple:
+    """A comparison's CSV fields: gap, percentile rank, band and win; older results' margins, std and win."""
+    if margin is None:
+        return (None,) * 4
+    if "percentile" in margin:
+        return margin["gap"], margin["percentile"], *margin["band"], margin["beats"]
+    return margin["over_kept"], margin["over_random"], margin["random_std"], margin["beats"]
+
+
 def kept_margins_table(results: dict) -> Table | None:
     """Each method of storage S against its ⌈S⌉ kept SGLD samples per OOD set, for BALD and max_prob, and on
-    the NLL (:func:`apd.evaluation.yardstick.margins_over_kept`); None for results whose yardstick does not
+    the NLL (:func:`apd.evaluation.yardstick.wins_over_kept`); None for results whose yardstick does not
     hold the kept samples' per-set AUROCs."""
     y, ood, acc = results.get("yardstick") or {}, results.get("ood", {}), results.get("accuracy", {})
     kept, sets = y.get("kept", {}), sorted(ood)
     if not kept or "auroc" not in next(iter(kept.values()))["evenly_spaced"]:
         return None
+    by_ranks = ranked(next(iter(kept.values())))
+    reference = y["reference"]
+    sgld_auroc = {"bald": reference["bald_auroc"], "max_prob": reference["max_prob_auroc"]}
+
     def aurocs(m: str) -> dict:
         return {score: {name: None if (d := ood[name].get(score, {}).get(m)) is None else d["auroc"]["mean"]
                         for name in sets} for score in ("bald", "max_prob")}
 
+    def wins(m: str, row: dict) -> dict:
+        return wins_over_kept(aurocs(m), acc[m]["nll"]["mean"], row, sgld_auroc, reference["nll"])
+
     def sgld_wins(row: dict) -> str:  # the reference itself against the same kept samples
         if "sgld" not in acc:
             return UNDEFINED
-        found = margins_over_kept(aurocs("sgld"), acc["sgld"]["nll"]["mean"], row)
+        found = wins("sgld", row)
         return f"{found['wins']}/{found['compared']}"
 
     body, rows = [], []
     for m in methods_in_order(results, y.get("equal_storage", {})):
-        own = aurocs(m)
         for size, worth, row in kept_comparisons(y, m):
-            found = margins_over_kept(own, acc[m]["nll"]["mean"], row)
+            found = wins(m, row)
             for score in ("bald", "max_prob"):
                 body.append([method_label(m), format_sample_count(worth), size,
                              score_label(score), *(_margin_cell(found["auroc"][score][name]) for name in sets),
                              _margin_cell(found["nll"], 3) if score == "bald" else "",
                              f"{found['wins']}/{found['compared']}" if score == "bald" else "",
                              sgld_wins(row) if score == "bald" else ""])
-                rows += [[m, worth, size, score, name,
-                          *((None,) * 4 if (g := found["auroc"][score][name]) is None else
-                            (g["over_kept"], g["over_random"], g["random_std"], g["beats"]))] for name in sets]
+                rows += [[m, worth, size, score, name, *_margin_values(found["auroc"][score][name])] for name in sets]
             if found["nll"] is not None:
-                g = found["nll"]
-                rows.append([m, worth, size, "nll", "test", g["over_kept"], g["over_random"], g["random_std"],
-                             g["beats"]])
+                rows.append([m, worth, size, "nll", "test", *_margin_values(found["nll"])])
     if not body:
         return None
-    note = ("Each method of storage S against ⌈S⌉ SGLD samples simply kept (and, stored at a lower precision, "
-            "against the samples that precision buys): per OOD set, the method's AUROC minus "
-            "that of the evenly spaced samples / minus the mean over the random subsets, ± the subsets' std "
-            "(percent points; NLL: the kept samples' NLL minus the method's, nats), so positive means the method is "
-            "better; ✓ where both margins exceed that std. Wins: the comparisons beaten, of those defined. SGLD's "
-            "wins: the same count for SGLD's own ensemble against the same kept samples, the most a method that "
-            "matched SGLD could win.\n\n")
+    if by_ranks:
+        note = ("Each method of storage S against ⌈S⌉ SGLD samples simply kept (and, stored at a lower precision, "
+                "against the samples that precision buys): per OOD set, the method's absolute AUROC gap to SGLD "
+                "(percent points; NLL: its NLL gap, nats) and in brackets its percentile rank among the random "
+                "subsets; ✓ where it wins. " + RANK_RULE + " Wins: the comparisons won, of those defined. SGLD's "
+                "wins: the same count for SGLD's own ensemble against the same kept samples, the most a method that "
+                "matched SGLD could win.\n\n")
+        fields = ["gap", "percentile", "random_p5", "random_p95", "wins"]
+    else:
+        note = ("Each method of storage S against ⌈S⌉ SGLD samples simply kept (and, stored at a lower precision, "
+                "against the samples that precision buys): per OOD set, the method's AUROC minus "
+                "that of the evenly spaced samples / minus the mean over the random subsets, ± the subsets' std "
+                "(percent points; NLL: the kept samples' NLL minus the method's, nats), so positive means the method "
+                "is better; ✓ where both margins exceed that std. Wins: the comparisons beaten, of those defined. "
+                "SGLD's wins: the same count for SGLD's own ensemble against the same kept samples, the most a "
+                "method that matched SGLD could win.\n\n")
+        fields = ["over_kept", "over_random", "random_std", "beats"]
     header = ["method", "S", "⌈S⌉", "score", *sets, "NLL", "wins", "SGLD's wins"]
     return Table("kept_margins", "Against the kept samples, set by set", note + markdown_table(header, body),
-                 ["method", "in_sgld_samples", "k", "score", "set", "over_kept", "over_random", "random_std", "beats"],
-                 rows)
+                 ["method", "in_sgld_samples", "k", "score", "set", *fields], rows)
 
 
 def kept_curve_table(results: dict) -> Table | None:
-    """Storage against quality for k kept SGLD samples (k of ``evaluate.yardstick_sizes``)."""
+    """Storage against quality for k kept SGLD samples (k of ``evaluate.yardstick_sizes``): evenly spaced,
+    the random subsets (mean ± std, or mean and 5–95 % band), and where the results hold them the last samples
+    of each chain and the function-space gaps on the OOD sets."""
     curve = (results.get("yardstick") or {}).get("curve")
     if not curve:
         return None
+    by_ranks = ranked(curve[0])
+    extra = ["kl_ood", "input_bald_gap", "input_bald_gap_ood"] if by_ranks else []
     body, rows = [], []
     for row in curve:
         even, rand = row["evenly_spaced"], row["random"]
+        last = [format_gap(row["last"]["bald_gap"]), format_gap(row["last"]["nll_gap"], 3),
+                _plain(row["last"]["kl"], 4)] if by_ranks else []
         body.append([str(row["k"]), _plain(even["acc"], 4), _plain(even["nll"], 3), _plain(even["mean_bald_auroc"], 1),
                      format_gap(even["bald_gap"]), format_gap(even["max_prob_gap"]), format_gap(even["nll_gap"], 3),
-                     _plain(even["kl"], 4), format_gap(rand["bald_gap"]), format_gap(rand["max_prob_gap"]),
+                     _plain(even["kl"], 4), *(_plain(even[key], 4) for key in extra), *last,
+                     format_gap(rand["bald_gap"]), format_gap(rand["max_prob_gap"]),
                      format_gap(rand["nll_gap"], 3), mean_std(rand["kl"], 4)])
         rows.append([row["k"], even["acc"], even["nll"], even["mean_bald_auroc"], even["bald_gap"],
-                     even["max_prob_gap"], even["nll_gap"], even["kl"],
+                     even["max_prob_gap"], even["nll_gap"], even["kl"], *(even[key] for key in extra),
+                     *((row["last"][key] for key in ("bald_gap", "nll_gap", "kl")) if by_ranks else ()),
                      *(None if rand[key] is None else rand[key][stat]
                        for key in ("bald_gap", "max_prob_gap", "nll_gap", "kl") for stat in ("mean", "std"))])
-    note = ("k SGLD samples kept evenly spaced over the store (storage k), then the mean ± std over random subsets "
-            "of k. " + QUALITY_NOTE.format(samples=results["yardstick"]["reference"]["kl_samples"]) + "\n\n")
+    if by_ranks:
+        note = ("k SGLD samples kept centred in equal parts of each chain (storage k), the last k of the chains (each "
+                "chain's share from its end), then the mean and 5–95 % band over random subsets of k stratified by "
+                "chain. " + quality_note(results) + "\n\n")
+    else:
+        note = ("k SGLD samples kept evenly spaced over the store (storage k), then the mean ± std over random "
+                "subsets of k. " + quality_note(results) + "\n\n")
     header = ["k", "accuracy", "NLL", "mean BALD AUROC", "worst BALD gap", "worst max-prob gap", "NLL gap", "KL",
+              *(GAP_LABELS[key] for key in extra), *(["last: BALD gap", "NLL gap", "KL"] if by_ranks else []),
               "random: BALD gap", "max-prob gap", "NLL gap", "KL"]
     return Table("kept_curve", "Kept SGLD samples: storage against quality", note + markdown_table(header, body),
-                 ["k", "acc", "nll", "mean_bald_auroc", "bald_gap", "max_prob_gap", "nll_gap", "kl",
+                 ["k", "acc", "nll", "mean_bald_auroc", "bald_gap", "max_prob_gap", "nll_gap", "kl", *extra,
+                  *(["last_bald_gap", "last_nll_gap", "last_kl"] if by_ranks else []),
                   "random_bald_gap", "random_bald_gap_std", "random_max_prob_gap", "random_max_prob_gap_std",
                   "random_nll_gap", "random_nll_gap_std", "random_kl", "random_kl_std"], rows)
 

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from apd.config import DistillConfig, config_hash
 from apd.distillation.alignment import align_set, match_activations, permute
-from apd.distillation.chain_generators import ChainTrainers, chain_partition
+from apd.distillation.chain_generators import ChainTrainers
 from apd.distillation.codec import WeightCodec
 from apd.distillation.gan import GANTrainer
 from apd.distillation.generator import DistilledGenerator, architecture
@@ -53,7 +53,7 @@ from apd.pipeline.runtime import RunContext, machine
 from apd.pipeline.sample_chains import make_chains
 from apd.pipeline.stage import publish, require_input, reusable, weights_load
 from apd.posteriors.modes import chain_means
-from apd.samplers.store import SampleStore
+from apd.samplers.store import SampleStore, chain_partition
 from apd.schedules import is_thinned_sample
 
 log = logging.getLogger(__name__)

@@ -27,10 +27,10 @@ from apd.evaluation.fidelity import fidelity
 from apd.evaluation.protocol import EvaluationInputs, Judgement, judge
 from apd.evaluation.yardstick import (
     Reference,
+    function_gaps,
     kept_curve,
     kept_for,
     kept_samples,
-    kl_to_reference,
     quality,
     reference_predictive,
 )
@@ -39,9 +39,10 @@ from apd.metrics import mean_std
 from apd.pipeline.adversarial import evaluate_adversarial
 from apd.pipeline.layout import manifest_of
 from apd.pipeline.manifests import file_digest, is_complete, manifest_record, write_manifest
-from apd.pipeline.methods import METHODS, fit_mixture, load_methods, method_inputs
+from apd.pipeline.methods import METHODS, fit_mixture, load_methods, method_inputs, sgld_samples
 from apd.pipeline.report import print_summary, report_again, write_report
 from apd.pipeline.runtime import RunContext, machine, stopwatch, torch_threads
+from apd.pipeline.sample_publish import stored_burn_in
 from apd.posteriors import Posterior
 from apd.samplers.store import SampleStore
 
@@ -164,6 +165,7 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
         "storage": {m: _storage(ctx, m, method) for m, method in methods.items()},
         "timing": {m: round(t, 2) for m, t in timing.items()},
         "sgld_diagnostics": _sgld_diagnostics(ctx),
+        "burn_in": _burn_in(ctx),
     }
     with stopwatch(results["timing"], "fidelity"):
         x_test = data.x_test.to(device)
@@ -171,9 +173,8 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
                                            torch.Generator().manual_seed(ctx.seed("evaluate", "fidelity", m)))
                                for m in methods if m not in ("sgld", "sgd") and methods[m].has_weights}
     with stopwatch(results["timing"], "reference_and_quality"):
-        reference = sgld_reference(ctx, results)
-        results["quality"] = {m: method_quality(results, m, [j.test_probs for j in runs], reference)
-                              for m, runs in judgements.items()}
+        reference = sgld_reference(ctx, results, inputs)
+        results["quality"] = {m: method_quality(results, m, runs, reference) for m, runs in judgements.items()}
         results["at_networks"] = at_networks(ctx, methods, inputs, sizes, judgements, results, reference)
     if "mog" in methods:
         with stopwatch(results["timing"], "mog_growth"):
@@ -187,6 +188,13 @@ def _sgld_diagnostics(ctx: RunContext) -> dict | None:
     """The convergence diagnostics ``apd sample`` stored in the sample manifest (None without one)."""
     manifest = manifest_of(ctx.layout.samples)
     return read_json(manifest).get("diagnostics") if manifest.is_file() else None
+
+
+def _burn_in(ctx: RunContext) -> dict:
+    """The burn-in the store's log-likelihood trace gives (:func:`apd.samplers.burn_in.trace_burn_in`) and
+    whether SGLD's reference and the kept samples dropped it (``evaluate.burn_in_from_trace``)."""
+    with SampleStore.open(ctx.layout.samples) as store:
+        return {**stored_burn_in(store), "applied": ctx.cfg.evaluate.burn_in_from_trace}
 
 
 def _summarise_detection(runs: list[dict | None]) -> dict | None:
@@ -281,36 +289,41 @@ def mixture_growth(ctx: RunContext, methods: dict[str, Posterior], inputs: Evalu
 # ------------------------------------------------------------------------------- the kept-samples yardstick
 
 
-def sgld_reference(ctx: RunContext, results: dict) -> Reference:
+def sgld_reference(ctx: RunContext, results: dict, inputs: EvaluationInputs) -> Reference:
     """SGLD's side of the yardstick: its evaluated per-set BALD and max_prob AUROC and test NLL (means over
-    runs), and the predictive of up to ``yardstick_reference`` stored samples on the test inputs."""
+    runs), and the predictive and per-input BALD of up to ``yardstick_reference`` stored samples on the test
+    inputs and the OOD sets."""
     ood = results["ood"]
     per_set = {score: {name: ood[name][score]["sgld"]["auroc"]["mean"] for name in ood
                        if ood[name].get(score, {}).get("sgld") is not None} for score in ("bald", "max_prob")}
-    with SampleStore.open(ctx.layout.samples) as store:
-        mean_probs, samples = reference_predictive(store, ctx.data.x_test, ctx.cfg.evaluate.yardstick_reference,
-                                                   ctx.device)
-    return Reference(per_set["bald"], per_set["max_prob"], results["accuracy"]["sgld"]["nll"]["mean"], mean_probs,
-                     samples)
+    with SampleStore.open(ctx.layout.samples) as opened:
+        store = sgld_samples(ctx, opened)
+        predictive, information, samples = reference_predictive(store, inputs, ctx.cfg.evaluate.yardstick_reference,
+                                                                ctx.device)
+    return Reference(per_set["bald"], per_set["max_prob"], results["accuracy"]["sgld"]["nll"]["mean"], predictive,
+                     information, samples)
 
 
 def _judgement_quality(judged: Judgement, reference: Reference) -> dict:
     aurocs = {score: {name: None if found.get(score) is None else 100.0 * found[score]["auroc"]
                       for name, found in judged.detection.items()} for score in ("bald", "max_prob")}
     return quality(aurocs["bald"], aurocs["max_prob"], judged.accuracy["nll"],
-                   kl_to_reference(judged.test_probs, reference), reference)
+                   function_gaps(judged.predictive, judged.information, reference), reference)
 
 
-def method_quality(results: dict, method: str, test_probs: list[torch.Tensor], reference: Reference) -> dict:
+def method_quality(results: dict, method: str, runs: list[Judgement], reference: Reference) -> dict:
     """The yardstick's quality of one evaluated method (:func:`apd.evaluation.yardstick.quality`): per-set
-    AUROCs and NLL as reported (means over runs), KL averaged over the runs' predictives."""
+    AUROCs and NLL as reported (means over runs), the function-space gaps averaged over the runs."""
     ood = results["ood"]
     aurocs = {score: {name: None if (d := ood[name].get(score, {}).get(method)) is None else d["auroc"]["mean"]
                       for name in ood} for score in ("bald", "max_prob")}
-    kl = float(np.mean([kl_to_reference(p, reference) for p in test_probs]))
+    gaps = [function_gaps(j.predictive, j.information, reference) for j in runs]
+    function = {key: None if None in (values := [g[key] for g in gaps]) else float(np.mean(values))
+                for key in gaps[0]}
     return {"in_sgld_samples": results["storage"][method]["in_sgld_samples"],
             "members": results["ensemble"][method],
-            **quality(aurocs["bald"], aurocs["max_prob"], results["accuracy"][method]["nll"]["mean"], kl, reference)}
+            **quality(aurocs["bald"], aurocs["max_prob"], results["accuracy"][method]["nll"]["mean"], function,
+                      reference)}
 
 
 def at_networks(ctx: RunContext, methods: dict[str, Posterior], inputs: EvaluationInputs, sizes: dict[str, int],
@@ -348,7 +361,8 @@ def yardstick(ctx: RunContext, methods: dict[str, Posterior], inputs: Evaluation
     stored at it (``kept`` key "K PRECISION", the entry's ``at_precision``)."""
     e = ctx.cfg.evaluate
     generator = torch.Generator().manual_seed(ctx.seed("evaluate", "yardstick"))
-    with SampleStore.open(ctx.layout.samples) as store:
+    with SampleStore.open(ctx.layout.samples) as opened:
+        store = sgld_samples(ctx, opened)
         n, dim = len(store), store.spec.numel
         curve = kept_curve(store, e.yardstick_sizes, inputs, reference, e.yardstick_subsets, generator, ctx.device)
         by_k = {row["k"]: row for row in curve}

@@ -44,7 +44,8 @@ from apd.posteriors.laplace import LaplaceGLM, LaplacePosterior, fit_kfac, fit_l
 from apd.posteriors.mixture import MAX_EM_ITERATIONS
 from apd.posteriors.modes import ModeMixture, chain_means, prefer_aligned
 from apd.posteriors.stein import stein_rows
-from apd.samplers.store import SampleStore
+from apd.samplers.burn_in import retained_rows, trace_burn_in
+from apd.samplers.store import SampleStore, StoreRows
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +67,27 @@ class Sources:
             self._store = self.stack.enter_context(SampleStore.open(self.ctx.layout.samples, expect_spec=self.spec))
         return self._store
 
+    @property
+    def sgld_store(self) -> SampleStore | StoreRows:
+        """The store as SGLD's reference and its kept samples read it (:func:`sgld_samples`)."""
+        return self.shared("sgld_store", lambda: sgld_samples(self.ctx, self.store))
+
     def shared(self, key: str, make: Callable[[], Any]) -> Any:
         if key not in self.cache:
             self.cache[key] = make()
         return self.cache[key]
+
+
+def sgld_samples(ctx: RunContext, store: SampleStore) -> SampleStore | StoreRows:
+    """The samples SGLD's reference (the ``sgld`` method, the yardstick's predictive) and the kept samples
+    (``kept``, the yardstick's rows) are read from: the whole store, or with ``evaluate.burn_in_from_trace``
+    its rows after the burn-in the log-likelihood trace gives (:func:`apd.samplers.burn_in.trace_burn_in`)."""
+    if not ctx.cfg.evaluate.burn_in_from_trace:
+        return store
+    found = trace_burn_in(store.log_liks, store.chains)
+    log.info("burn-in from the trace: the first %d samples of each chain dropped (split R-hat of the "
+             "log-likelihood %.3f%s)", found["burn_in"], found["rhat"], "" if found["reached"] else ", above 1.05")
+    return StoreRows(store, retained_rows(store.chains, found["burn_in"]))
 
 
 @dataclass(frozen=True)
@@ -110,7 +128,7 @@ def _load_mcdropout(sources: Sources) -> Posterior:
 
 
 def _load_sgld(sources: Sources) -> Posterior:
-    return SGLDSamples(sources.store, sources.ctx.device)
+    return SGLDSamples(sources.sgld_store, sources.ctx.device)
 
 
 def _load_apd(sources: Sources) -> Posterior:
@@ -130,9 +148,9 @@ def equal_storage(sources: Sources) -> int:
 
 
 def _load_kept(sources: Sources) -> Posterior:
-    store, k = sources.store, equal_storage(sources)
+    store, k = sources.sgld_store, equal_storage(sources)
     rows = evenly_spaced_rows(len(store), k, store.chains)
-    sources.details["kept"] = {"k": k, "rule": "evenly spaced over the store, the same number from each chain"}
+    sources.details["kept"] = {"k": k, "rule": "centred in equal parts of each chain, the same number from each"}
     return KeptSamples.from_store(store, rows, sources.ctx.device, name="kept")
 
 

@@ -19,6 +19,7 @@ from apd.pipeline.manifests import manifest_record
 from apd.pipeline.runtime import RunContext, machine
 from apd.pipeline.sample_chains import MONITOR_SIZE, Finished, monitor_accuracy, store_meta
 from apd.pipeline.stage import publish
+from apd.samplers.burn_in import trace_burn_in
 from apd.samplers.diagnostics import diagnose, summary_lines
 from apd.samplers.store import SampleStore
 from apd.samplers.store_join import join_stores, repack_by_chain
@@ -89,6 +90,15 @@ def _remove_stale(ctx: RunContext, keep: set[Path]) -> None:
             path.unlink(missing_ok=True)
 
 
+def stored_burn_in(store: SampleStore) -> dict:
+    """The burn-in the store's log-likelihood trace gives (:func:`apd.samplers.burn_in.trace_burn_in`), or
+    ``{"error": …}`` where it cannot be read (no log-likelihood recorded, chains too short)."""
+    try:
+        return trace_burn_in(store.log_liks, store.chains)
+    except ValueError as exc:
+        return {"error": str(exc)}
+
+
 def _diagnose(ctx: RunContext, spec: ParamSpec, store_path: Path, figure: Path) -> dict:
     """Convergence diagnostics of the store at ``store_path`` (logged; one warning when they fail)."""
     data, n = ctx.data, DIAGNOSTICS_TRAIN_IMAGES
@@ -98,6 +108,7 @@ def _diagnose(ctx: RunContext, spec: ParamSpec, store_path: Path, figure: Path) 
             summary = diagnose(spec, store, data.x_val, data.y_val, data.x_train[:n], data.y_train[:n],
                                figure_path=figure, engine=DIAGNOSTICS_ENGINE, device=ctx.device,
                                seed=ctx.seed("sample", "diagnostics"))
+            summary["burn_in"] = stored_burn_in(store)
     except ValueError as exc:  # too few draws per chain
         log.warning("no convergence diagnostics: %s", exc)
         return {"error": str(exc)}

@@ -68,17 +68,24 @@ def format_number(value: float | None, digits: int) -> str:
 
 
 def format_gap(value: float | dict | None, digits: int = 1) -> str:
-    """A signed gap (plain or ``{"mean", "std"}``); "n/a" where undefined (one network has no BALD)."""
+    """A signed gap (plain, ``{"mean", "std"}``, or random subsets' with their 5–95 % band ``p5``, ``p95``:
+    the mean and the band); "n/a" where undefined (one network has no BALD)."""
     if value is None:
         return UNDEFINED
+    if isinstance(value, dict) and "p5" in value:
+        return f"{value['mean']:+.{digits}f} [{value['p5']:+.{digits}f}, {value['p95']:+.{digits}f}]"
     if isinstance(value, dict):
         return f"{value['mean']:+.{digits}f} ±{format_number(value['std'], digits)}"
     return f"{value:+.{digits}f}" if math.isfinite(value) else MISSING
 
 
 def mean_std(stat: dict | None, digits: int) -> str:
+    """``mean ± std``, or for random subsets with a 5–95 % band (``p5``, ``p95``) the mean and the band."""
     if stat is None:
         return MISSING
+    if "p5" in stat:
+        return f"{format_number(stat['mean'], digits)} [{format_number(stat['p5'], digits)}, " \
+               f"{format_number(stat['p95'], digits)}]"
     return f"{format_number(stat.get('mean'), digits)} ± {format_number(stat.get('std'), digits)}"
 
 

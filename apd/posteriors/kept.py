@@ -3,9 +3,9 @@
 This is the yardstick for any compressed posterior (docs/design.md, "Honest protocol"): a method that stores
 S·D numbers is compared with ⌈S⌉ kept SGLD samples. Which rows are kept is chosen by
 
-- :func:`evenly_spaced_rows` — evenly spaced over the run; with several chains, evenly across chains
-  (the same number from each, then evenly spaced within each chain);
-- :func:`random_rows` — a uniformly random subset (for the spread of the yardstick);
+- :func:`evenly_spaced_rows` — centred in equal parts of each chain (the same number from each chain);
+- :func:`last_rows` — the last samples of each chain (with one per chain: each chain's final state);
+- :func:`random_rows` — random subsets stratified by chain (for the spread of the yardstick);
 - :func:`apd.posteriors.stein.stein_rows` — Stein thinning (Riabiz et al., 2022).
 
 :class:`FixedEnsemble` is any fixed set of weight vectors (its *members*); :class:`KeptSamples` is one
@@ -17,13 +17,15 @@ replacement when ``k`` is smaller.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from torch import Tensor
 
 from apd.nets import ParamSpec
 from apd.posteriors.base import Posterior
-from apd.samplers.store import SampleStore
+from apd.samplers.store import SampleStore, chain_partition
 
 
 class FixedEnsemble(Posterior):
@@ -83,39 +85,68 @@ class KeptSamples(FixedEnsemble):
 
 
 def evenly_spaced_rows(n: int, k: int, chains: np.ndarray | None = None) -> np.ndarray:
-    """k distinct row indices out of n, sorted, spread evenly (``round(linspace(0, n − 1, k))``, the rule
-    of :func:`apd.distillation.training.evenly_spaced`).
+    """k distinct row indices out of n, sorted, centred in equal parts of each chain.
 
-    With ``chains`` (the chain id of each of the n rows, e.g. ``store.chains``), evenly across chains:
-    each of the C chains gives ⌊k/C⌋ rows (the first k mod C chains, by id, one more), evenly spaced over
-    that chain's own rows. A chain too short for its share is a ``ValueError``.
+    Each chain gives its share of the k rows (:func:`chain_shares`: ⌊k/C⌋ from each of the C chains, one
+    more from the first k mod C chains by id; ``chains`` None is one chain). A chain of m rows giving j of
+    them gives the centres of j equal parts of its rows, positions
+
+        p_i = ⌊(i + ½)·m / j⌋,  i = 0 … j − 1,
+
+    (distinct, since consecutive centres are m/j ≥ 1 apart). So one row of a chain is its middle one,
+    never the first stored sample after burn-in: position 0 is kept only when j > m/2, more than half of the
+    chain. A chain too short for its share is a ``ValueError``.
     """
+    return _pick(n, k, chains, lambda rows, j: rows[((2 * np.arange(j) + 1) * rows.size) // (2 * j)])
+
+
+def last_rows(n: int, k: int, chains: np.ndarray | None = None) -> np.ndarray:
+    """k distinct row indices out of n, sorted: each chain's share (:func:`chain_shares`) taken from its end,
+    its last j rows; with as many rows as chains, the last sample of each chain."""
+    return _pick(n, k, chains, lambda rows, j: rows[rows.size - j:])
+
+
+def random_rows(n: int, k: int, generator: torch.Generator | None = None,
+                chains: np.ndarray | None = None) -> np.ndarray:
+    """k distinct row indices out of n, sorted, drawn stratified by chain with ``generator``: each of the C
+    chains gives ⌊k/C⌋ rows and k mod C distinct chains, drawn uniformly among those long enough, one more
+    (so that k < C does not always leave the same chains out); each chain's rows are drawn uniformly without
+    replacement among its own. ``chains`` None is one chain: a uniformly random subset."""
+    device = generator.device if generator is not None else "cpu"
+
+    def draw(rows: np.ndarray, j: int) -> np.ndarray:
+        return rows[torch.randperm(rows.size, generator=generator, device=device)[:j].cpu().numpy()]
+
+    return _pick(n, k, chains, draw, generator)
+
+
+def chain_shares(k: int, lengths: list[int], generator: torch.Generator | None = None) -> list[int]:
+    """How many of k rows each of C chains of ``lengths`` gives: ⌊k/C⌋ each, and one more from k mod C of
+    the chains holding more than ⌊k/C⌋ rows: the first by id or, with ``generator``, distinct ones drawn
+    uniformly. Chains too short for that are a ``ValueError``."""
+    base, extra = divmod(k, len(lengths))
+    shares = [base] * len(lengths)
+    longer = [c for c, m in enumerate(lengths) if m > base]
+    if extra > len(longer) or base > min(lengths):
+        raise ValueError(f"chains of {lengths} rows cannot give {k} rows evenly")
+    if generator is None:
+        chosen = longer[:extra]
+    else:
+        chosen = [longer[i] for i in torch.randperm(len(longer), generator=generator, device=generator.device)[:extra]]
+    for c in chosen:
+        shares[c] += 1
+    return shares
+
+
+def _pick(n: int, k: int, chains: np.ndarray | None, within: Callable[[np.ndarray, int], np.ndarray],
+          generator: torch.Generator | None = None) -> np.ndarray:
+    """k rows: ``within(rows, j)`` of each chain's rows and share j (:func:`chain_shares`), sorted."""
     if not 1 <= k <= n:
         raise ValueError(f"cannot keep {k} of {n} rows")
-    if chains is None:
-        return _spread(np.arange(n), k)
-    chains = np.asarray(chains).reshape(-1)
-    if chains.size != n:
-        raise ValueError(f"{chains.size} chain ids for {n} rows")
-    ids = np.unique(chains)
-    shares = [k // ids.size + (i < k % ids.size) for i in range(ids.size)]
-    picked = []
-    for chain, share in zip(ids, shares, strict=True):
-        rows = np.flatnonzero(chains == chain)
-        if share > rows.size:
-            raise ValueError(f"chain {chain} holds {rows.size} rows, fewer than its share {share} of {k}")
-        if share:
-            picked.append(_spread(rows, share))
-    return np.sort(np.concatenate(picked))
-
-
-def random_rows(n: int, k: int, generator: torch.Generator | None = None) -> np.ndarray:
-    """k distinct row indices out of n drawn uniformly without replacement, sorted."""
-    if not 1 <= k <= n:
-        raise ValueError(f"cannot keep {k} of {n} rows")
-    return np.sort(torch.randperm(n, generator=generator)[:k].numpy()).astype(np.int64)
-
-
-def _spread(rows: np.ndarray, k: int) -> np.ndarray:
-    positions = np.unique(np.round(np.linspace(0, rows.size - 1, k)).astype(np.int64))
-    return rows[positions]
+    labels = np.zeros(n, dtype=np.int64) if chains is None else np.asarray(chains).reshape(-1)
+    if labels.size != n:
+        raise ValueError(f"{labels.size} chain ids for {n} rows")
+    _, rows, _ = chain_partition(labels)
+    groups = [r.numpy() for r in rows]
+    shares = chain_shares(k, [g.size for g in groups], generator)
+    return np.sort(np.concatenate([within(g, j) for g, j in zip(groups, shares, strict=True) if j]))

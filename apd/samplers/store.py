@@ -65,6 +65,15 @@ _REBUILD_ROWS = 1000  # rows copied per append when a crashed writer's store is 
 _LIBVER = ("earliest", "v108")
 
 
+def chain_partition(chains: np.ndarray) -> tuple[list[int], list[Tensor], Tensor]:
+    """The chains of a store's rows (``chains``: each row's chain id): their ids in increasing order, each
+    chain's row indices, and each chain's share of the rows."""
+    labels = np.asarray(chains)
+    ids = [int(c) for c in np.unique(labels)]
+    rows = [torch.from_numpy(np.flatnonzero(labels == c)) for c in ids]
+    return ids, rows, torch.tensor([len(r) / len(labels) for r in rows])
+
+
 class SampleStore:
     """An HDF5 file of weight samples (see the module docstring). Build with :meth:`create`/:meth:`open`."""
 
@@ -401,3 +410,44 @@ def _rebuild(path: Path, spec: ParamSpec, meta: dict) -> None:
         fresh.replace(path)
     finally:
         fresh.unlink(missing_ok=True)
+
+
+class StoreRows:
+    """Some rows of an open :class:`SampleStore` (e.g. those after a burn-in), read as a store: row i of the
+    view is the store's row ``rows[i]`` for ``len``, ``read``, ``read_all`` and the columns; ``spec``,
+    ``meta`` and ``file_bytes`` are the store's."""
+
+    def __init__(self, store: SampleStore, rows: np.ndarray) -> None:
+        self.store, self.rows = store, np.asarray(rows, dtype=np.int64)
+        self.spec, self.meta = store.spec, store.meta
+
+    def __len__(self) -> int:
+        return self.rows.size
+
+    @property
+    def dim(self) -> int:
+        return self.store.dim
+
+    @property
+    def file_bytes(self) -> int:
+        return self.store.file_bytes
+
+    @property
+    def chains(self) -> np.ndarray:
+        return self.store.chains[self.rows]
+
+    @property
+    def steps(self) -> np.ndarray:
+        return self.store.steps[self.rows]
+
+    @property
+    def log_liks(self) -> np.ndarray:
+        return self.store.log_liks[self.rows]
+
+    def read(self, indices: Tensor | np.ndarray | list[int]) -> Tensor:
+        if isinstance(indices, Tensor):
+            indices = indices.cpu().numpy()
+        return self.store.read(self.rows[np.asarray(indices, dtype=np.int64).reshape(-1)])
+
+    def read_all(self, start: int = 0, stop: int | None = None) -> Tensor:
+        return self.store.read(self.rows[start:stop])

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from apd.distillation.chain_generators import ChainGenerators, ChainTrainers, chain_partition, systematic_allocation
+from apd.distillation.chain_generators import ChainGenerators, ChainTrainers, systematic_allocation
 from apd.distillation.gan import Critic, GANTrainer, Generator
 from apd.errors import ArtifactError, DataError, DivergenceError
 
@@ -20,12 +20,6 @@ def test_systematic_allocation_gives_each_part_its_share_to_within_one_in_order(
     assert systematic_allocation(shares, 3).tolist() == [0, 1, 1]  # positions 1/6, 1/2, 5/6
     counts = torch.bincount(systematic_allocation(torch.tensor([0.5, 0.3, 0.2]), 10), minlength=3)
     assert counts.tolist() == [5, 3, 2]
-
-
-def test_chain_partition_gives_each_chains_rows_and_share():
-    ids, rows, shares = chain_partition([3, 1, 3, 3])
-    assert ids == [1, 3] and [r.tolist() for r in rows] == [[1], [0, 2, 3]]
-    torch.testing.assert_close(shares, torch.tensor([0.25, 0.75]))
 
 
 def _constant_generator(value: float) -> Generator:

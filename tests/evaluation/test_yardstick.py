@@ -10,7 +10,9 @@ import torch
 
 from apd.evaluation.protocol import EvaluationInputs, Judgement
 from apd.evaluation.yardstick import (
+    WIN_PERCENTILE,
     Reference,
+    function_gaps,
     judge_rows,
     kept_curve,
     kept_for,
@@ -18,50 +20,118 @@ from apd.evaluation.yardstick import (
     kl_to_reference,
     margins_over_kept,
     mean_of,
+    percentile_rank,
     quality,
+    ranks_over_kept,
     reference_predictive,
     spread,
+    standing,
     std_of,
     summarise,
+    wins_over_kept,
     worst_gap,
 )
 from apd.nets import ParamSpec, mlp, predict_probs
 from apd.samplers.store import SampleStore
+from apd.uncertainty import bald
 
 SPEC = ParamSpec.from_module(mlp([3, 5, 2]))
 
 
-def test_worst_gap_is_the_largest_shortfall_and_undefined_with_a_missing_set():
+def test_worst_gap_is_two_sided_and_undefined_with_a_missing_set():
     assert worst_gap({"a": 99.0, "b": 90.0}, {"a": 98.0, "b": 85.0}) == 5.0
-    assert worst_gap({"a": 99.0, "b": 90.0}, {"a": 99.5, "b": 91.0}) == pytest.approx(-0.5)  # better everywhere
+    assert worst_gap({"a": 99.0, "b": 90.0}, {"a": 99.5, "b": 91.0}) == pytest.approx(1.0)  # overshoot counts
+    assert worst_gap({"a": 99.0, "b": 90.0}, {"a": 96.0, "b": 94.0}) == pytest.approx(4.0)  # above beats below
     assert worst_gap({"a": 99.0}, {"a": None}) is None
 
 
 def test_kl_to_the_reference_by_hand():
-    ref = Reference({}, {}, 0.0, torch.tensor([[0.5, 0.5], [0.9, 0.1]], dtype=torch.float64), 2)
+    ref = torch.tensor([[0.5, 0.5], [0.9, 0.1]], dtype=torch.float64)
     probs = torch.tensor([[0.25, 0.75], [0.9, 0.1]])
     expected = (0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)) / 2  # second input: KL 0
     assert kl_to_reference(probs, ref) == pytest.approx(expected, rel=1e-6)
-    assert kl_to_reference(ref.mean_probs, ref) == 0.0
+    assert kl_to_reference(ref, ref) == 0.0
+
+
+def test_function_gaps_on_the_test_and_the_ood_inputs_by_hand():
+    half = torch.tensor([[0.5, 0.5]], dtype=torch.float64)
+    ref = Reference({}, {}, 0.0, {"test": half, "far": half, "near": half},
+                    {"test": torch.tensor([0.2], dtype=torch.float64), "far": torch.tensor([0.4], dtype=torch.float64),
+                     "near": torch.tensor([0.0], dtype=torch.float64)}, 2)
+    skewed = torch.tensor([[0.25, 0.75]], dtype=torch.float64)
+    kl = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)
+    gaps = function_gaps({"test": half, "far": skewed, "near": half},
+                         {"test": torch.tensor([0.5]), "far": torch.tensor([0.1]), "near": torch.tensor([0.1])}, ref)
+    assert gaps["kl"] == 0.0 and gaps["kl_ood"] == pytest.approx(kl / 2)  # far: kl, near: 0, averaged
+    assert gaps["input_bald_gap"] == pytest.approx(0.3)  # |0.5 − 0.2|
+    assert gaps["input_bald_gap_ood"] == pytest.approx((0.3 + 0.1) / 2)  # |0.1 − 0.4|, |0.1 − 0|: two-sided
+
+
+def test_percentile_rank_by_hand():
+    # gaps of 4 subsets 1, 2, 3, 4; a method's gap 2: beats 3 and 4 (2 subsets), ties 2 (half): 2.5 of 4
+    assert percentile_rank(2.0, [1.0, 2.0, 3.0, 4.0]) == 62.5
+    assert percentile_rank(0.5, [1.0, 2.0, 3.0, 4.0]) == 100.0 and percentile_rank(5.0, [1.0, 2.0]) == 0.0
+    assert percentile_rank(1.0, [1.0, 1.0]) == 50.0  # equal to every subset: the median
+    # a method drawn like the subsets ranks above 95 in about 5 % of draws
+    rng = np.random.default_rng(0)
+    ranks = [percentile_rank(rng.normal(), rng.normal(size=200)) for _ in range(2000)]
+    assert 0.03 < np.mean(np.asarray(ranks) >= WIN_PERCENTILE) < 0.07
+
+
+def test_standing_needs_both_fixed_selections_and_the_95th_percentile():
+    subsets = [float(v) for v in range(1, 201)]  # gaps 1 … 200
+    won = standing(0.5, [2.0, 3.0], subsets)
+    assert won["percentile"] == 100.0 and won["beats"] and won["band"] == pytest.approx([10.95, 190.05])
+    assert not standing(0.5, [0.4, 3.0], subsets)["beats"]  # the evenly spaced samples do better
+    ten = standing(10.0, [20.0, 30.0], subsets)  # beats 190 subsets, ties one: 190.5 / 200
+    assert ten["percentile"] == 95.25 and ten["beats"]
+    assert not standing(11.0, [20.0, 30.0], subsets)["beats"]  # 94.75
+    assert standing(None, [1.0, 1.0], subsets) is None and standing(1.0, [None, 1.0], subsets) is None
+    # a gap equal to every subset's, up to the 6 digits results keep (one network's BALD is 0 for all): a tie
+    same = standing(0.98940123, [0.98940123, 0.98940123], [0.989401] * 200)
+    assert same["percentile"] == 50.0 and not same["beats"]
 
 
 def test_quality_and_summary_of_a_hand_made_judgement():
-    ref = Reference({"noise": 99.0, "photos": 90.0}, {"noise": 95.0, "photos": 80.0}, 0.20,
-                    torch.tensor([[0.5, 0.5]], dtype=torch.float64), 10)
-    q = quality({"noise": 97.0, "photos": 89.5}, {"noise": 96.0, "photos": 70.0}, 0.25, 0.01, ref)
-    assert q == pytest.approx({"bald_gap": 2.0, "max_prob_gap": 10.0, "nll_gap": 0.05, "kl": 0.01})
+    half = {name: torch.tensor([[0.5, 0.5]], dtype=torch.float64) for name in ("test", "noise", "photos")}
+    none = {name: torch.zeros(1, dtype=torch.float64) for name in half}
+    ref = Reference({"noise": 99.0, "photos": 90.0}, {"noise": 95.0, "photos": 80.0}, 0.20, half, none, 10)
+    function = {"kl": 0.01, "kl_ood": 0.02, "input_bald_gap": 0.03, "input_bald_gap_ood": 0.04}
+    q = quality({"noise": 97.0, "photos": 89.5}, {"noise": 96.0, "photos": 70.0}, 0.25, function, ref)
+    assert q == pytest.approx({"bald_gap": 2.0, "max_prob_gap": 10.0, "nll_gap": 0.05, **function})
     detection = {"noise": {"bald": {"auroc": 0.97}, "max_prob": {"auroc": 0.96}},
                  "photos": {"bald": {"auroc": 0.895}, "max_prob": {"auroc": 0.70}}}
-    judged = Judgement({"acc": 0.9, "nll": 0.25}, detection, torch.tensor([[0.5, 0.5]]), {}, {})
+    judged = Judgement({"acc": 0.9, "nll": 0.25}, detection, torch.tensor([[0.5, 0.5]]), {}, {}, half, none)
     summary = summarise(judged, ref)
     assert summary["bald_gap"] == pytest.approx(2.0) and summary["max_prob_gap"] == pytest.approx(10.0)
-    assert summary["mean_bald_auroc"] == pytest.approx(93.25) and summary["kl"] == 0.0
+    assert summary["mean_bald_auroc"] == pytest.approx(93.25) and summary["kl"] == 0.0 == summary["kl_ood"]
     single = Judgement({"acc": 0.9, "nll": 0.25}, {name: {"bald": None, "max_prob": {"auroc": 0.9}}
-                                                  for name in detection}, torch.tensor([[0.5, 0.5]]), {}, {})
+                                                  for name in detection}, torch.tensor([[0.5, 0.5]]), {}, {}, half,
+                       none)
     assert summarise(single, ref)["bald_gap"] is None and summarise(single, ref)["mean_bald_auroc"] is None
 
 
-def test_margins_over_kept_samples_by_hand():
+def test_ranks_over_kept_samples_by_hand():
+    # SGLD: BALD AUROC 85 on set a, NLL 0.25. Fixed selections: evenly spaced 83, last 88 (gaps 2, 3); NLL gaps
+    # +0.02, +0.05. 200 random subsets: AUROCs 80 + i/16 (gaps |v − 85|), NLL gaps (i + 1)/1024, i = 0 … 199
+    row = {"evenly_spaced": {"auroc": {"bald": {"a": 83.0}}, "nll_gap": 0.02},
+           "last": {"auroc": {"bald": {"a": 88.0}}, "nll_gap": 0.05},
+           "random": {"auroc": {"bald": {"a": {"values": [80.0 + i / 16 for i in range(200)]}}},
+                      "nll_gap": {"values": [(i + 1) / 1024 for i in range(200)]}}}
+    sgld, nll = {"bald": {"a": 85.0}}, 0.25 + 2 / 1024
+    found = ranks_over_kept({"bald": {"a": 85.25}}, nll, row, sgld, 0.25)
+    a = found["auroc"]["bald"]["a"]  # gap 0.25: 7 subsets closer (i = 77 … 83), 2 as close (76, 84), 191 farther
+    assert a["gap"] == 0.25 and a["fixed"] == [2.0, 3.0] and a["percentile"] == 96.0 and a["beats"]
+    close = ranks_over_kept({"bald": {"a": 85.5}}, nll, row, sgld, 0.25)["auroc"]["bald"]["a"]
+    assert close["percentile"] == 92.0 and not close["beats"]  # 15 closer, 2 as close: (183 + 1) / 200
+    overshoot = ranks_over_kept({"bald": {"a": 90.0}}, nll, row, sgld, 0.25)["auroc"]["bald"]["a"]
+    assert overshoot["gap"] == 5.0 and not overshoot["beats"]  # above SGLD by 5: farther than both fixed rows
+    assert found["nll"]["percentile"] == 99.25 and found["nll"]["beats"]  # gap 2/1024: 1 smaller, 1 equal
+    assert (found["wins"], found["compared"]) == (2, 2)
+    assert wins_over_kept({"bald": {"a": 85.25}}, nll, row, sgld, 0.25) == found
+
+
+def test_margins_over_kept_samples_by_hand():  # the rule of results written before percentile ranks
     # kept: evenly spaced 90 / 80 on BALD, 85 / 75 on max-prob, NLL 0.30; random subsets' mean and std
     even = {"nll": 0.30, "auroc": {"bald": {"a": 90.0, "b": 80.0}, "max_prob": {"a": 85.0, "b": 75.0}}}
     drawn = {"nll": {"mean": 0.28, "std": 0.01},
@@ -97,30 +167,40 @@ def test_every_sample_kept_is_the_reference_itself(store):
     g = torch.Generator().manual_seed(1)
     inputs = EvaluationInputs(torch.randn(20, 3, generator=g), torch.randint(2, (20,), generator=g),
                               torch.randn(15, 3, generator=g), {"far": 4 * torch.randn(15, 3, generator=g)})
-    mean_probs, n = reference_predictive(store, inputs.x_test, limit=100, chunk=5)
-    assert n == 12
-    torch.testing.assert_close(mean_probs, predict_probs(SPEC, store.read_all(), inputs.x_test).double().mean(0))
+    predictive, information, n = reference_predictive(store, inputs, limit=100, chunk=5)
+    assert n == 12 and set(predictive) == set(information) == {"test", "far"}
+    for name, x in (("test", inputs.x_test), ("far", inputs.ood["far"])):
+        probs = predict_probs(SPEC, store.read_all(), x).double()
+        torch.testing.assert_close(predictive[name], probs.mean(0))
+        torch.testing.assert_close(information[name], bald(probs))
     # SGLD's own numbers as the reference: the whole store's judgement
-    blank = Reference({}, {}, 0.0, mean_probs, n)
+    blank = Reference({}, {}, 0.0, predictive, information, n)
     whole = judge_rows(store, np.arange(12), inputs, "cpu", blank)
     from apd.evaluation.protocol import judge_probs
 
     judged = judge_probs(predict_probs(SPEC, store.read_all(), inputs.stacked("cpu")), inputs, ["bald", "max_prob"])
     ref = Reference({"far": 100 * judged.detection["far"]["bald"]["auroc"]},
-                    {"far": 100 * judged.detection["far"]["max_prob"]["auroc"]}, whole["nll"], mean_probs, n)
+                    {"far": 100 * judged.detection["far"]["max_prob"]["auroc"]}, whole["nll"], predictive, information,
+                    n)
     row = kept_samples(store, 12, inputs, ref, subsets=2, generator=torch.Generator().manual_seed(2))
-    for summary in (row["evenly_spaced"], {k: v["mean"] for k, v in row["random"].items() if k != "auroc"}):
+    drawn = {k: v["mean"] for k, v in row["random"].items() if k != "auroc"}
+    for summary in (row["evenly_spaced"], row["last"], drawn):
         assert summary["bald_gap"] == pytest.approx(0.0, abs=1e-9)
         assert summary["nll_gap"] == pytest.approx(0.0, abs=1e-6) and summary["kl"] == pytest.approx(0.0, abs=1e-7)
-    assert row["random"]["kl"]["std"] == pytest.approx(0.0, abs=1e-7)
+        for key in ("kl_ood", "input_bald_gap", "input_bald_gap_ood"):
+            assert summary[key] == pytest.approx(0.0, abs=1e-6)
+    assert row["random"]["kl"]["std"] == pytest.approx(0.0, abs=1e-7) and len(row["random"]["kl"]["values"]) == 2
     curve = kept_curve(store, [5, 1, 2, 50, 2], inputs, ref, subsets=2, generator=torch.Generator().manual_seed(3))
     assert [r["k"] for r in curve] == [1, 2, 5]  # distinct, sorted, at most the store's size
     assert curve[0]["evenly_spaced"]["bald_gap"] is None  # one network: no BALD
-    assert all(r["evenly_spaced"]["kl"] > 0 for r in curve)
+    assert curve[0]["evenly_spaced"]["input_bald_gap"] > 0  # but SGLD disagrees where it has none
+    assert all(r["evenly_spaced"]["kl"] > 0 and r["last"]["kl"] > 0 for r in curve)
+    assert all(r["random"]["kl"]["p5"] <= r["random"]["kl"]["mean"] <= r["random"]["kl"]["p95"] for r in curve)
 
 
 def test_a_values_mean_and_std_are_its_spreads_or_itself_and_zero():
-    keys = ("acc", "nll", "mean_bald_auroc", "max_prob_gap", "nll_gap", "kl")
+    keys = ("acc", "nll", "mean_bald_auroc", "max_prob_gap", "nll_gap", "kl", "kl_ood", "input_bald_gap",
+            "input_bald_gap_ood")
     summaries = [{**dict.fromkeys(keys, 0.5), "bald_gap": 1.0, "auroc": {}},
                  {**dict.fromkeys(keys, 0.5), "bald_gap": 3.0, "auroc": {}}]
     drawn = spread(summaries)["bald_gap"]

@@ -31,7 +31,7 @@ def _frontier(tiny_pipeline, target, *options: str) -> tuple[int, str]:
 
 
 def test_each_budget_buys_apd_its_largest_rank_and_the_kept_samples_as_many_samples(tiny_pipeline, tmp_path):
-    rc, err = _frontier(tiny_pipeline, tmp_path, "budgets=[4, 1, 2]", "steps=20", "subsets=2")
+    rc, err = _frontier(tiny_pipeline, tmp_path, "budgets=[4, 1, 2]", "steps=20")
     assert rc == 0, err
     out = tmp_path / "tiny" / "experiments"
     results = json.loads((out / "frontier.json").read_text())
@@ -41,7 +41,7 @@ def test_each_budget_buys_apd_its_largest_rank_and_the_kept_samples_as_many_samp
     storage = lambda r: chain_generators_storage(d, r, SPEC, 2, "int8")  # noqa: E731
     for point in points:
         apd, kept = point["apd"], point["kept"]
-        assert kept["k"] == point["budget"] == kept["in_sgld_samples"] and kept["subsets"] == 2
+        assert kept["k"] == point["budget"] == kept["in_sgld_samples"] and kept["subsets"] == 200
         assert apd["chains"] == 2
         assert storage(apd["rank"]) <= point["budget"] < storage(apd["rank"] + 1)
         assert apd["in_sgld_samples"] == pytest.approx(storage(apd["rank"]))  # the trained model's own bytes
@@ -70,7 +70,7 @@ def test_each_budget_buys_apd_its_largest_rank_and_the_kept_samples_as_many_samp
 
 
 def test_a_budget_too_small_for_the_generators_still_scores_the_kept_samples(tiny_pipeline, tmp_path):
-    rc, err = _frontier(tiny_pipeline, tmp_path, "budgets=[1]", 'precision="float32"', "subsets=1")
+    rc, err = _frontier(tiny_pipeline, tmp_path, "budgets=[1]", 'precision="float32"')
     assert rc == 0, err
     out = tmp_path / "tiny" / "experiments"
     assert not (out / "frontier.json").exists()  # a precision other than int8 has files of its own
@@ -82,7 +82,7 @@ def test_a_budget_too_small_for_the_generators_still_scores_the_kept_samples(tin
 
 
 def test_the_ceiling_and_the_samples_kept_at_apds_precision_are_left_out_on_request(tiny_pipeline, tmp_path):
-    rc, err = _frontier(tiny_pipeline, tmp_path, "budgets=[2]", "steps=5", "subsets=1", "ceiling=false",
+    rc, err = _frontier(tiny_pipeline, tmp_path, "budgets=[2]", "steps=5", "ceiling=false",
                         "kept_at_precision=false", 'precision="int4"')
     assert rc == 0, err
     out = tmp_path / "tiny" / "experiments"
@@ -116,6 +116,20 @@ def _point(budget: float, apd: dict | None, evenly: dict, random: dict, ceiling:
     return {"budget": budget, "apd": scored(apd, budget), "ceiling": scored(ceiling, 50),
             "kept": {"k": budget, "in_sgld_samples": budget, "evenly_spaced": evenly, "random": spread(random)},
             "kept_at_precision": stored_kept}
+
+
+def test_apd_is_below_ranked_kept_samples_where_it_wins_on_a_summary():
+    # evenly spaced and last gaps, then 200 random subsets' gaps 0.01 … 2.00 (by 0.01) on every summary
+    values = [(i + 1) / 100 for i in range(200)]
+    fixed = {"bald_gap": 3.0, "max_prob_gap": 0.05, "nll_gap": 0.5, "kl": 2.5}
+    kept = {"k": 4, "in_sgld_samples": 4, "evenly_spaced": fixed, "last": {**fixed, "kl": 0.05},
+            "random": {key: {"mean": 1.0, "std": 0.6, "values": values} for key in fixed}}
+    # BALD 0.05: 195 subsets larger, one tie: rank 97.75, below both fixed gaps (3.0): a win; max-prob 0.04:
+    # rank 98.25, below 0.05: a win; NLL 0.2: rank 90.25, no win; KL 0.06: the last samples' 0.05 is smaller
+    apd = {key: {"mean": value, "std": 0.0} for key, value in
+           {"bald_gap": 0.05, "max_prob_gap": 0.04, "nll_gap": 0.2, "kl": 0.06}.items()}
+    point = {"budget": 4, "apd": {**apd, "in_sgld_samples": 4}, "kept": kept, "kept_at_precision": None}
+    assert below_kept(point) == ["BALD", "max-prob"]
 
 
 def test_apd_is_below_the_kept_samples_where_each_summary_is_smaller_than_both_kept_rows():
@@ -219,7 +233,7 @@ def test_a_frontier_at_another_precision_has_a_region_of_its_own(tmp_path):
 
 def test_generators_stored_at_another_precision_than_the_codec_are_counted_and_rounded_at_theirs(tiny_pipeline,
                                                                                                  tmp_path):
-    rc, err = _frontier(tiny_pipeline, tmp_path, "budgets=[2]", "steps=5", "subsets=1", "ceiling=false",
+    rc, err = _frontier(tiny_pipeline, tmp_path, "budgets=[2]", "steps=5", "ceiling=false",
                         "precision=int4", "generators_at=float32")
     assert rc == 0, err
     out = tmp_path / "tiny" / "experiments"

@@ -79,7 +79,7 @@ def test_one_generator_per_chain_is_counted_with_its_codec_and_shares_and_stored
 
 
 def test_the_study_compares_apd_with_its_kept_samples_at_each_precision(tiny_pipeline, tmp_path):
-    out = run_experiment_on_copy(tiny_pipeline, tmp_path, "precision", "budget=4", "steps=20", "subsets=2")
+    out = run_experiment_on_copy(tiny_pipeline, tmp_path, "precision", "budget=4", "steps=20")
     results = json.loads((out / "precision.json").read_text())
     rows = {row["precision"]: row for row in results["rows"]}
     assert list(rows) == ["float32", "float16", "int8", "int4"]
@@ -101,11 +101,12 @@ def test_the_study_compares_apd_with_its_kept_samples_at_each_precision(tiny_pip
     for row in rows.values():
         for method in (row["apd"], row["per_chain"]):
             assert math.ceil(method["in_sgld_samples"]) == 4
-            over = wins_over_float32_kept(method, float32_kept)
-            assert over["compared"] == 5
+            over = wins_over_float32_kept(method, float32_kept, results["sgld"])
+            assert over["compared"] == 5 and "percentile" in over["nll"]
             if row["precision"] == "float32":  # the same kept samples as the row's own margins
                 assert over == (row["margins"] if method is row["apd"] else method["margins"])
-    assert wins_over_float32_kept(rows["int8"]["apd"] | {"in_sgld_samples": 2.5}, float32_kept) is None  # 3 ≠ 4
+    assert wins_over_float32_kept(rows["int8"]["apd"] | {"in_sgld_samples": 2.5}, float32_kept,
+                                  results["sgld"]) is None  # 3 ≠ 4
     table = (out / "precision.md").read_text()
     assert "| int8 | SGLD coordinates |" in table and "none fits" not in table
     assert "wins over ⌈S⌉ float32 kept" in table
@@ -123,8 +124,7 @@ def test_the_study_compares_apd_with_its_kept_samples_at_each_precision(tiny_pip
 
 
 def test_a_budget_too_small_for_the_generator_still_scores_the_kept_samples(tiny_pipeline, tmp_path):
-    out = run_experiment_on_copy(tiny_pipeline, tmp_path, "precision", "budget=1", 'precisions=["float32"]',
-                                 "subsets=1")
+    out = run_experiment_on_copy(tiny_pipeline, tmp_path, "precision", "budget=1", 'precisions=["float32"]')
     row = json.loads((out / "precision.json").read_text())["rows"][0]
     assert row["rank"] == 0 and row["apd"] is None and row["margins"] is None and row["kept"]["k"] == 1
     assert row["coordinates"] is None

@@ -108,7 +108,8 @@ def test_judged_only_on_validation_images_and_the_ood_tuning_pool(experiment, tm
         assert list(inputs.ood) == list(tuning.ood)
         for name, x in inputs.ood.items():
             assert torch.equal(x, tuning.ood[name]) and not torch.equal(x, reported.ood[name])
-    assert len(references) == 1 and torch.equal(references[0][1], ctx.data.x_val)
+    assert len(references) == 1 and torch.equal(references[0][1].x_test, ctx.data.x_val)
+    assert all(torch.equal(x, tuning.ood[name]) for name, x in references[0][1].ood.items())
 
 
 def test_break_even_by_hand():

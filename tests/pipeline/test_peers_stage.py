@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from apd.config import ALL_METHODS
+from apd.evaluation.yardstick import percentile_rank
 from apd.io import load_torch
 from apd.nets import ParamSpec, mlp
 from apd.pipeline.methods import load_methods
@@ -113,11 +114,16 @@ def test_results_hold_the_yardstick_and_every_method_in_every_table(tiny_pipelin
         assert f"| {label} |" in tables
     assert (root / "tiny" / "eval" / "figures" / "storage_quality.png").is_file()
     assert (root / "tiny" / "eval" / "yardstick.csv").is_file()
-    # APD against its kept samples, set by set: its reported AUROC minus the evenly spaced samples' one
+    # APD against its kept samples, set by set: its absolute gap to SGLD's AUROC, ranked among the subsets
     kept = y["kept"][str(y["equal_storage"]["apd"]["k"])]
+    assert kept["subsets"] == 200 and len(kept["random"]["kl"]["values"]) == 200 and "last" in kept
     with open(root / "tiny" / "eval" / "kept_margins.csv") as f:
         margins = [line for line in csv.DictReader(f) if line["method"] == "apd" and line["score"] == "bald"]
     assert {line["set"] for line in margins} == set(results["ood"])
     for line in margins:
         own = results["ood"][line["set"]]["bald"]["apd"]["auroc"]["mean"]
-        assert float(line["over_kept"]) == pytest.approx(own - kept["evenly_spaced"]["auroc"]["bald"][line["set"]])
+        assert float(line["gap"]) == pytest.approx(abs(own - y["reference"]["bald_auroc"][line["set"]]))
+        gaps = [abs(v - y["reference"]["bald_auroc"][line["set"]])
+                for v in kept["random"]["auroc"]["bald"][line["set"]]["values"]]
+        assert float(line["percentile"]) == pytest.approx(percentile_rank(float(line["gap"]), gaps))
+    assert results["burn_in"]["applied"] is False and results["burn_in"]["burn_in"] >= 0

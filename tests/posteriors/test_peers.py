@@ -11,7 +11,7 @@ from apd.config import BaselineConfig
 from apd.nets import ParamSpec, mlp, predict_probs
 from apd.posteriors import SGLDSamples
 from apd.posteriors.ensemble import DeepEnsemble, train_deep_ensemble
-from apd.posteriors.kept import KeptSamples, evenly_spaced_rows, random_rows
+from apd.posteriors.kept import KeptSamples, chain_shares, evenly_spaced_rows, last_rows, random_rows
 from apd.posteriors.stein import log_posterior_gradients, stein_rows, stein_thin
 from apd.posteriors.swag import SWAGPosterior, choose_swag_lr, collect_swag_moments, fit_swag, swag_iterates
 from apd.samplers.store import SampleStore
@@ -50,27 +50,59 @@ def assert_probs(probs: torch.Tensor, k: int, n: int) -> None:
 # ----------------------------------------------------------------------------------------- kept samples
 
 
-def test_evenly_spaced_rows():
-    assert evenly_spaced_rows(10, 4).tolist() == [0, 3, 6, 9]
+def test_evenly_spaced_rows_are_the_centres_of_equal_parts():
+    # p_i = ⌊(i + ½)·n/k⌋: 10 rows in 4 parts of 2.5, centres 1.25, 3.75, 6.25, 8.75
+    assert evenly_spaced_rows(10, 4).tolist() == [1, 3, 6, 8]
     assert evenly_spaced_rows(5, 5).tolist() == [0, 1, 2, 3, 4]
+    assert evenly_spaced_rows(9, 1).tolist() == [4] and evenly_spaced_rows(2, 1).tolist() == [1]
+    assert evenly_spaced_rows(1, 1).tolist() == [0]  # the first stored sample only when it is the only one
+    assert evenly_spaced_rows(3, 2).tolist() == [0, 2]  # or when more than half the chain is kept
     with pytest.raises(ValueError):
         evenly_spaced_rows(5, 6)
 
 
 def test_evenly_spaced_rows_take_the_same_number_from_each_chain(store):
-    chains = store.chains
+    chains = store.chains  # rows 0–11, 12–21, 22–29
     rows = evenly_spaced_rows(len(store), 9, chains)
-    assert rows.tolist() == sorted(set(rows.tolist()))
-    assert np.bincount(chains[rows]).tolist() == [3, 3, 3]
-    # within each chain: its first and last row and one between, although the chains differ in length
-    assert rows.tolist() == [0, 6, 11, 12, 16, 21, 22, 26, 29]
+    # chain of 12, 3 parts of 4: positions 2, 6, 10; of 10: 1, 5, 8; of 8: 1, 4, 6
+    assert rows.tolist() == [2, 6, 10, 13, 17, 20, 23, 26, 28]
+    assert evenly_spaced_rows(len(store), 3, chains).tolist() == [6, 17, 26]  # each chain's middle sample
     assert np.bincount(chains[evenly_spaced_rows(len(store), 7, chains)]).tolist() == [3, 2, 2]
 
 
-def test_random_rows_are_distinct_sorted_and_seeded():
-    rows = random_rows(100, 20, torch.Generator().manual_seed(3))
-    assert rows.tolist() == sorted(set(rows.tolist())) and len(rows) == 20 and rows.max() < 100
-    assert rows.tolist() == random_rows(100, 20, torch.Generator().manual_seed(3)).tolist()
+def test_last_rows_are_each_chains_last_samples(store):
+    chains = store.chains
+    assert last_rows(len(store), 3, chains).tolist() == [11, 21, 29]
+    assert last_rows(len(store), 7, chains).tolist() == [9, 10, 11, 20, 21, 28, 29]
+    assert last_rows(10, 2).tolist() == [8, 9]
+
+
+def test_random_rows_are_stratified_by_chain_distinct_and_seeded(store):
+    chains, n = store.chains, len(store)
+    draws = [random_rows(n, 7, torch.Generator().manual_seed(seed), chains) for seed in range(60)]
+    for rows in draws:
+        assert rows.tolist() == sorted(set(rows.tolist())) and rows.size == 7
+        assert sorted(np.bincount(chains[rows], minlength=3).tolist()) == [2, 2, 3]  # ⌊7/3⌋ each, one extra
+    extra = {int(np.argmax(np.bincount(chains[rows], minlength=3))) for rows in draws}
+    assert extra == {0, 1, 2}  # the extra row's chain is drawn, not always the first
+    assert len({tuple(rows) for rows in draws}) == len(draws)  # the subsets differ
+    again = random_rows(n, 7, torch.Generator().manual_seed(5), chains)
+    assert again.tolist() == draws[5].tolist()  # reproducible from the seed
+    two = [random_rows(n, 2, torch.Generator().manual_seed(seed), chains) for seed in range(60)]
+    assert all(np.bincount(chains[rows], minlength=3).max() == 1 for rows in two)  # never two of one chain
+    pair = np.repeat([0, 1], 5)  # two chains (two modes): every 2-sample subset holds one of each
+    assert all(np.bincount(pair[random_rows(10, 2, torch.Generator().manual_seed(seed), pair)]).tolist() == [1, 1]
+               for seed in range(20))
+    plain = random_rows(100, 20, torch.Generator().manual_seed(3))
+    assert plain.tolist() == sorted(set(plain.tolist())) and plain.max() < 100
+
+
+def test_chain_shares_follow_the_evenly_spaced_rule_and_refuse_short_chains():
+    assert chain_shares(7, [12, 10, 8]) == [3, 2, 2]
+    assert chain_shares(2, [1, 5, 5]) == [1, 1, 0]
+    assert chain_shares(4, [1, 5, 5]) == [1, 2, 1]  # the extra skips a chain without a further row
+    with pytest.raises(ValueError):
+        chain_shares(7, [2, 2, 2])
 
 
 def test_kept_samples_of_all_rows_are_the_store(store):

@@ -16,7 +16,7 @@ import torch
 
 from apd.errors import ArtifactError
 from apd.nets import ParamSpec, mlp
-from apd.samplers.store import SampleStore
+from apd.samplers.store import SampleStore, chain_partition
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = ParamSpec.from_module(mlp([6, 5, 3]))  # D = 6·5 + 5 + 5·3 + 3 = 53
@@ -409,3 +409,9 @@ def test_evenly_spaced_rows_of_a_joined_store_take_every_chain_equally(tmp_path)
         for k in (3, 10, 31, 100, 149):
             counts = np.bincount(store.chains[evenly_spaced(len(store), k)], minlength=3)
             assert counts.max() - counts.min() <= 1, (k, counts)
+
+
+def test_chain_partition_gives_each_chains_rows_and_share():
+    ids, rows, shares = chain_partition([3, 1, 3, 3])
+    assert ids == [1, 3] and [r.tolist() for r in rows] == [[1], [0, 2, 3]]
+    torch.testing.assert_close(shares, torch.tensor([0.25, 0.75]))
