@@ -140,8 +140,9 @@ def process_group(rank: int, size: int, device: torch.device, init_method: str =
     seconds = join_timeout()
     where = (f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}" if init_method == "env://"
              else init_method)
-    log.info("worker %d/%d: waiting up to %g s for the other workers to join at %s (%s sets the seconds)", rank, size,
-             seconds, where, JOIN_TIMEOUT_VARIABLE)
+    if init_method == "env://":  # a torchrun launch, whose peers may be slow to come; spawned ones join at once
+        log.info("worker %d/%d: waiting up to %g s for the other workers to join at %s (%s sets the seconds)", rank,
+                 size, seconds, where, JOIN_TIMEOUT_VARIABLE)
     try:
         with _native_stderr_dropped():  # c10d's own lines on each failed try to connect
             dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=size,
