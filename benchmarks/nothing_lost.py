@@ -1196,7 +1196,9 @@ KILL_POINTS = {
         "store-created": lambda env, proc: env.path("samples.partial.h5").exists,
         "checkpoint-1": _nth_checkpoint("samples.ckpt.pt", 1),
         "checkpoint-4": _nth_checkpoint("samples.ckpt.pt", 4),
-        "chain-2": _nth_checkpoint("samples.ckpt.pt", 9),
+        # the chains step together: 7 checkpoints within the 800 iterations, the 8th once they are all done,
+        # before the diagnostics and the publication
+        "all-iterations-done": _nth_checkpoint("samples.ckpt.pt", 8),
         "store-published": lambda env, proc: _changed(env.path("samples.json")),
         "sgd-published": lambda env, proc: _changed(env.path("baselines/sgd.json")),
         "between-checkpoints-2-3": _between_checkpoints("samples.ckpt.pt", 2),
