@@ -236,6 +236,8 @@ def ranks_over_kept(own_auroc: dict[str, dict[str, float | None]], own_nll: floa
         return None if value is None else abs(value - ref)
 
     def against(score: str, name: str, value: float | None) -> dict | None:
+        if value is None:  # a score the method cannot have, or one the run did not compute
+            return None
         ref, drawn = reference_auroc[score][name], kept["random"]["auroc"][score].get(name)
         return standing(gap(value, ref), [gap(kept[fixed]["auroc"][score].get(name), ref) for fixed in FIXED],
                         None if drawn is None else [abs(v - ref) for v in drawn["values"]])
