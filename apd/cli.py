@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from apd import __version__
+from apd._version import __version__
 from apd.config import config_hash
 from apd.config_load import load_config
 from apd.errors import ApdError, ArtifactError, ConfigError, out_of_memory_is_an_error
