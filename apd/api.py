@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from apd.data import input_range
 from apd.distillation.generator import load_generator
 from apd.errors import ArtifactError
 from apd.io import load_torch, read_json
@@ -26,11 +27,20 @@ def load(artifact_dir: str | Path, method: str, device: torch.device | str = "cp
     """The posterior ``method`` of the pipeline whose artifacts are in ``artifact_dir`` (e.g.
     ``artifacts/digits``): ``sgld`` (the sample store, kept open), ``apd`` (the generator), ``sgd`` and
     ``mcdropout`` (the baselines), or ``mog`` (the evaluation's largest mixture, fit again to the store).
-    ``device`` as ``--device`` takes it; one that is not here raises :class:`~apd.errors.ConfigError` at once."""
+    ``device`` as ``--device`` takes it; one that is not here raises :class:`~apd.errors.ConfigError` at once.
+    Its ``predict_probs`` refuses inputs outside the scale of the dataset the sample store records
+    (:attr:`~apd.posteriors.Posterior.input_range`)."""
     layout = Layout(Path(artifact_dir))
     if method not in LOADABLE:
         raise ValueError(f"method must be one of {', '.join(LOADABLE)}, got {method!r}")
-    device = resolve_device(str(device))
+    posterior = _load(layout, method, resolve_device(str(device)))
+    if layout.samples.is_file():
+        with SampleStore.open(layout.samples) as store:
+            posterior.input_range = input_range(store.meta.get("dataset", ""))
+    return posterior
+
+
+def _load(layout: Layout, method: str, device: torch.device) -> Posterior:
     if method in ("sgld", "mog"):
         store = SampleStore.open(layout.samples)
         if method == "sgld":

@@ -51,6 +51,12 @@ BUILTIN_OOD = ("gaussian", "uniform", "photos")
 DIRECTORY_OOD = ("notmnist", "omniglot", "cifar10")
 
 
+def input_range(dataset: str) -> tuple[float, float] | None:
+    """The scale the inputs of ``dataset`` are in: :data:`INPUT_RANGE` for images, None for toy2d's raw
+    coordinates (any point of the plane)."""
+    return None if dataset == "toy2d" else INPUT_RANGE
+
+
 def normalise(pixels: np.ndarray | Tensor) -> Tensor:
     """Pixels in [0, 1], any shape [N, ...] → float32 [N, prod(...)] in :data:`INPUT_RANGE`."""
     x = torch.as_tensor(np.asarray(pixels, dtype=np.float32))

@@ -81,3 +81,44 @@ def test_a_baseline_manifest_without_a_valid_network_is_one_artifact_error(tiny_
     with pytest.raises(ArtifactError, match=re.escape(str(manifest.with_suffix(""))) + r"\.(json|pt): ") as err:
         apd.load(copy, method)
     assert "\n" not in str(err.value)
+
+
+def test_predict_probs_takes_a_numpy_array_or_a_tensor_of_another_dtype(tiny_pipeline):
+    import apd
+
+    root, _ = tiny_pipeline
+    post = apd.load(root / "tiny", "sgld")
+    x = torch.rand(4, 64) * 2 - 1
+    expected = post.predict_probs(x, 3, torch.Generator().manual_seed(0))
+    for given in (x.numpy().astype("float64"), x.double(), x.reshape(4, 8, 8)):
+        torch.testing.assert_close(post.predict_probs(given, 3, torch.Generator().manual_seed(0)), expected)
+
+
+@pytest.mark.cuda
+def test_predict_probs_moves_a_tensor_on_another_device(tiny_pipeline):
+    import apd
+
+    root, _ = tiny_pipeline
+    post = apd.load(root / "tiny", "sgd")
+    x = torch.rand(4, 64) * 2 - 1
+    torch.testing.assert_close(post.predict_probs(x.cuda(), 1), post.predict_probs(x, 1))
+
+
+@pytest.mark.parametrize(("x", "message"), [
+    (torch.zeros(64), r"x must be a batch of inputs \[N, features\] \(or \[N, H, W\] images\), got shape \[64\]; "
+                      r"for one input pass x\[None\]"),
+    (torch.zeros(0, 64), r"got shape \[0, 64\]$"),
+    (torch.zeros(3, 63), "^inputs have 63 features, the network takes 64$"),
+    (torch.arange(3 * 64).reshape(3, 64) % 17, r"^x has values in \[0, 16\], outside the pipeline's input range "
+                                               r"\[-1, 1\]: scale pixels p in \[0, 1\] to 2p − 1"),
+    (torch.full((3, 64), float("nan")), "^x has NaN or infinite values$"),
+])
+@pytest.mark.parametrize("method", ["sgld", "apd", "sgd", "mcdropout"])
+def test_predict_probs_refuses_what_is_not_a_batch_in_the_pipeline_scale_in_one_line(tiny_pipeline, method, x,
+                                                                                       message):
+    import apd
+
+    root, _ = tiny_pipeline
+    with pytest.raises(ValueError, match=message) as err:
+        apd.load(root / "tiny", method).predict_probs(x, 2)
+    assert "\n" not in str(err.value)
