@@ -4,7 +4,8 @@ The public API, for using a pipeline's artifacts and its parts from Python::
 
     import apd
     post = apd.load("artifacts/digits", "apd")      # or "sgld", "sgd", "mcdropout", "mog"
-    probs = post.predict_probs(x, k=100)            # [100, N, C]
+    data = apd.load_data("artifacts/digits")        # its splits and OOD sets, as `apd evaluate` builds them
+    probs = post.predict_probs(data.splits.x_test, k=100)  # [100, N, C]
 
 ``SGLD`` (a ``torch.optim.Optimizer``), ``SampleStore`` (the HDF5 sample store), ``scores`` (uncertainty
 scores, higher = more uncertain), ``detection`` (AUROC, AUPR-In, AUPR-Out, FPR95 with OOD positive),
@@ -19,6 +20,7 @@ from apd._version import __version__
 
 EXPORTS = {  # public name → the module that defines it
     "load": "apd.api",
+    "load_data": "apd.api",
     "detection": "apd.metrics",
     "ParamSpec": "apd.nets",
     "mlp": "apd.nets",

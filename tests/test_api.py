@@ -22,9 +22,11 @@ def test_readme_snippet_runs(tiny_pipeline, monkeypatch):
     root, _ = tiny_pipeline
     snippet = readme_snippet().replace('"artifacts/digits"', f'"{root / "tiny"}"')
     monkeypatch.chdir(root)
-    namespace: dict = {"x": torch.zeros(5, 64)}
+    namespace: dict = {}
     exec(snippet, namespace)
-    assert namespace["probs"].shape == (100, 5, 10)
+    data = namespace["data"]
+    assert namespace["probs"].shape == (100, len(data.splits.y_test), 10)
+    assert set(data.ood) == {"gaussian", "uniform"} and namespace["name"] == "uniform"
 
 
 @pytest.mark.parametrize("method", ["sgld", "apd", "sgd", "mcdropout", "mog"])
@@ -41,8 +43,8 @@ def test_every_method_loads(tiny_pipeline, method):
 def test_public_names():
     import apd
 
-    for name in ("SGLD", "SampleStore", "scores", "detection", "predict_probs", "Posterior", "load", "mlp",
-                 "ParamSpec"):
+    for name in ("SGLD", "SampleStore", "scores", "detection", "predict_probs", "Posterior", "load", "load_data",
+                 "mlp", "ParamSpec"):
         assert hasattr(apd, name), name
     with pytest.raises(ValueError, match="method must be one of"):
         apd.load("nowhere", "bogus")
@@ -122,3 +124,37 @@ def test_predict_probs_refuses_what_is_not_a_batch_in_the_pipeline_scale_in_one_
     with pytest.raises(ValueError, match=message) as err:
         apd.load(root / "tiny", method).predict_probs(x, 2)
     assert "\n" not in str(err.value)
+
+
+def test_load_data_gives_what_evaluate_scores(tiny_pipeline):
+    """The artifacts' recorded configuration and the pipeline file give the inputs evaluate_methods scores."""
+    import apd
+    from apd.pipeline.evaluate import evaluation_inputs
+    from tests.tiny_pipeline import tiny_context
+
+    root, config = tiny_pipeline
+    expected = evaluation_inputs(tiny_context(root))
+    for source in (root / "tiny", config):
+        data = apd.load_data(source)
+        assert torch.equal(data.splits.x_test, expected.x_test) and torch.equal(data.splits.y_test, expected.y_test)
+        assert torch.equal(data.x_in, expected.x_in)
+        assert list(data.ood) == list(expected.ood)
+        assert all(torch.equal(data.ood[name], expected.ood[name]) for name in expected.ood)
+
+
+def test_load_data_refuses_artifacts_sampled_on_other_data(tiny_pipeline, tmp_path):
+    import json
+
+    import h5py
+
+    import apd
+    from apd.errors import DataError
+    from tests.tiny_pipeline import copy_samples
+
+    root, _ = tiny_pipeline
+    copy_samples(root, tmp_path)
+    with h5py.File(tmp_path / "tiny" / "samples.h5", "r+") as h5:
+        h5.attrs["meta"] = json.dumps({**json.loads(h5.attrs["meta"]), "data_fingerprint": "0123456789abcdef"})
+    with pytest.raises(DataError, match=r"samples\.h5: sampled on data with fingerprint 0123456789abcdef, but "
+                                        r"digits here has [0-9a-f]{16}; pass the data_dir it was sampled from$"):
+        apd.load_data(tmp_path / "tiny")
