@@ -1,11 +1,15 @@
-"""The package as a user gets it: one version everywhere, ``import apd`` that loads none of the pipeline."""
+"""The package as a user gets it: one version everywhere, ``import apd`` that loads none of the pipeline, and
+(slow) an installed copy that runs from any directory with its shipped pipelines."""
 
 from __future__ import annotations
 
 import importlib
 import os
+import shutil
+import site
 import subprocess
 import sys
+import sysconfig
 import tomllib
 from pathlib import Path
 
@@ -46,3 +50,36 @@ def test_the_public_names_resolve_lazily_and_unknown_ones_fail():
         assert getattr(apd, name) is getattr(importlib.import_module(apd.EXPORTS[name]), name)
     with pytest.raises(AttributeError, match="^module 'apd' has no attribute 'bogus'$"):
         apd.bogus  # noqa: B018
+
+
+@pytest.mark.slow
+def test_an_installed_copy_runs_outside_the_checkout(tmp_path):
+    """``pip install`` (no dependencies, no build isolation, no index) into a fresh venv that sees this
+    interpreter's packages, then ``apd info --config digits`` and the Python API from another directory."""
+    source = tmp_path / "source"  # a copy, so that the build's files land outside the checkout
+    shutil.copytree(ROOT / "apd", source / "apd", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    # this interpreter's site-packages (torch, pip, setuptools, …) on the venv's path, their .pth files unread
+    purelib = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
+    (purelib / "parent.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    python, elsewhere = venv / "bin" / "python", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    def run(*args: str | Path) -> str:
+        return subprocess.run([str(a) for a in args], cwd=elsewhere, env=env, capture_output=True, text=True,
+                              check=True).stdout
+
+    run(python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index", source)
+    assert "pipeline   digits  (digits, config hash" in run(venv / "bin" / "apd", "info", "--config", "digits")
+    out = run(python, "-c", "import importlib.metadata as m, apd; data = apd.load_data('digits'); "
+                            "print(apd.__version__, m.version('apd'), apd.__file__, *data.ood)")
+    version, installed, where, *ood = out.split()
+    import apd
+
+    assert version == installed == apd.__version__
+    assert Path(where).is_relative_to(venv)
+    assert {"gaussian", "uniform", "photos"} <= set(ood), ood  # and fashion, where its Debian package is
