@@ -1,5 +1,6 @@
-"""Command line: ``apd sample|distill|evaluate|report|info --config PIPELINE.toml`` (or ``python -m apd``),
-and ``apd experiment NAME --config PIPELINE.toml`` for the studies in :mod:`apd.experiments`.
+"""Command line: ``apd sample|distill|evaluate|report|info --config PIPELINE`` (or ``python -m apd``), and
+``apd experiment NAME --config PIPELINE`` for the studies in :mod:`apd.experiments`; PIPELINE is a TOML file
+or the name of a pipeline shipped with the package (``digits``, the default: ``apd/pipelines/digits.toml``).
 
 User errors (bad config, missing data, bad artifacts, divergence, a CUDA device that is not there or that
 runs out of memory) end in one line on stderr and exit code 2; Ctrl-C exits with 130 and leaves every
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from apd import __version__
+from apd._version import __version__
 from apd.config import config_hash
 from apd.config_load import load_config
 from apd.errors import ApdError, ArtifactError, ConfigError, out_of_memory_is_an_error
@@ -68,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="apd", description="Adversarial Posterior Distillation pipeline.")
     parser.add_argument("--version", action="version", version=f"apd {__version__}")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", default="pipelines/digits.toml", help="pipeline TOML file")
+    common.add_argument("--config", default="digits",
+                        help="pipeline: a TOML file, or a shipped pipeline's name (digits, fashion-fc1, …)")
     common.add_argument("--data-dir", help="directory with the dataset's IDX files (overrides the config)")
     common.add_argument("--device", help="cpu, cuda, cuda:N or auto (overrides the config)")
     common.add_argument("--artifacts", default="artifacts", help="root directory for artifacts")

@@ -27,10 +27,31 @@ from apd.schedules import thinned_count
 log = logging.getLogger(__name__)
 
 
-def load_config(path: str | Path, overrides: list[str] = ()) -> PipelineConfig:
-    """Read and validate a pipeline TOML file, with ``section.key=value`` overrides applied on top;
-    every problem is a one-line :class:`ConfigError`."""
-    path = Path(path)
+SHIPPED = Path(__file__).resolve().parent / "pipelines"  # the pipelines shipped with the package, NAME.toml each
+
+
+def shipped_pipelines() -> list[str]:
+    """The names of the pipelines shipped with the package (``digits``, ``fashion-fc1``, …)."""
+    return sorted(path.stem for path in SHIPPED.glob("*.toml"))
+
+
+def pipeline_path(given: str | Path) -> Path:
+    """The file a pipeline argument (``--config``) names: a path to a TOML file, or the name of a shipped
+    pipeline (``digits``: ``apd/pipelines/digits.toml``, wherever the package is installed). A bare name that
+    is neither a file here nor shipped is a one-line :class:`ConfigError` listing the shipped ones."""
+    path = Path(given)
+    if path.is_file() or path.suffix or len(path.parts) != 1:
+        return path
+    if (SHIPPED / f"{path}.toml").is_file():
+        return SHIPPED / f"{path}.toml"
+    raise ConfigError(f"{given}: neither a pipeline file nor a shipped pipeline ({', '.join(shipped_pipelines())})")
+
+
+def load_config(given: str | Path, overrides: list[str] = ()) -> PipelineConfig:
+    """Read and validate a pipeline, a TOML file or a shipped pipeline's name (:func:`pipeline_path`), with
+    ``section.key=value`` overrides applied on top; every problem is a one-line :class:`ConfigError` naming
+    the file. ``source`` is the pipeline as given (what ``--config`` takes again in a hint)."""
+    path = pipeline_path(given)
     try:
         raw = tomllib.loads(path.read_text())
     except FileNotFoundError:
@@ -48,7 +69,7 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> PipelineConfig:
                 raise ConfigError(f"--set {override!r}: {key!r} is not a section")
         table[keys[-1]] = value
     cfg = from_dict(raw, where=str(path) + (" with --set" if overrides else ""))
-    cfg.source = str(path)
+    cfg.source = str(given)
     return cfg
 
 

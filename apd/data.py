@@ -17,6 +17,7 @@ import hashlib
 import os
 import struct
 import zlib
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,7 @@ from torch import Tensor
 from apd.config import DataConfig
 from apd.errors import DataError
 from apd.toy2d import OOD_SETS as TOY2D_OOD
-from apd.toy2d import load_toy2d, toy2d_ood
+from apd.toy2d import toy2d_ood, toy2d_splits
 
 INPUT_RANGE = (-1.0, 1.0)
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
@@ -48,6 +49,12 @@ HOW_TO_GET = {
 }
 BUILTIN_OOD = ("gaussian", "uniform", "photos")
 DIRECTORY_OOD = ("notmnist", "omniglot", "cifar10")
+
+
+def input_range(dataset: str) -> tuple[float, float] | None:
+    """The scale the inputs of ``dataset`` are in: :data:`INPUT_RANGE` for images, None for toy2d's raw
+    coordinates (any point of the plane)."""
+    return None if dataset == "toy2d" else INPUT_RANGE
 
 
 def normalise(pixels: np.ndarray | Tensor) -> Tensor:
@@ -92,7 +99,8 @@ def load_dataset(cfg: DataConfig, seed: int, data_dir: str | None = None) -> Dat
     if cfg.dataset == "digits":
         return _load_digits(cfg, seed)
     if cfg.dataset == "toy2d":
-        return load_toy2d(cfg, seed)
+        splits = toy2d_splits(cfg, seed)
+        return Dataset("toy2d", *splits["train"], *splits["val"], *splits["test"], image_shape=None, num_classes=2)
     directory = resolve_data_dir(cfg.dataset, data_dir or cfg.data_dir)
     images, labels, test_images, test_labels = read_idx_dataset(directory, cfg.dataset)
     return _split_official(cfg, seed, images, labels, test_images, test_labels)
@@ -269,36 +277,67 @@ def ood_set(name: str, dataset: Dataset, n: int, seed: int, ood_dirs: dict[str, 
         raise ValueError(f"role must be one of {OOD_ROLES}, got {role!r}")
     if dataset.name == "toy2d":  # points in the plane (apd.toy2d), the tuning pool from its own stream
         return toy2d_ood(name, n, seed if role == "evaluate" else seed + 2**32)
-    ood_dirs = ood_dirs or {}
+    if name not in OOD_BUILDERS:
+        raise DataError(f"unknown OOD set {name!r} (known: {', '.join(OOD_BUILDERS)})")
     part = OOD_ROLES.index(role)
-    rng = np.random.default_rng([seed, _name_seed(name), part])
-    h, w = dataset.image_shape
-    if name == "gaussian":
-        pixels01 = (dataset.x_train + 1.0) / 2.0
-        mean, std = float(pixels01.mean()), float(pixels01.std())
-        pixels = np.clip(rng.normal(mean, std, size=(n, h, w)), 0.0, 1.0)
-    elif name == "uniform":
-        pixels = rng.uniform(0.0, 1.0, size=(n, h, w))
-    elif name == "photos":
-        pixels = _photo_patches(n, (h, w), rng, half=part)
-    elif name == "digits":
-        from sklearn.datasets import load_digits
+    draw = OODDraw(dataset, n, np.random.default_rng([seed, _name_seed(name), part]), part, ood_dirs or {})
+    return normalise(OOD_BUILDERS[name](draw))
 
-        pixels = _resize(_draw(load_digits().images[part::2] / 16.0, n, rng), (h, w))
-    elif name in ("fashion", "mnist"):
-        dataset_name = "fashion-mnist" if name == "fashion" else "mnist"
-        directory = resolve_data_dir(dataset_name, ood_dirs.get(name, ""), use_environment=False)
-        images = read_idx_dataset(directory, dataset_name)[2 if role == "evaluate" else 0]
-        pixels = _resize(_draw(images / 255.0, n, rng), (h, w))
-    elif name in DIRECTORY_OOD:
-        if name not in ood_dirs:
+
+@dataclass(frozen=True)
+class OODDraw:
+    """What an OOD builder draws from: the dataset it is for, how many images, the set's seeded stream, and
+    ``part`` (0 for the ``evaluate`` role, 1 for ``tuning``: which half of a source it may use)."""
+
+    dataset: Dataset
+    n: int
+    rng: np.random.Generator
+    part: int
+    ood_dirs: dict[str, str]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.dataset.image_shape
+
+
+def _gaussian(d: OODDraw) -> np.ndarray:
+    pixels01 = (d.dataset.x_train + 1.0) / 2.0
+    mean, std = float(pixels01.mean()), float(pixels01.std())
+    return np.clip(d.rng.normal(mean, std, size=(d.n, *d.shape)), 0.0, 1.0)
+
+
+def _uniform(d: OODDraw) -> np.ndarray:
+    return d.rng.uniform(0.0, 1.0, size=(d.n, *d.shape))
+
+
+def _photos(d: OODDraw) -> np.ndarray:
+    return _photo_patches(d.n, d.shape, d.rng, half=d.part)
+
+
+def _digits(d: OODDraw) -> np.ndarray:
+    from sklearn.datasets import load_digits
+
+    return _resize(_draw(load_digits().images[d.part::2] / 16.0, d.n, d.rng), d.shape)
+
+
+def _idx_images(dataset_name: str, key: str) -> Callable[[OODDraw], np.ndarray]:
+    """The builder of an IDX dataset's images (``key`` of ``ood_dirs``): its test split for the ``evaluate``
+    role, its training split for ``tuning``."""
+    def build(d: OODDraw) -> np.ndarray:
+        directory = resolve_data_dir(dataset_name, d.ood_dirs.get(key, ""), use_environment=False)
+        images = read_idx_dataset(directory, dataset_name)[2 if d.part == 0 else 0]
+        return _resize(_draw(images / 255.0, d.n, d.rng), d.shape)
+    return build
+
+
+def _from_directory(name: str, reader: Callable[[Path, int, np.random.Generator, int], np.ndarray],
+                    ) -> Callable[[OODDraw], np.ndarray]:
+    """The builder of a set read from ``ood_dirs[name]`` by ``reader``."""
+    def build(d: OODDraw) -> np.ndarray:
+        if name not in d.ood_dirs:
             raise DataError(f"OOD set {name!r} needs a directory: set data.ood_dirs.{name} in the pipeline")
-        reader = {"notmnist": _read_notmnist, "omniglot": _read_omniglot, "cifar10": _read_cifar10}[name]
-        pixels = _resize(reader(Path(ood_dirs[name]).expanduser(), n, rng, part), (h, w))
-    else:
-        known = ", ".join(BUILTIN_OOD + ("digits", "fashion", "mnist") + DIRECTORY_OOD)
-        raise DataError(f"unknown OOD set {name!r} (known: {known})")
-    return normalise(pixels)
+        return _resize(reader(Path(d.ood_dirs[name]).expanduser(), d.n, d.rng, d.part), d.shape)
+    return build
 
 
 def _name_seed(name: str) -> int:
@@ -387,6 +426,19 @@ def _read_cifar10(directory: Path, n: int, rng: np.random.Generator, part: int) 
         records.append(raw.reshape(-1, 3073)[:, 1:])
     planar = _draw(np.concatenate(records)[part::2], n, rng).reshape(-1, 3, 32, 32).astype(np.float32)
     return _grey(planar.transpose(0, 2, 3, 1))
+
+
+OOD_BUILDERS: dict[str, Callable[[OODDraw], np.ndarray]] = {  # name → pixels [n, h, w] in [0, 1] (ood_set)
+    "gaussian": _gaussian,
+    "uniform": _uniform,
+    "photos": _photos,
+    "digits": _digits,
+    "fashion": _idx_images("fashion-mnist", "fashion"),
+    "mnist": _idx_images("mnist", "mnist"),
+    "notmnist": _from_directory("notmnist", _read_notmnist),
+    "omniglot": _from_directory("omniglot", _read_omniglot),
+    "cifar10": _from_directory("cifar10", _read_cifar10),
+}
 
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> Tensor:

@@ -217,6 +217,17 @@ def auto_chunk(n_inputs: int, max_width: int, n_networks: int) -> int:
     return int(max(1, min(n_networks, _MAX_CHUNK, by_memory)))
 
 
+def check_input_features(spec: ParamSpec, features: int) -> None:
+    """A one-line ``ValueError`` unless inputs of ``features`` numbers each (pixels, for a CNN) fit the
+    network of ``spec``."""
+    convs, layers = spec.conv_layers(), spec.linear_layers()
+    if convs:
+        if conv_output_features(features, [c for _, _, c, _ in convs]) != layers[0][3]:
+            raise ValueError(f"inputs have {features} pixels, the network's head takes {layers[0][3]} features")
+    elif features != layers[0][3]:
+        raise ValueError(f"inputs have {features} features, the network takes {layers[0][3]}")
+
+
 def predict_logits(
     spec_or_module: ParamSpec | nn.Module,
     weights: Tensor,
@@ -241,12 +252,7 @@ def predict_logits(
         raise ValueError(f"weights must be [K, {spec.numel}], got {list(weights.shape)}")
     convs, layers = spec.conv_layers(), spec.linear_layers()
     x = x.reshape(x.shape[0], -1).to(device=weights.device)
-    if convs:
-        features = x.shape[1]
-        if conv_output_features(features, [c for _, _, c, _ in convs]) != layers[0][3]:
-            raise ValueError(f"inputs have {features} pixels, the network's head takes {layers[0][3]} features")
-    elif x.shape[1] != layers[0][3]:
-        raise ValueError(f"inputs have {x.shape[1]} features, the network takes {layers[0][3]}")
+    check_input_features(spec, x.shape[1])
     dtype = compute_dtype or weights.dtype
     x = x.to(dtype)
     n_nets, n_inputs = weights.shape[0], x.shape[0]

@@ -47,19 +47,15 @@ def blobs(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     return points.astype(np.float32), labels
 
 
-def load_toy2d(cfg: DataConfig, seed: int):
-    """The configured splits of the two blobs (``train_size`` 0: 200 points, ``test_size`` 0: 1,000)."""
-    from apd.data import Dataset  # apd.data dispatches here; importing it at the top would be circular
-
+def toy2d_splits(cfg: DataConfig, seed: int) -> dict[str, tuple[Tensor, Tensor]]:
+    """The configured splits of the two blobs, split name → (points [n, 2], labels [n]) (``train_size`` 0:
+    200 points, ``test_size`` 0: 1,000); :func:`apd.data.load_dataset` makes them a ``Dataset``."""
     sizes = {"train": cfg.train_size or DEFAULT_SIZES["train"], "val": cfg.val_size,
              "test": cfg.test_size or DEFAULT_SIZES["test"]}
     if min(sizes.values()) < 2:
         raise DataError(f"toy2d: every split needs at least 2 points (one per class), got {sizes}")
     splits = {name: blobs(sizes[name], _stream(seed, "toy2d", name)) for name in SPLITS}
-    tensors = {name: (torch.from_numpy(x), torch.from_numpy(y)) for name, (x, y) in splits.items()}
-    return Dataset(name="toy2d", x_train=tensors["train"][0], y_train=tensors["train"][1],
-                   x_val=tensors["val"][0], y_val=tensors["val"][1],
-                   x_test=tensors["test"][0], y_test=tensors["test"][1], image_shape=None, num_classes=2)
+    return {name: (torch.from_numpy(x), torch.from_numpy(y)) for name, (x, y) in splits.items()}
 
 
 def far_mask(points: Tensor | np.ndarray) -> Tensor:

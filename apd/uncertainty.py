@@ -10,8 +10,8 @@ Every function computes in float64 from the probabilities and returns a float64 
 device of ``probs``: members that differ by less than float32 resolves still give their (tiny) BALD and
 model variance instead of rounding noise. Entropies use the natural logarithm and treat 0·log 0 as 0.
 
-Scores that measure disagreement between members (:data:`ENSEMBLE_SCORES`) are identically 0 for a
-single network; callers report them as n/a there rather than as a number.
+Scores that measure disagreement between members (:data:`ENSEMBLE_SCORES`) are not available for a single
+network: :func:`scores` gives NaN for them there, and callers report them as n/a rather than as a number.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-ENSEMBLE_SCORES = ("variation_ratio", "bald", "model_variance")  # undefined (always 0) for one network
+ENSEMBLE_SCORES = ("variation_ratio", "bald", "model_variance")  # n/a (NaN in scores) for one network
 
 
 def _checked(probs: Tensor) -> Tensor:
@@ -117,14 +117,19 @@ SCORE_FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
 
 def scores(probs: Tensor) -> dict[str, Tensor]:
     """All scores of :data:`SCORE_FUNCTIONS` for ``probs[K, N, C]``, each a tensor [N] where higher
-    means more uncertain. The predictive p̄ and its entropy are computed once and shared."""
+    means more uncertain. The predictive p̄ and its entropy are computed once and shared.
+
+    For a single network (K = 1) the scores of :data:`ENSEMBLE_SCORES` (``bald``, ``model_variance``,
+    ``variation_ratio``) are NaN: they measure disagreement between members, and one network has none to
+    measure, so they are not available (the tables print n/a), where a 0 would pass for a network sure of
+    itself. The functions of :data:`SCORE_FUNCTIONS` compute their formula for any K (0 for one member)."""
     probs = _checked(probs)
     mean_probs = probs.mean(0)
     entropy = _entropy(mean_probs)
-    return {
-        "entropy": entropy,
-        "variation_ratio": variation_ratio(probs),
-        "max_prob": _one_minus_max(mean_probs),
-        "bald": _mutual_information(entropy, probs),
-        "model_variance": model_variance(probs),
-    }
+    out = {"entropy": entropy, "max_prob": _one_minus_max(mean_probs)}
+    if probs.shape[0] == 1:
+        out |= {name: torch.full_like(entropy, float("nan")) for name in ENSEMBLE_SCORES}
+    else:
+        out |= {"variation_ratio": variation_ratio(probs), "bald": _mutual_information(entropy, probs),
+                "model_variance": model_variance(probs)}
+    return {name: out[name] for name in SCORE_FUNCTIONS}

@@ -22,9 +22,11 @@ def test_readme_snippet_runs(tiny_pipeline, monkeypatch):
     root, _ = tiny_pipeline
     snippet = readme_snippet().replace('"artifacts/digits"', f'"{root / "tiny"}"')
     monkeypatch.chdir(root)
-    namespace: dict = {"x": torch.zeros(5, 64)}
+    namespace: dict = {}
     exec(snippet, namespace)
-    assert namespace["probs"].shape == (100, 5, 10)
+    data = namespace["data"]
+    assert namespace["probs"].shape == (100, len(data.splits.y_test), 10)
+    assert set(data.ood) == {"gaussian", "uniform"} and namespace["name"] == "uniform"
 
 
 @pytest.mark.parametrize("method", ["sgld", "apd", "sgd", "mcdropout", "mog"])
@@ -41,8 +43,8 @@ def test_every_method_loads(tiny_pipeline, method):
 def test_public_names():
     import apd
 
-    for name in ("SGLD", "SampleStore", "scores", "detection", "predict_probs", "Posterior", "load", "mlp",
-                 "ParamSpec"):
+    for name in ("SGLD", "SampleStore", "scores", "detection", "predict_probs", "Posterior", "load", "load_data",
+                 "mlp", "ParamSpec"):
         assert hasattr(apd, name), name
     with pytest.raises(ValueError, match="method must be one of"):
         apd.load("nowhere", "bogus")
@@ -111,3 +113,78 @@ def test_load_makes_the_command_lines_integrity_checks(tiny_pipeline, tmp_path, 
             file.write(bytes([byte[0] ^ 0xFF]))
     with pytest.raises(ArtifactError, match=message):
         apd.load(copy, method)
+
+
+def test_predict_probs_takes_a_numpy_array_or_a_tensor_of_another_dtype(tiny_pipeline):
+    import apd
+
+    root, _ = tiny_pipeline
+    post = apd.load(root / "tiny", "sgld")
+    x = torch.rand(4, 64) * 2 - 1
+    expected = post.predict_probs(x, 3, torch.Generator().manual_seed(0))
+    for given in (x.numpy().astype("float64"), x.double(), x.reshape(4, 8, 8)):
+        torch.testing.assert_close(post.predict_probs(given, 3, torch.Generator().manual_seed(0)), expected)
+
+
+@pytest.mark.cuda
+def test_predict_probs_moves_a_tensor_on_another_device(tiny_pipeline):
+    import apd
+
+    root, _ = tiny_pipeline
+    post = apd.load(root / "tiny", "sgd")
+    x = torch.rand(4, 64) * 2 - 1
+    torch.testing.assert_close(post.predict_probs(x.cuda(), 1), post.predict_probs(x, 1))
+
+
+@pytest.mark.parametrize(("x", "message"), [
+    (torch.zeros(64), r"x must be a batch of inputs \[N, features\] \(or \[N, H, W\] images\), got shape \[64\]; "
+                      r"for one input pass x\[None\]"),
+    (torch.zeros(0, 64), r"got shape \[0, 64\]$"),
+    (torch.zeros(3, 63), "^inputs have 63 features, the network takes 64$"),
+    (torch.arange(3 * 64).reshape(3, 64) % 17, r"^x has values in \[0, 16\], outside the pipeline's input range "
+                                               r"\[-1, 1\]: scale pixels p in \[0, 1\] to 2p − 1"),
+    (torch.full((3, 64), float("nan")), "^x has NaN or infinite values$"),
+])
+@pytest.mark.parametrize("method", ["sgld", "apd", "sgd", "mcdropout"])
+def test_predict_probs_refuses_what_is_not_a_batch_in_the_pipeline_scale_in_one_line(tiny_pipeline, method, x,
+                                                                                       message):
+    import apd
+
+    root, _ = tiny_pipeline
+    with pytest.raises(ValueError, match=message) as err:
+        apd.load(root / "tiny", method).predict_probs(x, 2)
+    assert "\n" not in str(err.value)
+
+
+def test_load_data_gives_what_evaluate_scores(tiny_pipeline):
+    """The artifacts' recorded configuration and the pipeline file give the inputs evaluate_methods scores."""
+    import apd
+    from apd.pipeline.evaluate import evaluation_inputs
+    from tests.tiny_pipeline import tiny_context
+
+    root, config = tiny_pipeline
+    expected = evaluation_inputs(tiny_context(root))
+    for source in (root / "tiny", config):
+        data = apd.load_data(source)
+        assert torch.equal(data.splits.x_test, expected.x_test) and torch.equal(data.splits.y_test, expected.y_test)
+        assert torch.equal(data.x_in, expected.x_in)
+        assert list(data.ood) == list(expected.ood)
+        assert all(torch.equal(data.ood[name], expected.ood[name]) for name in expected.ood)
+
+
+def test_load_data_refuses_artifacts_sampled_on_other_data(tiny_pipeline, tmp_path):
+    import json
+
+    import h5py
+
+    import apd
+    from apd.errors import DataError
+    from tests.tiny_pipeline import copy_samples
+
+    root, _ = tiny_pipeline
+    copy_samples(root, tmp_path)
+    with h5py.File(tmp_path / "tiny" / "samples.h5", "r+") as h5:
+        h5.attrs["meta"] = json.dumps({**json.loads(h5.attrs["meta"]), "data_fingerprint": "0123456789abcdef"})
+    with pytest.raises(DataError, match=r"samples\.h5: sampled on data with fingerprint 0123456789abcdef, but "
+                                        r"digits here has [0-9a-f]{16}; pass the data_dir it was sampled from$"):
+        apd.load_data(tmp_path / "tiny")

@@ -24,4 +24,4 @@ def test_every_subcommand_help_has_a_description_and_shows_defaults(name):
     assert done.value.code == 0
     description = out.getvalue().split("\n\n")[1]
     assert not description.startswith(("options:", "positional arguments:")) and len(description) > 20
-    assert "(default: pipelines/digits.toml)" in out.getvalue() and "(default: artifacts)" in out.getvalue()
+    assert "(default: digits)" in out.getvalue() and "(default: artifacts)" in out.getvalue()

@@ -6,17 +6,31 @@ from pathlib import Path
 import pytest
 
 from apd.config import PipelineConfig, config_hash
-from apd.config_load import from_dict, load_config
+from apd.config_load import SHIPPED, from_dict, load_config, shipped_pipelines
 from apd.errors import ConfigError
 
 PIPELINES = sorted(Path("pipelines").glob("*.toml"))
 
 
 @pytest.mark.parametrize("path", PIPELINES, ids=lambda p: p.stem)
-def test_shipped_pipelines_load(path):
+def test_shipped_pipelines_load_by_path_and_by_name(path):
     cfg = load_config(path)
     assert cfg.name == path.stem
     assert cfg.source == str(path)
+    by_name = load_config(path.stem)
+    assert by_name.source == path.stem and dataclasses.replace(by_name, source=str(path)) == cfg
+
+
+def test_the_shipped_pipelines_live_in_the_package_and_pipelines_links_there():
+    assert Path("pipelines").is_symlink() and Path("pipelines").resolve() == SHIPPED
+    assert shipped_pipelines() == sorted(path.stem for path in PIPELINES) and "digits" in shipped_pipelines()
+
+
+def test_a_name_that_is_neither_a_file_nor_shipped_is_one_config_error():
+    with pytest.raises(ConfigError, match=r"^digit: neither a pipeline file nor a shipped pipeline \(digits, "):
+        load_config("digit")
+    with pytest.raises(ConfigError, match=r"^nowhere/digits\.toml: no such pipeline file$"):
+        load_config("nowhere/digits.toml")
 
 
 def test_paper_settings_in_fashion_fc1():

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from apd.uncertainty import SCORE_FUNCTIONS, scores
+from apd.uncertainty import ENSEMBLE_SCORES, SCORE_FUNCTIONS, scores
 
 KEYS = {"entropy", "variation_ratio", "max_prob", "bald", "model_variance"}
 
@@ -162,3 +162,17 @@ def test_members_closer_than_float32_resolves_still_disagree():
     result = scores(probs)
     assert result["model_variance"].item() == pytest.approx(delta**2, rel=1e-6)
     assert result["bald"].item() == pytest.approx(2 * delta**2, rel=1e-3)
+
+
+def test_a_single_network_has_no_ensemble_scores():
+    """One member has no disagreement to measure: scores gives NaN (n/a) for them, not a 0 that would read as
+    certainty; entropy and max_prob are the network's own."""
+    probs = random_member_probs(k=1, seed=6)
+    result = scores(probs)
+    assert list(result) == list(SCORE_FUNCTIONS)
+    for name in ENSEMBLE_SCORES:
+        assert result[name].shape == (50,) and result[name].dtype == torch.float64
+        assert torch.isnan(result[name]).all(), name
+    for name in ("entropy", "max_prob"):
+        torch.testing.assert_close(result[name], SCORE_FUNCTIONS[name](probs), rtol=0, atol=0)
+        assert torch.isfinite(result[name]).all()

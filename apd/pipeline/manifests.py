@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from apd import __version__
+from apd._version import __version__
 from apd.errors import ArtifactError
 from apd.io import load_torch, read_json, write_json_atomic
 

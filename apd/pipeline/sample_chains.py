@@ -14,7 +14,7 @@ from pathlib import Path
 
 from torch import Tensor
 
-from apd import __version__
+from apd._version import __version__
 from apd.config import config_hash
 from apd.errors import ArtifactError
 from apd.io import save_torch_atomic

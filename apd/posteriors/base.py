@@ -22,12 +22,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from apd.nets import ParamSpec, predict_probs
+from apd.nets import ParamSpec, check_input_features, predict_probs
 
 Members = Callable[[Tensor], Tensor]
+RANGE_TOLERANCE = 1e-5  # how far past input_range an input may lie (rounding in whatever scaled it)
 
 
 class Posterior(ABC):
@@ -38,6 +40,7 @@ class Posterior(ABC):
     device: torch.device
     has_weights: bool = True
     precision: str = "float32"  # what its stored numbers are kept at (apd.distillation.precision)
+    input_range: tuple[float, float] | None = None  # the scale predict_probs's inputs must be in (None: any)
 
     @abstractmethod
     def sample_weights(self, k: int, generator: torch.Generator | None = None) -> Tensor:
@@ -61,9 +64,32 @@ class Posterior(ABC):
         weights = self.sample_weights(k, generator)
         return lambda x: predict_probs(self.spec, weights, x.to(self.device))
 
-    def predict_probs(self, x: Tensor, k: int, generator: torch.Generator | None = None) -> Tensor:
-        """p_k(y | x) for k freshly drawn members: [K, N, C]."""
-        return self.members(k, generator)(x)
+    def predict_probs(self, x: Tensor | np.ndarray, k: int, generator: torch.Generator | None = None) -> Tensor:
+        """p_k(y | x) for k freshly drawn members: [K, N, C], on this posterior's device.
+
+        ``x`` is a batch of N inputs, [N, features] (or [N, H, W] images), as a tensor on any device or as
+        anything ``torch.as_tensor`` takes (a numpy array): it is converted to float32 and moved here. A batch
+        of the wrong shape, or (with :attr:`input_range` set, as :func:`apd.load` sets it) values outside the
+        scale the pipeline's inputs are in, is a one-line ``ValueError`` saying what was expected."""
+        return self.members(k, generator)(self.inputs(x))
+
+    def inputs(self, x: Tensor | np.ndarray) -> Tensor:
+        """``x`` as the members take it, float32 on ``self.device``, once checked (:meth:`predict_probs`)."""
+        x = torch.as_tensor(x).to(self.device, torch.float32)
+        if x.ndim < 2 or len(x) == 0:
+            raise ValueError(f"x must be a batch of inputs [N, features] (or [N, H, W] images), got shape "
+                             f"{list(x.shape)}" + ("; for one input pass x[None]" if x.ndim == 1 else ""))
+        check_input_features(self.spec, x[0].numel())
+        if self.input_range is not None:
+            low, high = self.input_range
+            if not torch.isfinite(x).all():
+                raise ValueError("x has NaN or infinite values")
+            least, most = x.min().item(), x.max().item()
+            if least < low - RANGE_TOLERANCE or most > high + RANGE_TOLERANCE:
+                raise ValueError(f"x has values in [{least:g}, {most:g}], outside the pipeline's input range "
+                                 f"[{low:g}, {high:g}]: scale pixels p in [0, 1] to 2p − 1 as apd.data.normalise "
+                                 "does (8×8 digits' 0–16 values v: v / 8 − 1)")
+        return x
 
     def storage_in_samples(self) -> float:
         """Storage as a number of D-dimensional weight vectors (SGLD samples' worth)."""
