@@ -11,7 +11,9 @@ The public API, for using a pipeline's artifacts and its parts from Python::
 scores, higher = more uncertain), ``detection`` (AUROC, AUPR-In, AUPR-Out, FPR95 with OOD positive),
 ``predict_probs`` (K networks at once), ``mlp``, ``ParamSpec`` and ``Posterior`` are importable from
 here. Each is imported when first used (:func:`__getattr__`), so ``import apd`` or reading
-``apd.__version__`` loads none of the pipeline, and no module of the package imports this one.
+``apd.__version__`` loads none of the pipeline (nor torch, which the command line and a sampling worker
+import only once they have set up their signals: :mod:`apd.interrupts`, :mod:`apd.pipeline.spawned`), and
+no module of the package imports this one.
 """
 
 from importlib import import_module

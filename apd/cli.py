@@ -3,8 +3,12 @@
 or the name of a pipeline shipped with the package (``digits``, the default: ``apd/pipelines/digits.toml``).
 
 User errors (bad config, missing data, bad artifacts, divergence, a CUDA device that is not there or that
-runs out of memory) end in one line on stderr and exit code 2; Ctrl-C exits with 130 and leaves every
-artifact resumable.
+runs out of memory) end in one line on stderr and exit code 2; Ctrl-C exits with 130 (SIGTERM with 143)
+and leaves every artifact resumable. This module imports neither torch nor the stages when it is imported:
+:func:`main` takes over Ctrl-C and SIGTERM first (:mod:`apd.interrupts`) and imports them afterwards, so
+that a Ctrl-C while torch is still being imported ends in the same one line. Those imports complete before
+a Ctrl-C that came meanwhile raises: one raised inside an import that runs through native code (pybind11's
+``exec``) leaves CPython to end the process by SIGINT whatever :func:`main` returns, and torch half-imported.
 """
 
 from __future__ import annotations
@@ -19,18 +23,29 @@ import os
 import re
 import sys
 from pathlib import Path
-
-import torch
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from apd._version import __version__
 from apd.config import config_hash
 from apd.config_load import load_config
 from apd.errors import ApdError, ArtifactError, ConfigError, out_of_memory_is_an_error
-from apd.interrupts import interrupted, noting_interrupts, raise_if_interrupted
+from apd.interrupts import (
+    exit_code,
+    ignore_signals,
+    interrupted,
+    interrupts_deferred,
+    noting_interrupts,
+    raise_if_interrupted,
+)
 from apd.pipeline.locks import artifact_lock
-from apd.pipeline.runtime import RunContext, setup_logging
+
+if TYPE_CHECKING:
+    from apd.pipeline.runtime import RunContext
 
 log = logging.getLogger("apd")
+# Once the interpreter exits, a late Ctrl-C or SIGTERM could only cut its exit handlers short
+atexit.register(ignore_signals)
 
 # Stage commands: name → (module, function, help). Modules are imported only when their command runs.
 STAGES = {
@@ -203,25 +218,27 @@ def _takes_lock(command: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    for stream in (sys.stdout, sys.stderr):  # a terminal that cannot show a character gets its escape, not a crash
-        with contextlib.suppress(AttributeError, ValueError):
-            stream.reconfigure(errors="backslashreplace")
-    args = build_parser().parse_args(argv)
-    setup_logging(args.quiet)
-    with noting_interrupts():
+    with noting_interrupts():  # first of all: from here on, Ctrl-C and SIGTERM end in one line
+        name = "apd"
         try:
+            for stream in (sys.stdout, sys.stderr):  # a terminal that cannot show a character gets its escape
+                with contextlib.suppress(AttributeError, ValueError):
+                    stream.reconfigure(errors="backslashreplace")
+            args = build_parser().parse_args(argv)
+            name = f"apd {args.command}"
             code = run(args)
             raise_if_interrupted()  # a Ctrl-C swallowed after the last safe point still ends in exit 130
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt) or interrupted():  # C extensions may turn Ctrl-C into another error
-                print(f"apd {args.command}: interrupted; run the same command again to resume", file=sys.stderr)
-                return _leaving(130)
+                how = "interrupted" if exit_code() == 130 else "stopped by SIGTERM"
+                print(f"{name}: {how}; run the same command again to resume", file=sys.stderr)
+                return _leaving(exit_code())
             if isinstance(exc, ApdError):
-                print(f"apd {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+                print(f"{name}: error: {_one_line(exc)}", file=sys.stderr)
                 return _leaving(2)
             if isinstance(exc, OSError):  # full disk, read-only file system, unreadable file
                 where = f": {exc.filename}" if exc.filename else ""
-                print(f"apd {args.command}: error: {_one_line(exc.strerror or exc)}{where}; complete artifacts "
+                print(f"{name}: error: {_one_line(exc.strerror or exc)}{where}; complete artifacts "
                       "are unchanged", file=sys.stderr)
                 return _leaving(2)
             raise
@@ -230,6 +247,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """The command ``args`` names, under the artifact lock; its exit code."""
+    with interrupts_deferred():  # torch is imported whole (module docstring)
+        import torch
+
+        from apd.pipeline.runtime import RunContext, setup_logging
+    setup_logging(args.quiet)
     if args.command == "report" and args.docs:
         return docs(args.check)
     if args.command == "reproduce":
@@ -257,11 +279,17 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError(f"{ctx.cfg.source}: `apd experiment {args.name}` is for MLPs; on a network "
                                   f"with 'net.conv' run {', '.join(CNN_EXPERIMENTS)}")
             module, function, _ = EXPERIMENTS[args.name]
-            getattr(importlib.import_module(module), function)(ctx, args.option)
+            getattr(_imported(module), function)(ctx, args.option)
         else:
             module, function, _ = STAGES[args.command]
-            getattr(importlib.import_module(module), function)(ctx)
+            getattr(_imported(module), function)(ctx)
     return 0
+
+
+def _imported(module: str) -> ModuleType:
+    """``module``, imported whole even when a Ctrl-C comes meanwhile (it raises afterwards; module docstring)."""
+    with interrupts_deferred():
+        return importlib.import_module(module)
 
 
 def _leaving(code: int) -> int:

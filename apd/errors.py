@@ -1,11 +1,15 @@
-"""Errors a user can cause. The CLI prints them as one line and exits with code 2."""
+"""Errors a user can cause. The CLI prints them as one line and exits with code 2. (torch is imported only
+where CUDA's errors are caught, so that the CLI and a sampling worker can import this module before
+torch: :mod:`apd.pipeline.spawned`.)"""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 class ApdError(Exception):
@@ -45,6 +49,8 @@ def out_of_memory_is_an_error(command: str, device: torch.device) -> Iterator[No
     """``with out_of_memory_is_an_error(command, device):`` turns CUDA running out of memory in the block into
     a :class:`DeviceMemoryError` naming ``device`` and what to lower for ``command`` (its
     :data:`MEMORY_SETTINGS`)."""
+    import torch
+
     try:
         yield
     except torch.cuda.OutOfMemoryError:

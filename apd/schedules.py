@@ -7,10 +7,12 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-
-from torch.optim import Optimizer
+from typing import TYPE_CHECKING
 
 from apd.config import SGLDConfig
+
+if TYPE_CHECKING:
+    from torch.optim import Optimizer
 
 
 class StepSchedule(ABC):

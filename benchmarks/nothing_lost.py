@@ -465,7 +465,7 @@ class Env:
         self.problems.append(text)
 
     def check(self, proc: Proc, rc: int | set[int], has: str | None = None, label: str = "") -> None:
-        """Exit code, no traceback or crash, exactly one line on stderr for a failure (exit 2 or 130), and
+        """Exit code, no traceback or crash, exactly one line on stderr for a failure (exit 2, 130 or 143), and
         ``has`` in it."""
         err, label = proc.stderr, label and f"{label}: "
         wanted = rc if isinstance(rc, set) else {rc}
@@ -474,7 +474,7 @@ class Env:
         if "Traceback" in err:
             self.fail(f"{label}traceback: {_last(err)}")
         said = [line for line in err.strip().splitlines() if not WARNING_LINE.match(line)]
-        if proc.rc in (2, 130) and len(said) != 1:
+        if proc.rc in (2, 130, 143) and len(said) != 1:
             self.fail(f"{label}{len(said)} lines on stderr (want 1): {err.strip()[:300]!r}")
         if has and not re.search(has, err):
             self.fail(f"{label}stderr lacks /{has}/: {_last(err)}")
@@ -1270,6 +1270,72 @@ def _kill_force(env: Env) -> None:
     proc.signal(signal.SIGKILL)
     proc.wait()
     env.same(before)
+
+
+def _children(pid: int) -> set[int]:
+    """The processes ``pid``'s main thread has started and not yet reaped (Linux /proc)."""
+    try:
+        return {int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+    except OSError:
+        return set()
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _stop_workers_run(env: Env, sig: int, event: str, seconds: float) -> Proc:
+    """``sample --force`` on two workers, sent ``sig`` ``seconds`` after ``event`` ("start", or "workers": its
+    first worker process appeared); returns the ended run once no worker it started is running (5 s at most)."""
+    proc = env.start("sample", "--force", "--set", "sgld.workers=2")
+    workers: set[int] = set()
+    if event == "workers" and not wait_until(proc, lambda: bool(workers.update(_children(proc.pid)) or workers)):
+        env.fail(f"no worker ever started (exit {proc.poll()}: {_last(proc.stderr)})")
+    due = time.monotonic() + seconds
+    while time.monotonic() < due and proc.poll() is None:
+        workers |= _children(proc.pid)
+        time.sleep(0.002)
+    proc.signal(sig)
+    while proc.poll() is None:
+        workers |= _children(proc.pid)
+        time.sleep(0.002)
+    deadline = time.monotonic() + 5
+    while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    env.problems += [f"worker {pid} outlived its parent" for pid in workers if _running(pid)]
+    return proc
+
+
+WORKER_STOPS = [(signal.SIGINT, "start", t) for t in (0.05, 1.0, 3.0, 6.0, 10.0)]
+WORKER_STOPS += [(signal.SIGINT, "workers", t) for t in (0.0, 0.2, 0.6, 1.5, 3.0)]
+WORKER_STOPS += [(signal.SIGTERM, "start", 0.05), (signal.SIGTERM, "workers", 0.3), (signal.SIGTERM, "workers", 3.0)]
+for _sig, _event, _seconds in WORKER_STOPS:
+    _when = "at" if _event == "start" else "started"
+
+    @case(f"{signal.Signals(_sig).name.lower()}-sample-workers-{_when}-{_seconds:g}s",
+          "interrupt", f"sample --force on two workers, {signal.Signals(_sig).name} {_seconds:g} s after "
+          + ("it started" if _event == "start" else "its workers started"),
+          f"exit {128 + _sig} (or 0 when done), one line; no worker left; complete artifacts intact or replaced whole")
+    def _stop_workers(env: Env, sig=_sig, event=_event, seconds=_seconds) -> None:
+        before = snapshot(env.dir)
+        proc = _stop_workers_run(env, sig, event, seconds)
+        env.check(proc, {128 + sig, 0})
+        env.problems += [f"{name} lost" for name in before if not env.path(name).is_file()]
+        env.valid()
+        env.problems += store_problems(env.path("samples.h5"))
+
+for _seconds in (0.3, 3.0):
+    @case(f"kill9-sample-workers-{_seconds:g}s", "interrupt",
+          f"sample --force on two workers killed (SIGKILL) {_seconds:g} s after its workers started",
+          "no worker outlives it; nothing published")
+    def _kill_workers_parent(env: Env, seconds=_seconds) -> None:
+        before = snapshot(env.dir)
+        _stop_workers_run(env, signal.SIGKILL, "workers", seconds)
+        env.same(before)
 
 
 # --- F: pickles are never loaded ---------------------------------------------------------------------------

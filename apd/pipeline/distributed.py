@@ -2,8 +2,9 @@
 
 Two ways in, the same group afterwards:
 
-- **One machine** (``sgld.workers`` > 1, no launcher): :func:`spawn` starts the workers with
-  ``torch.multiprocessing`` (start method ``spawn``) and joins them on the loopback address at a free port.
+- **One machine** (``sgld.workers`` > 1, no launcher): :func:`spawn` starts the workers as fresh Python
+  processes (:mod:`apd.pipeline.spawned`: each dies with its parent and leaves Ctrl-C to it) and joins them
+  on the loopback address at a free port.
 - **Several machines**: ``torchrun`` starts the same ``apd sample`` command on every node and sets
   ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``; :func:`torchrun_env` reads
   them and the group forms through ``env://``.
@@ -27,9 +28,13 @@ import json
 import logging
 import math
 import os
+import pickle
+import signal
 import socket
+import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,17 +42,18 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from apd import errors
 from apd.errors import ApdError, ArtifactError, ConfigError
-from apd.interrupts import noting_interrupts
+from apd.interrupts import interrupts_deferred, raise_if_interrupted
 
 log = logging.getLogger(__name__)
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 TIMEOUT = datetime.timedelta(days=30)
 JOIN_TIMEOUT_VARIABLE, JOIN_TIMEOUT_DEFAULT = "APD_JOIN_TIMEOUT", 300.0
+POLL_SECONDS = 0.05  # how often spawn looks at its workers
+STOP_GRACE = 10.0  # seconds a worker has to stop after SIGTERM before it is killed
 
 
 def join_timeout() -> float:
@@ -182,51 +188,72 @@ def free_port() -> int:
 def spawn(worker: Callable[..., None], nprocs: int, *args: Any, on_death: Callable[[int, str], str]) -> None:
     """Run ``worker(rank, size, init_method, *args)`` in ``nprocs`` fresh processes on this machine and wait.
 
-    A worker's :class:`~apd.errors.ApdError` comes back as the same error (its one line); a worker that dies
-    (a signal, or an exit without an error) stops the others and becomes an :class:`ArtifactError` with
-    ``on_death(rank, how)``'s sentence. Any other exception in a worker is re-raised with its traceback.
+    Each is a ``python -m apd.pipeline.spawned`` (which ties it to this process before anything else and
+    ignores Ctrl-C) in a process group of its own; the task goes to them pickled, in a private temporary
+    folder. A worker's :class:`~apd.errors.ApdError` comes back as the same error (its one line); a worker
+    that dies (a signal, or an exit without an error) stops the others and becomes an :class:`ArtifactError`
+    with ``on_death(rank, how)``'s sentence. Any other exception in a worker comes back as a ``RuntimeError``
+    with its traceback. However this call ends (a Ctrl-C, SIGTERM, a failed worker), no worker is left
+    running when it returns (:func:`_stop`): the caller still holds the artifact lock then.
     """
     init_method = f"tcp://127.0.0.1:{free_port()}"
-    torch_log = logging.getLogger("torch.multiprocessing.spawn")
-    level = torch_log.level
-    torch_log.setLevel(logging.ERROR)  # its note on stopping the other workers is ours to say
-    with tempfile.TemporaryDirectory(prefix="apd-workers-") as failures:
-        processes = mp.start_processes(_entry, args=(worker, nprocs, init_method, failures, args), nprocs=nprocs,
-                                       join=False, start_method="spawn")
+    # the workers import this checkout's apd, wherever the parent found it
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+    with tempfile.TemporaryDirectory(prefix="apd-workers-") as folder:
+        task = Path(folder) / "task.pickle"
+        task.write_bytes(pickle.dumps((worker, nprocs, init_method, args)))
+        command = [sys.executable, "-m", "apd.pipeline.spawned", str(os.getpid()), str(task)]
+        processes: list[subprocess.Popen] = []
         try:
-            while not processes.join():
-                pass
-        except mp.ProcessExitedException as exc:
-            reported = sorted(Path(failures).glob("*.json"))
-            if reported:
-                kind, message = json.loads(reported[0].read_text())
-                raise getattr(errors, kind, ApdError)(message) from None
-            how = f"killed by {exc.signal_name}" if exc.signal_name else f"exited with code {exc.exit_code}"
-            raise ArtifactError(on_death(exc.error_index, how)) from None
-        except mp.ProcessRaisedException as exc:
-            raise RuntimeError(f"worker {exc.error_index} failed:\n{exc}") from None
+            for rank in range(nprocs):
+                with interrupts_deferred():  # a Ctrl-C cannot leave a started worker unrecorded
+                    processes.append(subprocess.Popen([*command, str(rank)], stdin=subprocess.DEVNULL, env=env,
+                                                      process_group=0))
+            failed = _first_failure(processes)
         finally:
-            torch_log.setLevel(level)
-            for process in processes.processes:
-                if process.is_alive():
-                    process.terminate()
+            with interrupts_deferred():
+                _stop(processes)
+        if failed is not None:
+            raise _failure(failed, processes[failed].returncode, Path(folder), on_death)
 
 
-def _entry(rank: int, worker: Callable[..., None], size: int, init_method: str, failures: str,
-           args: tuple) -> None:
-    """A spawned worker: its user error goes to the parent as ``FAILURES/RANK.json`` (exit code 2); a worker
-    that finished leaves with ``os._exit(0)``, past the interpreter's teardown; one stopped by Ctrl-C exits
-    with 130 (:mod:`apd.interrupts`)."""
-    try:
-        with noting_interrupts():  # a Ctrl-C swallowed in a destructor stops the worker at its next step
-            worker(rank, size, init_method, *args)
-    except ApdError as exc:
-        (Path(failures) / f"{rank}.json").write_text(json.dumps([type(exc).__name__, str(exc)]))
-        raise SystemExit(2) from None
-    except KeyboardInterrupt:
-        raise SystemExit(130) from None
-    # The work is done and the group left. Skip the interpreter's teardown: a finished worker was once
-    # aborted there ("terminate called without an active exception", SIGABRT), which failed a complete run.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+def _first_failure(processes: list[subprocess.Popen]) -> int | None:
+    """Wait until every worker has exited 0 (None) or one has failed (its rank). A Ctrl-C or SIGTERM raises
+    here, in the sleep, or at the safe point each round."""
+    while True:
+        raise_if_interrupted()
+        codes = [process.poll() for process in processes]
+        failed = next((rank for rank, code in enumerate(codes) if code not in (None, 0)), None)
+        if failed is not None or all(code == 0 for code in codes):
+            return failed
+        time.sleep(POLL_SECONDS)
+
+
+def _failure(rank: int, code: int, folder: Path, on_death: Callable[[int, str], str]) -> Exception:
+    """The error of a failed worker: the first error a worker reported (``FOLDER/RANK.json``, written by
+    :func:`apd.pipeline.spawned.run`), else ``rank``'s death."""
+    reported = sorted(folder.glob("*.json"))
+    if reported:
+        kind, message = json.loads(reported[0].read_text())
+        if kind == "traceback":
+            return RuntimeError(f"worker {reported[0].stem} failed:\n{message}")
+        return getattr(errors, kind, ApdError)(message)
+    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    return ArtifactError(on_death(rank, how))
+
+
+def _stop(processes: list[subprocess.Popen]) -> None:
+    """SIGTERM to every worker still running, then wait for them all: each stops at once, and a publication
+    under way completes (:mod:`apd.pipeline.spawned`). One still running after :data:`STOP_GRACE` seconds
+    (blocked in native code: a collective whose peer is gone, a join) is killed, which is safe there."""
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    deadline = time.monotonic() + STOP_GRACE
+    for process in processes:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

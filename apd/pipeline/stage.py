@@ -17,7 +17,7 @@ from pathlib import Path
 
 from apd.config import STAGE_SECTIONS, config_hash
 from apd.errors import ArtifactError
-from apd.interrupts import raise_if_interrupted
+from apd.interrupts import interrupts_deferred, raise_if_interrupted
 from apd.io import load_torch, read_json
 from apd.pipeline.layout import Layout, manifest_of
 from apd.pipeline.manifests import file_digest, is_complete, manifest_digest, recorded_files, write_manifest
@@ -73,15 +73,19 @@ def check_provenance(artifact: Path, record: dict, layout: Layout, command: str)
 def publish(files: dict[Path, Path], manifest: Path, record: dict) -> None:
     """Move each finished file (``{built: final}``) over its final name, then write ``manifest`` with
     ``record`` plus each final file's digest (names relative to the manifest's folder). Nothing is
-    published after a Ctrl-C (:func:`apd.interrupts.raise_if_interrupted`)."""
+    published after a Ctrl-C (:func:`apd.interrupts.raise_if_interrupted`); one that comes once the files are
+    being swapped in waits until the manifest is written (files replaced under the old manifest would no
+    longer match its digests)."""
     raise_if_interrupted()
     digests = {}
     for built, final in files.items():
         digests[str(final.relative_to(manifest.parent))] = file_digest(built)
-    for built, final in files.items():
-        final.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(built, final)
-    write_manifest(manifest, {**record, "files": digests})
+    raise_if_interrupted()
+    with interrupts_deferred():
+        for built, final in files.items():
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(built, final)
+        write_manifest(manifest, {**record, "files": digests})
 
 
 def weights_load(*paths: Path) -> bool:

@@ -732,6 +732,144 @@ def test_interrupted_resample_resumes_to_the_same_store(art, complete, tmp_path,
             np.testing.assert_array_equal(got[key][()], want[key][()])
 
 
+# ------------------------------------------------------------------- stopping a two-worker `apd sample`
+
+WARNING_LINE = re.compile(r"^(worker \d+/\d+: )?warning: ")  # a notice printed before the stop, not part of it
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory):
+    """A complete `apd sample` of the tiny pipeline's two chains on two workers: (artifacts root, config path,
+    seconds it took, in a fork of this process)."""
+    root = tmp_path_factory.mktemp("two-workers")
+    config = root / "nl.toml"
+    raw = json.loads(json.dumps(CONFIG))
+    raw["sgld"].update(chains=2, workers=2)
+    config.write_text(toml(raw))
+    started = time.monotonic()
+    child = Child(["sample", "--config", str(config), "--artifacts", str(root / "art"), "--quiet"], root / "err")
+    assert child.wait() == 0, (root / "err").read_text()
+    return root / "art", config, time.monotonic() - started
+
+
+def _children(pid: int) -> set[int]:
+    """The processes ``pid``'s main thread has started and not yet reaped (Linux /proc)."""
+    try:
+        return {int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+    except OSError:
+        return set()
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _manifest_problems(root: Path) -> list[str]:
+    """The files of every manifest under ``root`` that are missing or no longer have their recorded digest."""
+    from apd.pipeline.manifests import file_digest
+
+    problems = []
+    for manifest in root.rglob("*.json"):
+        record = json.loads(manifest.read_text())
+        for name, digest in record.get("files", {}).items() if isinstance(record, dict) else ():
+            path = manifest.parent / name
+            if not path.is_file() or file_digest(path) != digest:
+                problems.append(f"{manifest.name}: {name} {'missing' if not path.is_file() else 'changed'}")
+    return problems
+
+
+def _stop_sample(art: Artifacts, err: Path, sig: int, event: str, seconds: float) -> list[str]:
+    """`apd sample --force` (a fork of this process; its two workers are fresh interpreters) sent ``sig``
+    ``seconds`` after ``event`` ("start", or "workers": its first worker process appeared). What went wrong:
+    not exit 128 + ``sig`` (or 0: it had finished) with exactly one line on stderr (warnings printed before
+    aside), a worker still running once it has exited, or a complete artifact lost or not replaced whole."""
+    before = snapshot(art.dir)
+    child = Child(art.argv("sample", "--force"), err)
+    workers: set[int] = set()
+    deadline = time.monotonic() + 300
+    while event == "workers" and not workers and child.poll() is None and time.monotonic() < deadline:
+        workers |= _children(child.pid)
+        time.sleep(0.002)
+    due = time.monotonic() + seconds
+    while time.monotonic() < due and child.poll() is None:
+        workers |= _children(child.pid)
+        time.sleep(0.002)
+    if child.poll() is None:
+        os.kill(child.pid, sig)
+    while child.poll() is None:
+        workers |= _children(child.pid)
+        time.sleep(0.002)
+    problems, text = [], err.read_text()
+    said = [line for line in text.strip().splitlines() if not WARNING_LINE.match(line)]
+    if child.rc not in (128 + sig, 0) or len(said) != (1 if child.rc else 0):
+        problems.append(f"exit {child.rc}, stderr {text.strip()[-600:]!r}")
+    problems += [f"worker {pid} still running" for pid in workers if _running(pid)]
+    problems += [f"{name} lost" for name in before if not (art.dir / name).is_file()]
+    problems += _manifest_problems(art.dir)
+    with h5py.File(art.path("samples.h5"), "r") as fh:
+        if not np.isfinite(fh["samples"][()]).all():
+            problems.append("samples.h5 has non-finite rows")
+    return problems
+
+
+def _stop_at(two_workers, tmp_path, moments: list[tuple[int, str, float]]) -> None:
+    source, config, _ = two_workers
+    failures = []
+    for i, (sig, event, seconds) in enumerate(moments):
+        art = Artifacts(source, config, tmp_path / f"art{i}")
+        problems = _stop_sample(art, tmp_path / f"{i}.err", sig, event, seconds)
+        failures += [f"{signal.Signals(sig).name} {seconds:.2f} s after {event}: {p}" for p in problems]
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc to follow the workers")
+def test_ctrl_c_and_sigterm_stop_two_workers_with_one_line(two_workers, tmp_path):
+    """Four moments: the parent starting, its workers importing torch, sampling, the end (SIGTERM at one)."""
+    duration = two_workers[2]
+    _stop_at(two_workers, tmp_path, [(signal.SIGINT, "start", 0.05), (signal.SIGINT, "workers", 0.2),
+                                     (signal.SIGTERM, "workers", 2.0), (signal.SIGINT, "start", 0.9 * duration)])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc to follow the workers")
+def test_ctrl_c_at_twenty_moments_of_two_workers(two_workers, tmp_path):
+    """Ctrl-C at 14 moments spread from 0.05 s to the end of an uninterrupted run and 6 from the moment the
+    workers start: exit 130, one line, no worker left, nothing complete lost."""
+    duration = two_workers[2]
+    moments = [(signal.SIGINT, "start", float(t)) for t in np.linspace(0.05, duration, 14)]
+    moments += [(signal.SIGINT, "workers", t) for t in (0.0, 0.1, 0.3, 0.6, 1.0, 2.0)]
+    _stop_at(two_workers, tmp_path, moments)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc to follow the workers")
+@pytest.mark.parametrize("after", [0.3, 3.0], ids=["workers-importing", "workers-sampling"])
+def test_a_killed_parent_takes_its_workers(two_workers, tmp_path, after):
+    """`apd sample --force` killed (SIGKILL) while its workers import torch, or sample: they are gone within
+    seconds, and nothing is published."""
+    source, config, _ = two_workers
+    art = Artifacts(source, config, tmp_path / "art")
+    before = snapshot(art.dir)
+    child = Child(art.argv("sample", "--force"), tmp_path / "err")
+    workers: set[int] = set()
+    deadline = time.monotonic() + 300
+    while not workers and child.poll() is None and time.monotonic() < deadline:
+        workers = _children(child.pid)
+        time.sleep(0.002)
+    time.sleep(after)
+    workers |= _children(child.pid)
+    child.stop()
+    assert workers
+    deadline = time.monotonic() + 5
+    while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in workers if _running(pid)]
+    assert snapshot(art.dir) == before
+
+
 @pytest.mark.slow
 def test_nothing_lost_matrix():
     """The whole scenario matrix (benchmarks/nothing_lost.py): every case passes."""
