@@ -11,7 +11,8 @@ from ``apd evaluate``, the stage manifests, the experiments' JSON) or, for PIPEL
 ``docs/paper-numbers.json``. TABLE names one of :data:`RESULT_TABLES` (a table of ``tables.md``),
 ``ood-SCORE`` (one score's OOD block), ``machine`` (what the numbers were measured on), ``diagnostics``
 (SGLD's convergence, from the sample manifest), ``end-to-end`` (the stages timed by
-``benchmarks/time_pipeline.py``), ``performance`` (every benchmark record in ``docs/results/PIPELINE/``,
+``benchmarks/time_pipeline.py``), ``pipelines`` (the settings of shipped pipelines, PIPELINE a comma-separated
+list, from their files), ``performance`` (every benchmark record in ``docs/results/PIPELINE/``,
 written by the ``benchmarks/bench_*.py`` scripts' ``--out``), ``samplers`` (several pipelines' SGLD runs side by side:
 PIPELINE is then a comma-separated list), ``frontiers`` (several pipelines' storage frontiers, likewise)
 or an experiment (:data:`EXPERIMENT_TABLES`, and ``frontier-PRECISION``: the frontier study with APD at
@@ -31,11 +32,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from apd.config import PipelineConfig
 from apd.errors import ArtifactError
 from apd.io import read_json, write_text_atomic, written_together
 from apd.pipeline.layout import PIPELINE_STAGES, Layout, manifest_of
 from apd.pipeline.table_format import format_duration, markdown_table, method_label
 from apd.pipeline.tables import TABLE_BUILDERS, ood_table
+from apd.schedules import thinned_count
 
 REGION = re.compile(r"(<!-- results:(?P<pipeline>[\w.,-]+):(?P<table>[\w.:-]+) -->\n)(?P<body>.*?)(<!-- end -->)",
                     re.S)
@@ -83,6 +86,11 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
         return render_end_to_end(_read(results_dir / "end_to_end.json"))
     if table == "performance":  # the benchmark scripts' records
         return render_performance([_read(path) for path in sorted(results_dir.glob("*.json"))])
+    if table == "pipelines":  # PIPELINE is a comma-separated list of shipped pipelines: their settings
+        from apd.config_load import load_config
+
+        return render_pipelines({name: load_config(name) for name in pipeline.split(",")},
+                                {name: root / RESULTS_DIR / name / "samples.json" for name in pipeline.split(",")})
     if table == "samplers":  # PIPELINE is a comma-separated list: one row per pipeline's sample manifest
         return render_samplers({name: _read(root / RESULTS_DIR / name / "samples.json")
                                 for name in pipeline.split(",")})
@@ -185,6 +193,26 @@ def render_performance(records: list[dict]) -> str:
                      load_average(machine), record["started"][:10]])
     return (markdown_table(["stage", "what", "measured", "target"], body) + "\n\n"
             + markdown_table(["run", "commit", "machine", "load average before", "date"], runs))
+
+
+def render_pipelines(configs: dict[str, PipelineConfig], manifests: dict[str, Path]) -> str:
+    """The shipped pipelines' settings, from their files: data, network (weights from the published sample
+    manifest where there is one), SGLD (chains and their start, step, prior variance, iterations, burn-in,
+    thinning and the samples it keeps) and OOD sets."""
+    body = []
+    for name, cfg in configs.items():
+        s, net = cfg.sgld, cfg.net
+        layers = "".join(f"conv {c}, " for c in net.conv) + "hidden " + "-".join(map(str, net.hidden))
+        published = read_json(manifests[name]) if manifests[name].is_file() else {}
+        weights = f" ({published['dimension']:,} weights)" if "dimension" in published else ""
+        kept = thinned_count(s)
+        start = "prior draws" if s.init == "prior" else "PyTorch's initialisation"
+        schedule = "" if s.schedule == "constant" else f"{s.schedule} schedule, "
+        sgld = (f"{s.chains} chain{'s' if s.chains > 1 else ''} from {start}; {schedule}lr {s.lr:g}, prior var "
+                f"{s.prior_var:g}, batch {s.batch_size}, {s.iterations:,} it, burn-in {s.burn_in:,}, thin {s.thin} "
+                f"→ {s.chains} × {kept:,} = {s.chains * kept:,} samples")
+        body.append([f"`{name}`", cfg.data.dataset, f"{layers}{weights}", sgld, ", ".join(cfg.data.ood)])
+    return markdown_table(["pipeline", "data", "network", "SGLD", "OOD sets"], body)
 
 
 def render_samplers(manifests: dict[str, dict]) -> str:

@@ -286,3 +286,13 @@ def test_no_document_or_module_cites_an_issue_number():
     citing = [f"{path.relative_to(ROOT)}: {match.group(0)!r}" for path in files
               for match in ISSUE_NUMBER.finditer(path.read_text())]
     assert citing == []
+
+
+def test_the_pipelines_table_is_rendered_from_the_pipeline_files(project):
+    """README's pipelines table: each shipped pipeline's settings and the samples they keep, from its file."""
+    table = render_table("digits,toy2d", "pipelines", project)
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    assert [row.split("|")[1].strip() for row in rows] == ["`digits`", "`toy2d`"]
+    assert "4 chains from prior draws; lr 0.6, prior var 0.1, batch 100, 32,000 it, burn-in 2,000, thin 60 → " \
+           "4 × 500 = 2,000 samples" in rows[0]
+    assert "| ring, box |" in rows[1]
