@@ -43,6 +43,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 import torch
+from process_tree import children as _children
+from process_tree import running as _running
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -1270,22 +1272,6 @@ def _kill_force(env: Env) -> None:
     proc.signal(signal.SIGKILL)
     proc.wait()
     env.same(before)
-
-
-def _children(pid: int) -> set[int]:
-    """The processes ``pid``'s main thread has started and not yet reaped (Linux /proc)."""
-    try:
-        return {int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
-    except OSError:
-        return set()
-
-
-def _running(pid: int) -> bool:
-    """Whether process ``pid`` exists and has not exited (a zombie has)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _stop_workers_run(env: Env, sig: int, event: str, seconds: float) -> Proc:

@@ -33,6 +33,8 @@ import torch
 
 from apd.cli import main
 from apd.nets import mlp
+from benchmarks.process_tree import children as _children
+from benchmarks.process_tree import running as _running
 from tests.tiny_pipeline import toml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -750,22 +752,6 @@ def two_workers(tmp_path_factory):
     child = Child(["sample", "--config", str(config), "--artifacts", str(root / "art"), "--quiet"], root / "err")
     assert child.wait() == 0, (root / "err").read_text()
     return root / "art", config, time.monotonic() - started
-
-
-def _children(pid: int) -> set[int]:
-    """The processes ``pid``'s main thread has started and not yet reaped (Linux /proc)."""
-    try:
-        return {int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
-    except OSError:
-        return set()
-
-
-def _running(pid: int) -> bool:
-    """Whether process ``pid`` exists and has not exited (a zombie has)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _manifest_problems(root: Path) -> list[str]:
