@@ -1536,6 +1536,58 @@ def _ascii_info(env: Env) -> None:
         env.fail(f"exit {result.returncode}: {_last(result.stderr.decode(errors='replace'))}")
 
 
+def _api_load(env: Env, method: str, device: str = "cpu") -> subprocess.CompletedProcess:
+    """``apd.load(NAME's artifacts, method, device)`` in a fresh interpreter (no CUDA visible)."""
+    code = f"import apd; apd.load({str(env.dir)!r}, {method!r}, device={device!r})"
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""})
+
+
+def _api_refuses(env: Env, result: subprocess.CompletedProcess, error: str, has: str) -> None:
+    """The API call ended in ``error`` (its last line names it) saying ``has``."""
+    last = _last(result.stderr)
+    if result.returncode == 0 or not last.startswith(f"apd.errors.{error}: ") or not re.search(has, last):
+        env.fail(f"exit {result.returncode}, want apd.errors.{error} /{has}/: {last}")
+
+
+@case("api-swapped-generator", "validate", "apd.load(dir, 'apd') with generator.pt swapped for another",
+      "ArtifactError: changed since it was made; nothing changed", issue=True)
+def _api_swapped_generator(env: Env) -> None:
+    generator = env.path("generator.pt")
+    generator.write_bytes(generator.read_bytes()[::-1])
+    before = snapshot(env.dir)
+    _api_refuses(env, _api_load(env, "apd"), "ArtifactError", "generator.pt: changed since it was made")
+    env.same(before)
+
+
+@case("api-edited-store", "validate", "apd.load(dir, 'sgld') with a byte of samples.h5 changed",
+      "ArtifactError: changed since it was made", issue=True)
+def _api_edited_store(env: Env) -> None:
+    store = env.path("samples.h5")
+    with store.open("r+b") as file:
+        file.seek(store.stat().st_size // 2)
+        byte = file.read(1)
+        file.seek(-1, 1)
+        file.write(bytes([byte[0] ^ 0xFF]))
+    _api_refuses(env, _api_load(env, "sgld"), "ArtifactError", "samples.h5: changed since it was made")
+
+
+@case("api-cuda-without-cuda", "validate", "apd.load(dir, 'sgld', device='cuda') on a machine without CUDA",
+      "ConfigError at the call, not at the first prediction", issue=True)
+def _api_cuda(env: Env) -> None:
+    _api_refuses(env, _api_load(env, "sgld", "cuda"), "ConfigError", "no CUDA device")
+
+
+@case("api-baseline-without-sizes", "validate", "apd.load(dir, 'sgd') with sgd.json lacking its 'sizes'",
+      "ArtifactError naming the manifest, not a KeyError", issue=True)
+def _api_no_sizes(env: Env) -> None:
+    manifest = env.path("baselines/sgd.json")
+    record = json.loads(manifest.read_text())
+    record.pop("sizes")
+    manifest.write_text(json.dumps(record))
+    _api_refuses(env, _api_load(env, "sgd"), "ArtifactError", "sgd.json: no valid network record")
+
+
 @case("reuse-sample-then-resample-same", "reuse", "sample --force with the same config",
       "exit 0; samples equal the old ones, manifests hold")
 def _resample_same(env: Env) -> None:
