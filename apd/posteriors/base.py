@@ -75,7 +75,7 @@ class Posterior(ABC):
 
     def inputs(self, x: Tensor | np.ndarray) -> Tensor:
         """``x`` as the members take it, float32 on ``self.device``, once checked (:meth:`predict_probs`)."""
-        x = torch.as_tensor(x).to(self.device, torch.float32)
+        x = torch.as_tensor(x, device=self.device).to(torch.float32)  # never onto torch's default device
         if x.ndim < 2 or len(x) == 0:
             raise ValueError(f"x must be a batch of inputs [N, features] (or [N, H, W] images), got shape "
                              f"{list(x.shape)}" + ("; for one input pass x[None]" if x.ndim == 1 else ""))
