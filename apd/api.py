@@ -18,14 +18,13 @@ from apd.data import Dataset, input_range
 from apd.distillation.generator import load_generator
 from apd.errors import ArtifactError, DataError
 from apd.io import load_torch, read_json
+from apd.methods import LOADABLE
 from apd.nets import network
 from apd.pipeline.layout import Layout, manifest_of
 from apd.pipeline.runtime import RunContext, resolve_device
 from apd.pipeline.stage import check_provenance
 from apd.posteriors import APDGenerator, MCDropout, PointEstimate, Posterior, SGLDSamples
 from apd.samplers.store import SampleStore
-
-LOADABLE = ("sgld", "apd", "sgd", "mcdropout", "mog")
 
 
 def load(artifact_dir: str | Path, method: str, device: torch.device | str = "cpu") -> Posterior:
