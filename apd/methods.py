@@ -44,17 +44,17 @@ class Method:
     colour: str
     mlp_only: bool = False
     attackable: bool = True
-    loadable: bool = False
+    loadable: bool = True
 
 
 # In the order tables list methods. The colours of the methods other than SGLD follow matplotlib's cycle in
 # that order, as the figures drew them before each method had its own.
 METHODS_TABLE: dict[MethodName, Method] = {m.name: m for m in (
-    Method(MethodName.SGD, "SGD", "C0", loadable=True),
-    Method(MethodName.MCDROPOUT, "MC dropout", "C1", loadable=True),
-    Method(MethodName.SGLD, "SGLD", "black", loadable=True),
-    Method(MethodName.APD, "APD", "C2", loadable=True),
-    Method(MethodName.MOG, "MoG", "C3", loadable=True),
+    Method(MethodName.SGD, "SGD", "C0"),
+    Method(MethodName.MCDROPOUT, "MC dropout", "C1"),
+    Method(MethodName.SGLD, "SGLD", "black"),
+    Method(MethodName.APD, "APD", "C2"),
+    Method(MethodName.MOG, "MoG", "C3"),
     Method(MethodName.MODES, "mode mixture", "C4", mlp_only=True),
     Method(MethodName.KEPT, "kept SGLD", "C5"),
     Method(MethodName.STEIN, "Stein-thinned SGLD", "C6"),
