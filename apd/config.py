@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from apd.errors import ConfigError
+from apd.methods import ALL_METHODS
 
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")  # a device name as configured or given by --device
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # a pipeline's name: one plain file name
@@ -212,14 +213,6 @@ class DistillConfig:
     def uses_kronecker(self) -> bool:
         """Whether that residual is the Kronecker-factored one (:mod:`apd.distillation.kronecker`)."""
         return self.generator == "subspace" and self.residual.model == "kronecker"
-
-
-# Methods an attack can be crafted on: every method with weights (not "laplace-glm", a predictive only).
-ADVERSARIAL_SOURCES = ("sgd", "mcdropout", "sgld", "apd", "mog", "modes", "kept", "stein", "swag", "ensemble",
-                       "laplace-kfac", "laplace-ll")
-# Every method of the registry (apd.pipeline.methods), the default list of `[evaluate] methods`.
-ALL_METHODS = ("sgd", "mcdropout", "sgld", "apd", "mog", "modes", "kept", "stein", "swag", "ensemble",
-               "laplace-kfac", "laplace-ll", "laplace-glm")
 
 
 @dataclass

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from apd.config import (
-    ADVERSARIAL_SOURCES,
     DEVICE_PATTERN,
     NAME_PATTERN,
     PipelineConfig,
@@ -22,6 +21,7 @@ from apd.config import (
     parse_override,
 )
 from apd.errors import ConfigError
+from apd.methods import ADVERSARIAL_SOURCES, MLP_ONLY_METHODS
 from apd.schedules import thinned_count
 
 log = logging.getLogger(__name__)
@@ -173,10 +173,6 @@ def _check_sgld(s: SGLDConfig, where: str) -> None:
         raise ConfigError(f"{where}: the chains would keep no sample: with 'sgld.iterations' ({s.iterations}), "
                           f"'sgld.burn_in' ({s.burn_in}){phases}, 'sgld.thin' ({s.thin}) skips every iterate; "
                           "lower sgld.thin or sgld.burn_in")
-
-
-# What is defined on an MLP's hidden units only: evaluation methods, and the distiller's options
-MLP_ONLY_METHODS = ("modes", "laplace-kfac", "laplace-ll", "laplace-glm")
 
 
 def _check_network(cfg: PipelineConfig, where: str) -> None:

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from apd.methods import LOADABLE
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
@@ -29,7 +31,7 @@ def test_readme_snippet_runs(tiny_pipeline, monkeypatch):
     assert set(data.ood) == {"gaussian", "uniform"} and namespace["name"] == "uniform"
 
 
-@pytest.mark.parametrize("method", ["sgld", "apd", "sgd", "mcdropout", "mog"])
+@pytest.mark.parametrize("method", LOADABLE)
 def test_every_method_loads(tiny_pipeline, method):
     import apd
 
@@ -72,9 +74,11 @@ def test_a_baseline_manifest_without_a_valid_network_is_one_artifact_error(tiny_
 
     import apd
     from apd.errors import ArtifactError
+    from tests.tiny_pipeline import copy_samples
 
     root, _ = tiny_pipeline
     copy = tmp_path / "tiny"
+    copy_samples(root, tmp_path)  # the configuration whose network the record is checked against
     shutil.copytree(root / "tiny" / "baselines", copy / "baselines")
     manifest = copy / "baselines" / f"{method}.json"
     record = json.loads(manifest.read_text())
@@ -188,3 +192,28 @@ def test_load_data_refuses_artifacts_sampled_on_other_data(tiny_pipeline, tmp_pa
     with pytest.raises(DataError, match=r"samples\.h5: sampled on data with fingerprint 0123456789abcdef, but "
                                         r"digits here has [0-9a-f]{16}; pass the data_dir it was sampled from$"):
         apd.load_data(tmp_path / "tiny")
+
+
+@pytest.mark.parametrize("method", LOADABLE)
+def test_load_gives_the_posterior_evaluate_judged(tiny_pipeline, method):
+    """Drawn as ``apd evaluate`` draws it (its stream, members and runs), the loaded posterior scores the
+    accuracy and NLL the tiny pipeline's results.json records: the same fit (MoG, modes, Stein, Laplace, with
+    the evaluation's seeds), the same rows, the same networks."""
+    import json
+
+    import apd
+    from apd.evaluation.protocol import judge
+    from apd.pipeline.evaluate import ensemble_sizes, evaluation_inputs
+    from tests.tiny_pipeline import tiny_context
+
+    root, _ = tiny_pipeline
+    ctx = tiny_context(root)
+    e = ctx.cfg.evaluate
+    recorded = json.loads((root / "tiny" / "eval" / "results.json").read_text())["accuracy"][method]
+    post = apd.load(root / "tiny", method)
+    generator = torch.Generator().manual_seed(ctx.seed("evaluate", "draws", method))
+    inputs, members = evaluation_inputs(ctx), ensemble_sizes(ctx, {method: post})[method]
+    runs = [judge(post, inputs, members, generator, e.scores) for _ in range(e.runs)]
+    for key in ("acc", "nll"):
+        mean = sum(run.accuracy[key] for run in runs) / len(runs)
+        assert mean == pytest.approx(recorded[key]["mean"], abs=1e-4), key

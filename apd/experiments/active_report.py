@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 
 from apd.acquisition import ACQUISITIONS
+from apd.methods import label
 from apd.pipeline.figures import new_figure, save_figure
 from apd.pipeline.tables import format_duration, markdown_table
 
-MODEL_LABELS = {"sgld": "SGLD", "apd": "APD", "mcdropout": "MC dropout", "deterministic": "deterministic"}
 ACQUISITION_LABELS = {"bald": "BALD", "entropy": "entropy", "variation_ratio": "variation ratio",
                       "random": "random"}
 
@@ -33,7 +33,7 @@ def render_table(results: dict) -> str:
     plan = results["plan"]
     acquisitions = plan["acquisitions"]
     by_key = {(c["model"], c["acquisition"]): c for c in results["curves"]}
-    body = [[MODEL_LABELS[m]] + [reach_cell(by_key[(m, a)]["labels_to_target"], plan["seeds"])
+    body = [[label(m)] + [reach_cell(by_key[(m, a)]["labels_to_target"], plan["seeds"])
                                  if (m, a) in by_key else "—" for a in acquisitions] for m in plan["models"]]
     return markdown_table(["model", *(ACQUISITION_LABELS[a] for a in acquisitions)], body) + "\n"
 
@@ -51,13 +51,13 @@ def render_markdown(results: dict) -> str:
              "retrained from scratch each round. Mean ± std over seeds (ddof 0).", "",
              f"## Labels needed to reach {100 * target:g} % test accuracy", "", render_table(results)]
     lines += [f"## Test accuracy at {first[-1]} labels", ""]
-    body = [[MODEL_LABELS[m]] + [
+    body = [[label(m)] + [
         f"{by_key[(m, a)]['test_accuracy']['mean'][-1]:.4f} ± {by_key[(m, a)]['test_accuracy']['std'][-1]:.4f}"
         if (m, a) in by_key else "—" for a in acquisitions] for m in plan["models"]]
     lines += [markdown_table(["model", *(ACQUISITION_LABELS[a] for a in acquisitions)], body), ""]
     timing = results["seconds_per_round"]
     lines += ["## Time per round and trajectory (seconds, amortised over a seed's batched trajectories)", ""]
-    body = [[MODEL_LABELS[m], f"{t['seconds']:.2f}", f"{t['sgld_seconds']:.2f}", f"{t['gan_seconds']:.2f}",
+    body = [[label(m), f"{t['seconds']:.2f}", f"{t['sgld_seconds']:.2f}", f"{t['gan_seconds']:.2f}",
              f"{t['train_seconds']:.2f}", f"{t['score_seconds']:.2f}"] for m, t in timing.items()]
     lines += [markdown_table(["model", "total", "SGLD", "GAN", "SGD/Adam", "scoring"], body), ""]
     storage = results["apd_storage"]
@@ -104,7 +104,7 @@ def draw_figure(results: dict, path: Path) -> None:
             ax.plot(x, mean, color=color, label=ACQUISITION_LABELS[c["acquisition"]])
             ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
         ax.axhline(results["target_accuracy"], color="grey", linestyle=":", linewidth=0.8)
-        ax.set(xlabel="labelled examples", ylabel="test accuracy", title=f"{MODEL_LABELS[model]}")
+        ax.set(xlabel="labelled examples", ylabel="test accuracy", title=f"{label(model)}")
         ax.legend(fontsize=7, loc="lower right")
     figure.suptitle(f"Active learning on {results['pipeline']} (mean ± 1 sd over {results['plan']['seeds']} seeds)",
                     fontsize=9)

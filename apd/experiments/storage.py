@@ -34,6 +34,7 @@ from apd.evaluation.protocol import EvaluationInputs, judge
 from apd.evaluation.yardstick import SCORES, Reference, kept_curve, reference_predictive, spread, summarise
 from apd.experiments.distillers import train_generator
 from apd.experiments.outputs import run_study
+from apd.methods import label
 from apd.nets import ParamSpec
 from apd.pipeline.distill import codec_for, training_samples
 from apd.pipeline.evaluate import evaluation_inputs
@@ -47,8 +48,9 @@ from apd.samplers.store import SampleStore
 
 log = logging.getLogger(__name__)
 
-Peer = Literal["sgd", "mcdropout", "swag", "ensemble", "laplace-kfac", "laplace-ll", "laplace-glm"]
-PEERS = ("sgd", "mcdropout", "swag", "ensemble", "laplace-kfac", "laplace-ll", "laplace-glm")
+# The methods trained apart from SGLD (by `apd sample`'s baselines or `apd peers`), the study's peers.
+PEERS = tuple(name.value for name, loader in METHODS.items() if loader.stage in ("baselines", "peers"))
+Peer = Literal[PEERS]
 # The metrics compared, headline first: whether higher is better, and their labels.
 METRICS = {"mean_bald_auroc": True, "acc": True, "nll": False}
 METRIC_LABELS = {"mean_bald_auroc": "mean BALD AUROC", "acc": "accuracy", "nll": "NLL"}
@@ -142,7 +144,7 @@ def methods(ctx: RunContext, store: SampleStore, plan: StoragePlan, stack: ExitS
         require_input(ctx, peer.artifact(ctx.layout), peer.stage)
         started = time.perf_counter()
         method = peer.load(sources)
-        yield (peer.label, {"family": "peer", "method": name}, method, method.ensemble_size(peer.members(e)),
+        yield (label(name), {"family": "peer", "method": name}, method, method.ensemble_size(peer.members(e)),
                time.perf_counter() - started)
 
 

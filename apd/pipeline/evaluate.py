@@ -35,6 +35,7 @@ from apd.evaluation.yardstick import (
     reference_predictive,
 )
 from apd.io import hdf5_atomic, read_json, remove_tree, replace_directory, restore_directory, write_json_atomic
+from apd.methods import MethodName
 from apd.metrics import mean_std
 from apd.pipeline.adversarial import evaluate_adversarial
 from apd.pipeline.layout import manifest_of
@@ -169,9 +170,10 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
     }
     with stopwatch(results["timing"], "fidelity"):
         x_test = data.x_test.to(device)
+        drawn = [m for m in methods if m not in (MethodName.SGLD, MethodName.SGD) and methods[m].has_weights]
         results["fidelity"] = {m: fidelity(methods[m], methods["sgld"], x_test, e.networks,
                                            torch.Generator().manual_seed(ctx.seed("evaluate", "fidelity", m)))
-                               for m in methods if m not in ("sgld", "sgd") and methods[m].has_weights}
+                               for m in drawn}
     with stopwatch(results["timing"], "reference_and_quality"):
         reference = sgld_reference(ctx, results, inputs)
         results["quality"] = {m: method_quality(results, m, runs, reference) for m, runs in judgements.items()}
@@ -203,14 +205,19 @@ def _summarise_detection(runs: list[dict | None]) -> dict | None:
     return {key: mean_std([100.0 * r[key] for r in runs]) for key in ("auroc", "aupr_in", "aupr_out", "fpr95")}
 
 
+# The methods whose artifact is the method as stored, so that its file's size is their storage; the others
+# are measured at four bytes a parameter.
+STORED_AS_FILE = (MethodName.SGD, MethodName.MCDROPOUT, MethodName.APD)
+
+
 def _storage(ctx: RunContext, name: str, method: Posterior) -> dict:
     parameters = method.stored_parameters()
     artifact = METHODS[name].artifact(ctx.layout)
-    if name == "sgld":
+    if name == MethodName.SGLD:
         with SampleStore.open(artifact) as store:
             size = store.file_bytes
     else:
-        size = artifact.stat().st_size if name in ("sgd", "mcdropout", "apd") else 4 * parameters
+        size = artifact.stat().st_size if name in STORED_AS_FILE else 4 * parameters
     return {"parameters": int(parameters), "bytes": int(size),
             "in_sgld_samples": round(method.storage_in_samples(), 3)}
 
@@ -371,7 +378,7 @@ def yardstick(ctx: RunContext, methods: dict[str, Posterior], inputs: Evaluation
         for name, method in methods.items():
             worth = method.storage_in_samples()
             k = kept_for(worth, dim, "float32", n)
-            if name in ("sgld", "kept") or k >= n:  # kept: the yardstick itself
+            if name in (MethodName.SGLD, MethodName.KEPT) or k >= n:  # kept: the yardstick itself
                 continue
             if k not in by_k:  # a stream per size: the subsets of k do not depend on the other methods
                 by_k[k] = kept_samples(store, k, inputs, reference, e.yardstick_subsets,

@@ -26,6 +26,7 @@ import numpy as np
 
 from apd.errors import ArtifactError
 from apd.io import read_json, write_bytes_atomic
+from apd.methods import colour
 from apd.pipeline.table_format import HISTOGRAM_SCORES, method_label, methods_in_order, ordered, score_label
 from apd.pipeline.tables import mean_auroc
 
@@ -294,7 +295,7 @@ def storage_quality_figure(results: dict) -> Figure | None:
         for i, m in enumerate(methods):
             if m in points:
                 worth, value = points[m]
-                ax.plot([worth], [value], markers[i % len(markers)], color=f"C{i % 10}", markersize=8,
+                ax.plot([worth], [value], markers[i % len(markers)], color=colour(m), markersize=8,
                         markeredgecolor="black", label=method_label(m),
                         transform=offset_copy(ax.transData, fig=figure, x=offsets[m], units="points"))
         storage_axes(ax, ylabel, 0, "SGLD (gap 0)")

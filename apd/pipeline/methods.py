@@ -1,8 +1,9 @@
-"""The registry of methods ``apd evaluate`` compares: for each, its label, how many members a run draws,
-the artifact it comes from (made by which stage), and how to load it as a :class:`~apd.posteriors.Posterior`.
+"""How ``apd evaluate`` gets each method (:mod:`apd.methods` names them and says how they are shown): how
+many members a run draws, the artifact it comes from (made by which stage), and how to load it as a
+:class:`~apd.posteriors.Posterior`.
 
-A new method is one entry here plus its posterior class; evaluation, attacks, reports and the storage
-tables pick it up from the registry.
+A new method is its row in :data:`apd.methods.METHODS_TABLE`, one entry here and its posterior class;
+evaluation, attacks, reports and the storage tables pick it up from the two.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from apd.distillation.generator import load_generator
 from apd.distillation.training import evenly_spaced
 from apd.errors import ArtifactError, ConfigError
 from apd.io import load_torch, read_json
+from apd.methods import MethodName
 from apd.nets import ParamSpec
 from apd.pipeline.distill import REFERENCE_SAMPLES, aligned_chain_means, laplace_terms, validation_monitor
 from apd.pipeline.layout import Layout, manifest_of
@@ -91,11 +93,10 @@ def sgld_samples(ctx: RunContext, store: SampleStore) -> SampleStore | StoreRows
 
 
 @dataclass(frozen=True)
-class Method:
-    """One row of the registry (module docstring)."""
+class MethodLoader:
+    """One method's loader (module docstring)."""
 
-    name: str
-    label: str
+    name: MethodName
     members: Callable[[EvaluateConfig], int]
     artifact: Callable[[Layout], Path]
     stage: str  # the stage whose manifest marks ``artifact`` complete
@@ -292,34 +293,29 @@ def _load_mog(sources: Sources) -> Posterior:
     return fit_mixture(sources.store, k, e.mog_fit_samples, ctx.seed("evaluate", "mog", k), ctx.device)
 
 
-METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("sgd", "SGD", lambda e: 1, lambda layout: layout.baseline("sgd"), "baselines", _load_sgd),
-    Method("mcdropout", "MC dropout", lambda e: e.mc_passes, lambda layout: layout.baseline("mcdropout"),
-           "baselines", _load_mcdropout),
-    Method("sgld", "SGLD", lambda e: e.sgld_samples, lambda layout: layout.samples, "sample", _load_sgld),
-    Method("apd", "APD", lambda e: e.networks, lambda layout: layout.generator, "distill", _load_apd),
-    Method("mog", "MoG", lambda e: e.networks, lambda layout: layout.samples, "sample", _load_mog),
-    Method("modes", "mode mixture", lambda e: e.networks, lambda layout: layout.samples, "sample", _load_modes),
+METHODS: dict[MethodName, MethodLoader] = {m.name: m for m in (
+    MethodLoader(MethodName.SGD, lambda e: 1, lambda layout: layout.baseline("sgd"), "baselines", _load_sgd),
+    MethodLoader(MethodName.MCDROPOUT, lambda e: e.mc_passes, lambda layout: layout.baseline("mcdropout"),
+                 "baselines", _load_mcdropout),
+    MethodLoader(MethodName.SGLD, lambda e: e.sgld_samples, lambda layout: layout.samples, "sample", _load_sgld),
+    MethodLoader(MethodName.APD, lambda e: e.networks, lambda layout: layout.generator, "distill", _load_apd),
+    MethodLoader(MethodName.MOG, lambda e: e.networks, lambda layout: layout.samples, "sample", _load_mog),
+    MethodLoader(MethodName.MODES, lambda e: e.networks, lambda layout: layout.samples, "sample", _load_modes),
     # ⌈S⌉ SGLD samples, S = APD's storage: the generator fixes how many (the store is SGLD's input)
-    Method("kept", "kept SGLD", lambda e: e.networks, lambda layout: layout.generator, "distill", _load_kept),
-    Method("stein", "Stein-thinned SGLD", lambda e: e.networks, lambda layout: layout.generator, "distill",
-           _load_stein),
-    Method("swag", "SWAG", lambda e: e.networks, lambda layout: layout.baseline("swag"), "peers", _load_swag),
-    Method("ensemble", "deep ensemble", lambda e: e.networks, lambda layout: layout.baseline("ensemble"), "peers",
-           _load_ensemble),
+    MethodLoader(MethodName.KEPT, lambda e: e.networks, lambda layout: layout.generator, "distill", _load_kept),
+    MethodLoader(MethodName.STEIN, lambda e: e.networks, lambda layout: layout.generator, "distill", _load_stein),
+    MethodLoader(MethodName.SWAG, lambda e: e.networks, lambda layout: layout.baseline("swag"), "peers",
+                 _load_swag),
+    MethodLoader(MethodName.ENSEMBLE, lambda e: e.networks, lambda layout: layout.baseline("ensemble"), "peers",
+                 _load_ensemble),
     # Laplace approximations of the SGD network, fit by the evaluation itself (seconds)
-    Method("laplace-kfac", "Laplace KFAC", lambda e: e.networks, lambda layout: layout.baseline("sgd"), "baselines",
-           _load_laplace_kfac),
-    Method("laplace-ll", "Laplace last layer", lambda e: e.networks, lambda layout: layout.baseline("sgd"),
-           "baselines", _load_laplace_ll),
-    Method("laplace-glm", "Laplace KFAC, GLM", lambda e: e.networks, lambda layout: layout.baseline("sgd"),
-           "baselines", _load_laplace_glm),
+    MethodLoader(MethodName.LAPLACE_KFAC, lambda e: e.networks, lambda layout: layout.baseline("sgd"), "baselines",
+                 _load_laplace_kfac),
+    MethodLoader(MethodName.LAPLACE_LL, lambda e: e.networks, lambda layout: layout.baseline("sgd"), "baselines",
+                 _load_laplace_ll),
+    MethodLoader(MethodName.LAPLACE_GLM, lambda e: e.networks, lambda layout: layout.baseline("sgd"), "baselines",
+                 _load_laplace_glm),
 )}
-
-
-def label(name: str) -> str:
-    """A method's label in tables and figures (its name when it is not registered)."""
-    return METHODS[name].label if name in METHODS else name
 
 
 def check_methods(names: list[str], where: str) -> None:

@@ -126,7 +126,7 @@ class RunContext:
 
     @property
     def net_record(self) -> dict:
-        """The target network as a manifest records it (:func:`apd.api.load_network` rebuilds it)."""
+        """The target network as a manifest records it (:func:`apd.api.load` checks a baseline's record against it)."""
         return {"sizes": self.net_sizes, "conv": list(self.cfg.net.conv)}
 
     @property

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from apd.io import write_text_atomic
-from apd.pipeline.methods import METHODS, label
+from apd.methods import ALL_METHODS, label
 
-METHOD_ORDER = tuple(METHODS)
 SCORE_ORDER = ("variation_ratio", "bald", "entropy", "max_prob", "model_variance")
 SCORE_LABELS = {"variation_ratio": "variation ratio", "bald": "BALD", "entropy": "predictive entropy",
                 "max_prob": "max probability", "model_variance": "model variance"}
@@ -49,10 +48,11 @@ def ordered(keys: Iterable[str], preferred: Sequence[str]) -> list[str]:
 
 def methods_in_order(results: dict, present: Iterable[str]) -> list[str]:
     """Methods in the order results.json asks for (then the usual order, then any others)."""
-    return ordered(present, [*results.get("methods", []), *METHOD_ORDER])
+    return ordered(present, [*results.get("methods", []), *ALL_METHODS])
 
 
 def method_label(method: str) -> str:
+    """A method's label (:func:`apd.methods.label`)."""
     return label(method)
 
 

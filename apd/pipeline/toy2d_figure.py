@@ -30,6 +30,7 @@ import torch
 from apd.config import config_hash
 from apd.errors import ArtifactError, DataError
 from apd.io import read_json
+from apd.methods import MethodName, label
 from apd.pipeline.evaluate import ensemble_sizes
 from apd.pipeline.figures import save_figure
 from apd.pipeline.layout import manifest_of, partial_of
@@ -44,9 +45,8 @@ from apd.uncertainty import bald
 log = logging.getLogger(__name__)
 
 GRID = 150
-METHODS = ("sgld", "apd", "mcdropout", "sgd")
-LABELS = {"sgld": "SGLD", "apd": "APD", "mcdropout": "MC dropout", "sgd": "SGD"}
-ONE_NETWORK = ("sgd",)  # methods whose BALD is identically 0 (n/a)
+METHODS = (MethodName.SGLD, MethodName.APD, MethodName.MCDROPOUT, MethodName.SGD)
+ONE_NETWORK = (MethodName.SGD,)  # methods whose BALD is identically 0 (n/a)
 
 
 def plane(grid: int = GRID, box: float = BOX) -> tuple[np.ndarray, torch.Tensor]:
@@ -115,9 +115,9 @@ def run_toy2d_figure(ctx: RunContext) -> dict:
     for name in METHODS:
         s = summary["methods"][name]
         if s["bald_train"] is None:
-            print(f"{LABELS[name]:<11} mean BALD n/a (one network)")
+            print(f"{label(name):<11} mean BALD n/a (one network)")
         else:
-            print(f"{LABELS[name]:<11} mean BALD at the training points {s['bald_train']:.4f}, "
+            print(f"{label(name):<11} mean BALD at the training points {s['bald_train']:.4f}, "
                   f"far from both blobs (> {FAR_SD:g} sd) {s['bald_far']:.4f}")
     print(f"figure: {figure}")
     return summary
@@ -170,7 +170,7 @@ def draw(path: Path, out: Path, summary: dict, title: str = "") -> Path:
         prob_image = top.imshow(p1[name], origin="lower", extent=extent, cmap="RdBu_r", norm=prob_norm,
                                 interpolation="bilinear")
         top.contour(axis, axis, p1[name], levels=[0.5], colors="black", linewidths=0.8)
-        top.set_title(f"{LABELS[name]} ({_members(name, summary.get('ensemble', {}).get(name))})", fontsize=11)
+        top.set_title(f"{label(name)} ({_members(name, summary.get('ensemble', {}).get(name))})", fontsize=11)
         stats = summary["methods"][name]
         if name in information:
             bald_image = bottom.imshow(information[name], origin="lower", extent=extent, cmap="magma",
@@ -186,10 +186,10 @@ def draw(path: Path, out: Path, summary: dict, title: str = "") -> Path:
                         bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "#999999"})
             bottom.set_title("one network cannot disagree with itself", fontsize=9)
         for ax in (top, bottom):
-            for label, color in ((0, "#2166ac"), (1, "#b2182b")):
-                chosen = y_train == label
+            for cls, color in ((0, "#2166ac"), (1, "#b2182b")):
+                chosen = y_train == cls
                 ax.scatter(x_train[chosen, 0], x_train[chosen, 1], s=9, c=color, edgecolors="white",
-                           linewidths=0.4, zorder=3, label=f"class {label}")
+                           linewidths=0.4, zorder=3, label=f"class {cls}")
             ax.set_xlim(axis[0], axis[-1])
             ax.set_ylim(axis[0], axis[-1])
             ax.set_aspect("equal")

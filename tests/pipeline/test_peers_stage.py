@@ -11,9 +11,9 @@ from contextlib import ExitStack
 import pytest
 import torch
 
-from apd.config import ALL_METHODS
 from apd.evaluation.yardstick import percentile_rank
 from apd.io import load_torch
+from apd.methods import ALL_METHODS
 from apd.nets import ParamSpec, mlp
 from apd.pipeline.methods import load_methods
 from apd.samplers.store import SampleStore

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from apd.cli import main
-from apd.config import ALL_METHODS
 from apd.config_load import load_config
 from apd.distillation.generator import load_generator
 from apd.distillation.training import evenly_spaced
 from apd.errors import ArtifactError
+from apd.methods import ALL_METHODS
 from apd.nets import ParamSpec, mlp, predict_probs
 from apd.pipeline.methods import fit_mixture
 from apd.pipeline.runtime import RunContext, torch_threads
