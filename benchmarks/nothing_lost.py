@@ -105,7 +105,7 @@ VARIANTS = {
     "evaluate": ("evaluate", ["--set", "evaluate.runs=3"]),
 }
 # Files that are never complete artifacts: the lock and work in progress.
-WORK_FILE = re.compile(r"(^\.lock$|\.partial(\.|$)|\.ckpt\.pt$|\.tmp(\.|$)|\.rebuild$)")
+WORK_FILE = re.compile(r"(^\.lock$|\.partial(\.|$)|\.ckpt\.pt$|\.tmp(\.|$)|\.rebuild$|\.probe\.h5$)")
 WORK_DIR = re.compile(r"^(eval\.partial|eval\.old|eval\.report.*)$")
 # A warning the run printed before it failed or was stopped (e.g. on the convergence of a published store):
 # a notice of work done, not a second line of the failure.

@@ -51,7 +51,7 @@ CONFIG = {
     "evaluate": {"runs": 1, "networks": 10, "sgld_samples": 10, "mc_passes": 5, "ood_size": 50, "mog_components": [1],
                  "mog_fit_samples": 20, "scores": ["bald", "entropy"]},
 }
-WORK = re.compile(r"(^\.lock$|\.partial(\.|$)|\.ckpt\.pt$|\.tmp(\.|$))")
+WORK = re.compile(r"(^\.lock$|\.partial(\.|$)|\.ckpt\.pt$|\.tmp(\.|$)|\.probe\.h5$)")  # the probe: an unpublished join
 
 
 def snapshot(root: Path) -> dict[str, str]:
