@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from apd.evaluation.stored import StoredPredictions
 from apd.metrics import accuracy, brier, detection, ece, nll
 from apd.posteriors.base import Posterior
 from apd.uncertainty import ENSEMBLE_SCORES, bald
@@ -89,6 +90,11 @@ def judge_probs(probs: Tensor, inputs: EvaluationInputs, scores: list[str],
 
 @torch.no_grad()
 def judge(method: Posterior, inputs: EvaluationInputs, k: int, generator: torch.Generator | None,
-          scores: list[str]) -> Judgement:
-    """One fresh draw of ``k`` members of ``method`` (as many as it can give), judged on ``inputs``."""
-    return judge_probs(method.predict_probs(inputs.stacked(method.device), k, generator), inputs, scores)
+          scores: list[str], stored: StoredPredictions | None = None) -> Judgement:
+    """One fresh draw of ``k`` members of ``method`` (as many as it can give), judged on ``inputs``; members
+    that are stored samples are read from ``stored`` (a store's predictions on ``inputs.stacked()``) where
+    given."""
+    probs = None if stored is None else stored.draw(method, k, generator)
+    if probs is None:
+        probs = method.predict_probs(inputs.stacked(method.device), k, generator)
+    return judge_probs(probs, inputs, scores)

@@ -27,7 +27,8 @@ method's, ties counted half. It **wins** a comparison where its gap is smaller t
 random subsets; a method that is one more random subset does so 5 % of the time). :func:`ranks_over_kept`
 counts the wins set by set (each score's absolute AUROC gap per OOD set) and on the NLL gap. Nothing is
 chosen here: these are the final report's numbers on the test split and the reported OOD sets. No paths, no
-run context: callers pass the store, inputs and generators.
+run context: callers pass the store's predictions (:class:`~apd.evaluation.stored.StoredPredictions`, each
+stored sample predicted once for the reference and every kept subset), the inputs and generators.
 """
 
 from __future__ import annotations
@@ -40,13 +41,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from apd.distillation.precision import in_samples, round_trip, stored_bytes
+from apd.distillation.precision import in_samples, stored_bytes
 from apd.distillation.selection import PROBABILITY_FLOOR
 from apd.evaluation.protocol import EvaluationInputs, Judgement, judge_probs
+from apd.evaluation.stored import StoredPredictions
 from apd.metrics import auroc
-from apd.nets import predict_probs
 from apd.posteriors.kept import evenly_spaced_rows, last_rows, random_rows
-from apd.samplers.store import SampleStore
 from apd.uncertainty import predictive_entropy
 
 SCORES = ["bald", "max_prob"]  # the scores whose AUROC gaps define quality
@@ -75,18 +75,19 @@ class Reference:
     samples: int
 
 
-def reference_predictive(store: SampleStore, inputs: EvaluationInputs, limit: int,
-                         device: torch.device | str = "cpu", chunk: int = 200) -> tuple[dict, dict, int]:
+def reference_predictive(stored: StoredPredictions, inputs: EvaluationInputs, limit: int,
+                         chunk: int = 200) -> tuple[dict, dict, int]:
     """p̄_SGLD and I_SGLD = H[p̄_SGLD] − (1/K) Σ_k H[p_k] on the test inputs (``"test"``) and each OOD set of
     ``inputs`` (float64, CPU), over the K = min(limit, len(store)) samples of
-    :func:`~apd.posteriors.kept.evenly_spaced_rows` (all of them when the store is no larger), read ``chunk``
-    at a time; and K."""
-    rows = evenly_spaced_rows(len(store), min(limit, len(store)))
+    :func:`~apd.posteriors.kept.evenly_spaced_rows` (all of them when the store is no larger), taken ``chunk``
+    at a time from ``stored`` (the store's predictions on ``inputs.stacked()``); and K."""
+    rows = evenly_spaced_rows(len(stored), min(limit, len(stored)))
     named = {"test": inputs.x_test, **inputs.ood}
-    x = torch.cat(list(named.values())).to(device)
+    n_test, n_in = inputs.n_test, len(inputs.x_in)
     total = member_entropy = 0.0
     for start in range(0, len(rows), chunk):
-        probs = predict_probs(store.spec, store.read(rows[start:start + chunk]).to(device), x).double()
+        probs = stored.probs(rows[start:start + chunk])
+        probs = torch.cat([probs[:, :n_test], probs[:, n_test + n_in:]], 1).double()  # the in-distribution side out
         total = total + probs.sum(0).cpu()
         entropies = predictive_entropy(probs.flatten(0, 1)[None]).view(len(probs), -1)  # H[p_k], [chunk, N]
         member_entropy = member_entropy + entropies.sum(0).cpu()
@@ -290,25 +291,25 @@ def wins_over_kept(own_auroc: dict[str, dict[str, float | None]], own_nll: float
 
 
 @torch.no_grad()
-def judge_rows(store: SampleStore, rows: np.ndarray, inputs: EvaluationInputs, device: torch.device | str,
-               reference: Reference, precision: str = "float32") -> dict[str, float | None]:
+def judge_rows(stored: StoredPredictions, rows: np.ndarray, inputs: EvaluationInputs, reference: Reference,
+               precision: str = "float32") -> dict[str, float | None]:
     """:func:`summarise` of the ensemble of the store's ``rows``, each row stored at ``precision``
-    (:func:`apd.distillation.precision.round_trip`)."""
-    weights = torch.stack([round_trip(row, precision) for row in store.read(rows)]).to(device)
-    probs = predict_probs(store.spec, weights, inputs.stacked(device))
-    return summarise(judge_probs(probs, inputs, SCORES, auroc), reference)
+    (:func:`apd.distillation.precision.round_trip`), their predictions from ``stored`` (on
+    ``inputs.stacked()``)."""
+    return summarise(judge_probs(stored.probs(rows, precision), inputs, SCORES, auroc), reference)
 
 
-def kept_samples(store: SampleStore, k: int, inputs: EvaluationInputs, reference: Reference, subsets: int,
-                 generator: torch.Generator, device: torch.device | str = "cpu", precision: str = "float32") -> dict:
-    """k kept samples, each stored at ``precision``: centred in equal parts of each chain (``evenly_spaced``),
-    each chain's last samples (``last``), and over ``subsets`` random subsets stratified by chain
-    (``random``: :func:`spread` with the band and every subset's value); their storage in SGLD samples'
+def kept_samples(stored: StoredPredictions, k: int, inputs: EvaluationInputs, reference: Reference, subsets: int,
+                 generator: torch.Generator, precision: str = "float32") -> dict:
+    """k kept samples of ``stored``'s store, each stored at ``precision``: centred in equal parts of each chain
+    (``evenly_spaced``), each chain's last samples (``last``), and over ``subsets`` random subsets stratified by
+    chain (``random``: :func:`spread` with the band and every subset's value); their storage in SGLD samples'
     worth (:mod:`apd.posteriors.kept` for the three selections)."""
+    store = stored.store
     n, dim, chains = len(store), store.spec.numel, store.chains
     fixed = {"evenly_spaced": evenly_spaced_rows(n, k, chains), "last": last_rows(n, k, chains)}
-    judged = {name: judge_rows(store, rows, inputs, device, reference, precision) for name, rows in fixed.items()}
-    drawn = [judge_rows(store, random_rows(n, k, generator, chains), inputs, device, reference, precision)
+    judged = {name: judge_rows(stored, rows, inputs, reference, precision) for name, rows in fixed.items()}
+    drawn = [judge_rows(stored, random_rows(n, k, generator, chains), inputs, reference, precision)
              for _ in range(subsets)]
     return {"k": k, "in_sgld_samples": k * in_samples(stored_bytes(dim, precision), dim), **judged,
             "random": spread(drawn, band=True), "subsets": subsets, "precision": precision}
@@ -321,8 +322,8 @@ def kept_for(worth: float, dim: int, precision: str, available: int) -> int:
     return min(available, math.ceil(worth / in_samples(stored_bytes(dim, precision), dim) - 1e-9))
 
 
-def kept_curve(store: SampleStore, sizes: Iterable[int], inputs: EvaluationInputs, reference: Reference,
-               subsets: int, generator: torch.Generator, device: torch.device | str = "cpu") -> list[dict]:
+def kept_curve(stored: StoredPredictions, sizes: Iterable[int], inputs: EvaluationInputs, reference: Reference,
+               subsets: int, generator: torch.Generator) -> list[dict]:
     """:func:`kept_samples` for each distinct k of ``sizes`` the store can give, in increasing order."""
-    ks = sorted({int(k) for k in sizes if 1 <= k <= len(store)})
-    return [kept_samples(store, k, inputs, reference, subsets, generator, device) for k in ks]
+    ks = sorted({int(k) for k in sizes if 1 <= k <= len(stored)})
+    return [kept_samples(stored, k, inputs, reference, subsets, generator) for k in ks]

@@ -51,6 +51,7 @@ import torch
 from apd.config import YARDSTICK_SUBSETS, bounded
 from apd.distillation.precision import Precision
 from apd.errors import ConfigError
+from apd.evaluation.stored import StoredPredictions
 from apd.evaluation.yardstick import FIXED, RANK_RULE, kept_for, kept_samples, mean_of, ranked, standing, std_of
 from apd.experiments.options import plan_from_options
 from apd.experiments.outputs import write_study
@@ -123,20 +124,21 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
         spec, n = store.spec, len(store)
         if max(plan.budgets) > n:
             raise ConfigError(f"--option budgets: the store holds {n} samples, fewer than {max(plan.budgets)}")
-        sgld, reference = sgld_reference(ctx, store, inputs)
+        predictions = StoredPredictions(store, inputs.stacked(ctx.device), ctx.device)
+        sgld, reference = sgld_reference(ctx, predictions, inputs)
         data = training_samples(ctx, store, cfg.distill)
         chains = len(chain_partition(store.chains)[0])
         limit = min(n, cfg.distill.fit_samples, spec.numel)
         for budget in sorted(set(plan.budgets)):
             seed = ctx.seed("experiment", "frontier", budget)
-            kept = kept_samples(store, budget, inputs, reference, plan.subsets, torch.Generator().manual_seed(seed),
-                                ctx.device)
+            kept = kept_samples(predictions, budget, inputs, reference, plan.subsets,
+                                torch.Generator().manual_seed(seed))
             rank = largest_rank(lambda r: chain_generators_storage(cfg.distill, r, spec, chains, plan.precision,
                                                                    plan.generators()), budget, limit)
             stored_kept = None
             if plan.kept_at_precision and plan.precision != "float32":
-                stored_kept = kept_samples(store, kept_for(budget, spec.numel, plan.precision, n), inputs,
-                                           reference, plan.subsets, torch.Generator().manual_seed(seed), ctx.device,
+                stored_kept = kept_samples(predictions, kept_for(budget, spec.numel, plan.precision, n), inputs,
+                                           reference, plan.subsets, torch.Generator().manual_seed(seed),
                                            plan.precision)
             apd = ceiling = None
             if rank:

@@ -69,6 +69,7 @@ from apd.distillation.precision import (
 from apd.distillation.training import encode_store, make_chain_trainers
 from apd.errors import ConfigError
 from apd.evaluation.protocol import EvaluationInputs
+from apd.evaluation.stored import StoredPredictions
 from apd.evaluation.yardstick import (
     RANK_RULE,
     Reference,
@@ -254,12 +255,12 @@ def judged_margins(summary: dict, kept: dict, sgld: dict) -> dict:
                           sgld["nll"]["mean"])
 
 
-def kept_row(ctx: RunContext, store: SampleStore, k: int, inputs: EvaluationInputs, reference: Reference,
+def kept_row(ctx: RunContext, predictions: StoredPredictions, k: int, inputs: EvaluationInputs, reference: Reference,
              plan: PrecisionPlan, precision: str, seed: int) -> dict:
     """The k kept samples stored at ``precision`` (:func:`~apd.evaluation.yardstick.kept_samples`) and the
     storage shift of the evenly spaced ones."""
-    row = kept_samples(store, k, inputs, reference, plan.subsets, torch.Generator().manual_seed(seed), ctx.device,
-                       precision)
+    store = predictions.store
+    row = kept_samples(predictions, k, inputs, reference, plan.subsets, torch.Generator().manual_seed(seed), precision)
     exact = store.read(evenly_spaced_rows(len(store), k, store.chains))
     row["storage_shift"] = storage_shift(
         FixedEnsemble(exact, store.spec, ctx.device),
@@ -306,7 +307,8 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
     rows = []
     with SampleStore.open(source, expect_spec=ParamSpec.from_module(ctx.network())) as store:
         spec, dim, n = store.spec, store.spec.numel, len(store)
-        sgld, reference = sgld_reference(ctx, store, inputs)
+        predictions = StoredPredictions(store, inputs.stacked(ctx.device), ctx.device)
+        sgld, reference = sgld_reference(ctx, predictions, inputs)
         data = training_samples(ctx, store, cfg.distill)
         by_rank: dict[int, StoredCoordinates] = {}  # the store encoded once per rank
 
@@ -327,7 +329,7 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
                 cfg.distill, r, spec, chains, p), plan.budget, limit) if plan.per_chain else 0
             k = kept_for(plan.budget, dim, precision, n)
             seed = ctx.seed("experiment", "precision", precision)
-            kept = kept_row(ctx, store, k, inputs, reference, plan, precision, seed) if k else None
+            kept = kept_row(ctx, predictions, k, inputs, reference, plan, precision, seed) if k else None
             row: dict = {"precision": precision, "rank": rank, "k": k, "kept": kept, "apd": None, "margins": None,
                          "per_chain": None, "coordinates": None}
             if rank:

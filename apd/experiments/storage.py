@@ -31,6 +31,7 @@ import torch
 
 from apd.config import bounded
 from apd.evaluation.protocol import EvaluationInputs, judge
+from apd.evaluation.stored import StoredPredictions
 from apd.evaluation.yardstick import SCORES, Reference, kept_curve, reference_predictive, spread, summarise
 from apd.experiments.distillers import train_generator
 from apd.experiments.outputs import run_study
@@ -94,17 +95,18 @@ def judge_runs(method: Posterior, members: int, inputs: EvaluationInputs, refere
     return spread([summarise(judge(method, inputs, members, generator, SCORES), reference) for _ in range(runs)])
 
 
-def sgld_reference(ctx: RunContext, store: SampleStore, inputs: EvaluationInputs) -> tuple[dict, Reference]:
+def sgld_reference(ctx: RunContext, predictions: StoredPredictions, inputs: EvaluationInputs) -> tuple[dict, Reference]:
     """SGLD judged like every method (``sgld_samples`` members, ``runs`` draws), and the yardstick's
     reference from it: its per-set BALD and max_prob AUROC and NLL (means over the draws), and the predictive
-    of up to ``yardstick_reference`` stored samples on the validation images and the OOD tuning pool."""
+    of up to ``yardstick_reference`` stored samples on the validation images and the OOD tuning pool; the
+    stored samples' predictions from ``predictions`` (on ``inputs.stacked()``)."""
     e = ctx.cfg.evaluate
     generator = torch.Generator().manual_seed(ctx.seed("experiment", "storage", "SGLD"))
-    sgld = SGLDSamples(store, ctx.device)
-    draws = [judge(sgld, inputs, e.sgld_samples, generator, SCORES) for _ in range(e.runs)]
+    sgld = SGLDSamples(predictions.store, ctx.device)
+    draws = [judge(sgld, inputs, e.sgld_samples, generator, SCORES, predictions) for _ in range(e.runs)]
     auroc = {score: {name: float(np.mean([100.0 * d.detection[name][score]["auroc"] for d in draws]))
                      for name in inputs.ood} for score in SCORES}
-    predictive, information, samples = reference_predictive(store, inputs, e.yardstick_reference, ctx.device)
+    predictive, information, samples = reference_predictive(predictions, inputs, e.yardstick_reference)
     reference = Reference(auroc["bald"], auroc["max_prob"], float(np.mean([d.accuracy["nll"] for d in draws])),
                           predictive, information, samples)
     return spread([summarise(d, reference) for d in draws]), reference
@@ -167,9 +169,10 @@ def study(ctx: RunContext, plan: StoragePlan) -> dict:
     with ExitStack() as stack:
         store = stack.enter_context(SampleStore.open(ctx.layout.samples,
                                                      expect_spec=ParamSpec.from_module(ctx.network())))
-        sgld, reference = sgld_reference(ctx, store, inputs)
+        predictions = StoredPredictions(store, inputs.stacked(ctx.device), ctx.device)
+        sgld, reference = sgld_reference(ctx, predictions, inputs)
         generator = torch.Generator().manual_seed(ctx.seed("experiment", "storage", "kept"))
-        kept = kept_curve(store, plan.kept_sizes, inputs, reference, e.yardstick_subsets, generator, ctx.device)
+        kept = kept_curve(predictions, plan.kept_sizes, inputs, reference, e.yardstick_subsets, generator)
         rows.append({"name": "SGLD", "family": "sgld", "seconds": None, "members": e.sgld_samples,
                      "parameters": len(store) * store.spec.numel, "in_sgld_samples": float(len(store)),
                      "quality": sgld})

@@ -25,6 +25,7 @@ from apd.data import available_ood, ood_set
 from apd.errors import ArtifactError, DataError
 from apd.evaluation.fidelity import fidelity
 from apd.evaluation.protocol import EvaluationInputs, Judgement, judge
+from apd.evaluation.stored import StoredPredictions
 from apd.evaluation.yardstick import (
     Reference,
     function_gaps,
@@ -40,11 +41,11 @@ from apd.metrics import mean_std
 from apd.pipeline.adversarial import evaluate_adversarial
 from apd.pipeline.layout import manifest_of
 from apd.pipeline.manifests import file_digest, is_complete, manifest_record, write_manifest
-from apd.pipeline.methods import METHODS, fit_mixture, load_methods, method_inputs, sgld_samples
+from apd.pipeline.methods import METHODS, fit_mixture, load_methods, method_inputs
 from apd.pipeline.report import print_summary, report_again, write_report
 from apd.pipeline.runtime import RunContext, machine, stopwatch, torch_threads
 from apd.pipeline.sample_publish import stored_burn_in
-from apd.posteriors import Posterior
+from apd.posteriors import Posterior, SGLDSamples
 from apd.samplers.store import SampleStore
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,7 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
     """Accuracy, OOD detection, storage, MoG growth and fidelity for ``methods`` (module docstring)."""
     cfg, e, data, device = ctx.cfg, ctx.cfg.evaluate, ctx.data, ctx.device
     inputs = evaluation_inputs(ctx)
+    stored = stored_predictions(ctx, methods, inputs)
     sizes = ensemble_sizes(ctx, methods)
     # one stream per method: a method's draws do not depend on which other methods are compared
     generators = {name: torch.Generator().manual_seed(ctx.seed("evaluate", "draws", name)) for name in methods}
@@ -137,7 +139,7 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
     for _ in range(e.runs):
         for name, method in methods.items():
             t0 = time.perf_counter()
-            judgements[name].append(judge(method, inputs, sizes[name], generators[name], e.scores))
+            judgements[name].append(judge(method, inputs, sizes[name], generators[name], e.scores, stored))
             timing[name] += time.perf_counter() - t0
             bar.update()
     for name, runs in judgements.items():
@@ -172,18 +174,29 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
         x_test = data.x_test.to(device)
         drawn = [m for m in methods if m not in (MethodName.SGLD, MethodName.SGD) and methods[m].has_weights]
         results["fidelity"] = {m: fidelity(methods[m], methods["sgld"], x_test, e.networks,
-                                           torch.Generator().manual_seed(ctx.seed("evaluate", "fidelity", m)))
+                                           torch.Generator().manual_seed(ctx.seed("evaluate", "fidelity", m)), stored)
                                for m in drawn}
     with stopwatch(results["timing"], "reference_and_quality"):
-        reference = sgld_reference(ctx, results, inputs)
+        reference = sgld_reference(results, inputs, stored, e.yardstick_reference)
         results["quality"] = {m: method_quality(results, m, runs, reference) for m, runs in judgements.items()}
-        results["at_networks"] = at_networks(ctx, methods, inputs, sizes, judgements, results, reference)
+        results["at_networks"] = at_networks(ctx, methods, inputs, sizes, judgements, results, reference, stored)
     if "mog" in methods:
         with stopwatch(results["timing"], "mog_growth"):
             results["mog"], results["apd_share"] = mixture_growth(ctx, methods, inputs, results, reference)
     with stopwatch(results["timing"], "yardstick"):
-        results["yardstick"] = yardstick(ctx, methods, inputs, reference)
+        results["yardstick"] = yardstick(ctx, methods, inputs, reference, stored)
     return results
+
+
+def stored_predictions(ctx: RunContext, methods: dict[str, Posterior], inputs: EvaluationInputs) -> StoredPredictions:
+    """The stored samples SGLD draws from (the store, or its rows after the burn-in:
+    :func:`~apd.pipeline.methods.sgld_samples`), each predicted once on the stacked inputs for every table that
+    scores an ensemble of them: SGLD's draws, the kept and Stein-thinned samples, fidelity's SGLD side, the
+    yardstick's reference and its kept subsets."""
+    sgld = methods[MethodName.SGLD]
+    if not isinstance(sgld, SGLDSamples):
+        raise TypeError(f"the sgld method is a {type(sgld).__name__}, not the store's samples")
+    return StoredPredictions(sgld.store, inputs.stacked(ctx.device), ctx.device)
 
 
 def _sgld_diagnostics(ctx: RunContext) -> dict | None:
@@ -296,17 +309,14 @@ def mixture_growth(ctx: RunContext, methods: dict[str, Posterior], inputs: Evalu
 # ------------------------------------------------------------------------------- the kept-samples yardstick
 
 
-def sgld_reference(ctx: RunContext, results: dict, inputs: EvaluationInputs) -> Reference:
+def sgld_reference(results: dict, inputs: EvaluationInputs, stored: StoredPredictions, limit: int) -> Reference:
     """SGLD's side of the yardstick: its evaluated per-set BALD and max_prob AUROC and test NLL (means over
-    runs), and the predictive and per-input BALD of up to ``yardstick_reference`` stored samples on the test
-    inputs and the OOD sets."""
+    runs), and the predictive and per-input BALD of up to ``limit`` (``yardstick_reference``) stored samples on
+    the test inputs and the OOD sets, their predictions from ``stored``."""
     ood = results["ood"]
     per_set = {score: {name: ood[name][score]["sgld"]["auroc"]["mean"] for name in ood
                        if ood[name].get(score, {}).get("sgld") is not None} for score in ("bald", "max_prob")}
-    with SampleStore.open(ctx.layout.samples) as opened:
-        store = sgld_samples(ctx, opened)
-        predictive, information, samples = reference_predictive(store, inputs, ctx.cfg.evaluate.yardstick_reference,
-                                                                ctx.device)
+    predictive, information, samples = reference_predictive(stored, inputs, limit)
     return Reference(per_set["bald"], per_set["max_prob"], results["accuracy"]["sgld"]["nll"]["mean"], predictive,
                      information, samples)
 
@@ -334,7 +344,8 @@ def method_quality(results: dict, method: str, runs: list[Judgement], reference:
 
 
 def at_networks(ctx: RunContext, methods: dict[str, Posterior], inputs: EvaluationInputs, sizes: dict[str, int],
-                judgements: dict[str, list[Judgement]], results: dict, reference: Reference) -> dict:
+                judgements: dict[str, list[Judgement]], results: dict, reference: Reference,
+                stored: StoredPredictions) -> dict:
     """Every method at ``networks`` members where it can draw that many (None where it cannot: a kept
     set, an ensemble, one network): accuracy, NLL, mean BALD AUROC and quality, over ``runs`` draws. A
     method whose own size is already ``networks`` is not drawn again."""
@@ -348,7 +359,7 @@ def at_networks(ctx: RunContext, methods: dict[str, Posterior], inputs: Evaluati
             runs = judgements[name]
         else:
             generator = torch.Generator().manual_seed(ctx.seed("evaluate", "at-networks", name))
-            runs = [judge(method, inputs, e.networks, generator, ["bald", "max_prob"]) for _ in range(e.runs)]
+            runs = [judge(method, inputs, e.networks, generator, ["bald", "max_prob"], stored) for _ in range(e.runs)]
         qualities = [_judgement_quality(j, reference) for j in runs]
         aurocs = [mean_auroc({s: {"bald": d.get("bald")} for s, d in j.detection.items()}) for j in runs]
         out[name] = {"members": e.networks,
@@ -360,39 +371,38 @@ def at_networks(ctx: RunContext, methods: dict[str, Posterior], inputs: Evaluati
     return out
 
 
-def yardstick(ctx: RunContext, methods: dict[str, Posterior], inputs: EvaluationInputs, reference: Reference) -> dict:
+def yardstick(ctx: RunContext, methods: dict[str, Posterior], inputs: EvaluationInputs, reference: Reference,
+              stored: StoredPredictions) -> dict:
     """The kept-samples curve (k of ``yardstick_sizes``) and, for each method of storage S below the store's
     size, ⌈S⌉ kept samples: evenly spaced and ``yardstick_subsets`` random subsets
     (:mod:`apd.evaluation.yardstick`). A method stored at a lower precision is also set against the kept
     samples its storage buys at that precision, ⌈S / s_p⌉ of them (s_p: one sample's storage at it), each
-    stored at it (``kept`` key "K PRECISION", the entry's ``at_precision``)."""
+    stored at it (``kept`` key "K PRECISION", the entry's ``at_precision``). The kept samples' predictions come
+    from ``stored``."""
     e = ctx.cfg.evaluate
     generator = torch.Generator().manual_seed(ctx.seed("evaluate", "yardstick"))
-    with SampleStore.open(ctx.layout.samples) as opened:
-        store = sgld_samples(ctx, opened)
-        n, dim = len(store), store.spec.numel
-        curve = kept_curve(store, e.yardstick_sizes, inputs, reference, e.yardstick_subsets, generator, ctx.device)
-        by_k = {row["k"]: row for row in curve}
-        at_precision: dict[str, dict] = {}
-        equal = {}
-        for name, method in methods.items():
-            worth = method.storage_in_samples()
-            k = kept_for(worth, dim, "float32", n)
-            if name in (MethodName.SGLD, MethodName.KEPT) or k >= n:  # kept: the yardstick itself
-                continue
-            if k not in by_k:  # a stream per size: the subsets of k do not depend on the other methods
-                by_k[k] = kept_samples(store, k, inputs, reference, e.yardstick_subsets,
-                                       torch.Generator().manual_seed(ctx.seed("evaluate", "yardstick", k)), ctx.device)
-            equal[name] = {"in_sgld_samples": round(worth, 3), "k": k}
-            if method.precision != "float32":
-                p = method.precision
-                kp = kept_for(worth, dim, p, n)
-                key = f"{kp} {p}"
-                if key not in at_precision:
-                    rng = torch.Generator().manual_seed(ctx.seed("evaluate", "yardstick", kp, p))
-                    at_precision[key] = kept_samples(store, kp, inputs, reference, e.yardstick_subsets, rng,
-                                                     ctx.device, p)
-                equal[name]["at_precision"] = {"precision": p, "k": kp, "key": key}
+    n, dim = len(stored), stored.store.spec.numel
+    curve = kept_curve(stored, e.yardstick_sizes, inputs, reference, e.yardstick_subsets, generator)
+    by_k = {row["k"]: row for row in curve}
+    at_precision: dict[str, dict] = {}
+    equal = {}
+    for name, method in methods.items():
+        worth = method.storage_in_samples()
+        k = kept_for(worth, dim, "float32", n)
+        if name in (MethodName.SGLD, MethodName.KEPT) or k >= n:  # kept: the yardstick itself
+            continue
+        if k not in by_k:  # a stream per size: the subsets of k do not depend on the other methods
+            by_k[k] = kept_samples(stored, k, inputs, reference, e.yardstick_subsets,
+                                   torch.Generator().manual_seed(ctx.seed("evaluate", "yardstick", k)))
+        equal[name] = {"in_sgld_samples": round(worth, 3), "k": k}
+        if method.precision != "float32":
+            p = method.precision
+            kp = kept_for(worth, dim, p, n)
+            key = f"{kp} {p}"
+            if key not in at_precision:
+                rng = torch.Generator().manual_seed(ctx.seed("evaluate", "yardstick", kp, p))
+                at_precision[key] = kept_samples(stored, kp, inputs, reference, e.yardstick_subsets, rng, p)
+            equal[name]["at_precision"] = {"precision": p, "k": kp, "key": key}
     return {"reference": {"bald_auroc": reference.bald_auroc, "max_prob_auroc": reference.max_prob_auroc,
                           "nll": reference.nll, "kl_samples": reference.samples},
             "curve": curve, "kept": {**{str(k): row for k, row in sorted(by_k.items())}, **at_precision},

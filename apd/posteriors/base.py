@@ -9,6 +9,9 @@ capabilities let callers treat every method alike instead of testing types:
 - ``members(k, generator)``: one fixed draw of k members, as a function x ↦ p_k(y | x) [K, N, C] that
   every call shares (an attacker differentiates one fixed network; a detector scores every input with
   the same ensemble).
+- ``stored_rows(store, k, generator)``: where a draw of k members is rows of a sample store as stored
+  (SGLD's samples, kept ones), those rows, so that predictions of the store's rows made once can be shared
+  (:class:`apd.evaluation.stored.StoredPredictions`);
 - ``has_weights``: whether members are weight vectors at all. A predictive-only method (the Laplace GLM
   predictive draws logits per input) is scored like the others, but cannot be attacked or compared in
   weight space: ``sample_weights`` raises for it, and attacks and weight-space fidelity leave it out.
@@ -27,6 +30,7 @@ import torch
 from torch import Tensor
 
 from apd.nets import ParamSpec, check_input_features, predict_probs
+from apd.samplers.store import SampleStore, StoreRows
 
 Members = Callable[[Tensor], Tensor]
 RANGE_TOLERANCE = 1e-5  # how far past input_range an input may lie (rounding in whatever scaled it)
@@ -49,6 +53,13 @@ class Posterior(ABC):
     @abstractmethod
     def stored_parameters(self) -> int:
         """Numbers this method keeps at test time (its storage cost)."""
+
+    def stored_rows(self, store: SampleStore | StoreRows, k: int,
+                    generator: torch.Generator | None = None) -> np.ndarray | None:
+        """The rows of ``store`` that a draw of k members is, drawn as :meth:`sample_weights` draws them
+        (``generator`` advanced alike), where the members are that store's rows as stored; None, with
+        ``generator`` untouched, otherwise."""
+        return None
 
     def max_members(self) -> int | None:
         """How many distinct members the method can give (None: as many as asked)."""

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from apd.nets import ParamSpec
 from apd.posteriors.base import Posterior
-from apd.samplers.store import SampleStore, chain_partition
+from apd.samplers.store import SampleStore, StoreRows, chain_partition
 
 
 class FixedEnsemble(Posterior):
@@ -49,13 +49,17 @@ class FixedEnsemble(Posterior):
         return len(self)
 
     def sample_weights(self, k: int, generator: torch.Generator | None = None) -> Tensor:
+        picked = self._pick(k, generator)
+        return self.vectors if picked is None else self.vectors[picked.to(self.device)]
+
+    def _pick(self, k: int, generator: torch.Generator | None) -> Tensor | None:
+        """The members a draw of k is: None for all of them, else k member indices in order."""
         if k < 1:
             raise ValueError(f"asked for {k} members; need at least 1")
         if k >= len(self):
-            return self.vectors
+            return None
         device = generator.device if generator is not None else torch.device("cpu")
-        rows = torch.randperm(len(self), generator=generator, device=device)[:k].sort().values
-        return self.vectors[rows.to(self.device)]
+        return torch.randperm(len(self), generator=generator, device=device)[:k].sort().values
 
     def stored_parameters(self) -> int:
         return len(self) * self.spec.numel
@@ -65,23 +69,34 @@ class KeptSamples(FixedEnsemble):
     """k SGLD samples (rows ``rows`` of a sample store), read once into memory; storage k·D."""
 
     def __init__(self, members: Tensor, spec: ParamSpec, rows: np.ndarray | None = None,
-                 device: torch.device | str = "cpu", name: str = "kept") -> None:
+                 device: torch.device | str = "cpu", name: str = "kept",
+                 source: SampleStore | StoreRows | None = None) -> None:
         super().__init__(members, spec, device, name)
         self.rows = None if rows is None else np.asarray(rows, dtype=np.int64)
         if self.rows is not None and self.rows.shape != (len(self),):
             raise ValueError(f"{len(self)} members but {self.rows.size} row indices")
+        self.source = source  # the store the rows are of, where known
+
+    def stored_rows(self, store: SampleStore | StoreRows, k: int,
+                    generator: torch.Generator | None = None) -> np.ndarray | None:
+        """The rows a draw is, when ``store`` is the one they were read from."""
+        if self.rows is None or store is not self.source:
+            return None
+        picked = self._pick(k, generator)
+        return self.rows if picked is None else self.rows[picked.cpu().numpy()]
 
     @classmethod
-    def from_store(cls, store: SampleStore, rows: np.ndarray | list[int], device: torch.device | str = "cpu",
-                   name: str | None = None) -> KeptSamples:
-        """The store's rows ``rows`` (distinct; kept in ascending order) as an ensemble."""
+    def from_store(cls, store: SampleStore | StoreRows, rows: np.ndarray | list[int],
+                   device: torch.device | str = "cpu", name: str | None = None) -> KeptSamples:
+        """The store's rows ``rows`` (distinct; kept in ascending order) as an ensemble, with the store as its
+        source."""
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         if rows.size == 0:
             raise ValueError("no rows to keep")
         if np.unique(rows).size != rows.size:
             raise ValueError("kept rows must be distinct (a repeated row would cost storage and add nothing)")
         rows = np.sort(rows)
-        return cls(store.read(rows), store.spec, rows, device, name or f"kept-{rows.size}")
+        return cls(store.read(rows), store.spec, rows, device, name or f"kept-{rows.size}", store)
 
 
 def evenly_spaced_rows(n: int, k: int, chains: np.ndarray | None = None) -> np.ndarray:

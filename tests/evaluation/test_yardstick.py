@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from apd.evaluation.protocol import EvaluationInputs, Judgement
+from apd.evaluation.stored import StoredPredictions
 from apd.evaluation.yardstick import (
     WIN_PERCENTILE,
     Reference,
@@ -167,7 +168,8 @@ def test_every_sample_kept_is_the_reference_itself(store):
     g = torch.Generator().manual_seed(1)
     inputs = EvaluationInputs(torch.randn(20, 3, generator=g), torch.randint(2, (20,), generator=g),
                               torch.randn(15, 3, generator=g), {"far": 4 * torch.randn(15, 3, generator=g)})
-    predictive, information, n = reference_predictive(store, inputs, limit=100, chunk=5)
+    stored = StoredPredictions(store, inputs.stacked("cpu"), "cpu")
+    predictive, information, n = reference_predictive(stored, inputs, limit=100, chunk=5)
     assert n == 12 and set(predictive) == set(information) == {"test", "far"}
     for name, x in (("test", inputs.x_test), ("far", inputs.ood["far"])):
         probs = predict_probs(SPEC, store.read_all(), x).double()
@@ -175,14 +177,14 @@ def test_every_sample_kept_is_the_reference_itself(store):
         torch.testing.assert_close(information[name], bald(probs))
     # SGLD's own numbers as the reference: the whole store's judgement
     blank = Reference({}, {}, 0.0, predictive, information, n)
-    whole = judge_rows(store, np.arange(12), inputs, "cpu", blank)
+    whole = judge_rows(stored, np.arange(12), inputs, blank)
     from apd.evaluation.protocol import judge_probs
 
     judged = judge_probs(predict_probs(SPEC, store.read_all(), inputs.stacked("cpu")), inputs, ["bald", "max_prob"])
     ref = Reference({"far": 100 * judged.detection["far"]["bald"]["auroc"]},
                     {"far": 100 * judged.detection["far"]["max_prob"]["auroc"]}, whole["nll"], predictive, information,
                     n)
-    row = kept_samples(store, 12, inputs, ref, subsets=2, generator=torch.Generator().manual_seed(2))
+    row = kept_samples(stored, 12, inputs, ref, subsets=2, generator=torch.Generator().manual_seed(2))
     drawn = {k: v["mean"] for k, v in row["random"].items() if k != "auroc"}
     for summary in (row["evenly_spaced"], row["last"], drawn):
         assert summary["bald_gap"] == pytest.approx(0.0, abs=1e-9)
@@ -190,7 +192,7 @@ def test_every_sample_kept_is_the_reference_itself(store):
         for key in ("kl_ood", "input_bald_gap", "input_bald_gap_ood"):
             assert summary[key] == pytest.approx(0.0, abs=1e-6)
     assert row["random"]["kl"]["std"] == pytest.approx(0.0, abs=1e-7) and len(row["random"]["kl"]["values"]) == 2
-    curve = kept_curve(store, [5, 1, 2, 50, 2], inputs, ref, subsets=2, generator=torch.Generator().manual_seed(3))
+    curve = kept_curve(stored, [5, 1, 2, 50, 2], inputs, ref, subsets=2, generator=torch.Generator().manual_seed(3))
     assert [r["k"] for r in curve] == [1, 2, 5]  # distinct, sorted, at most the store's size
     assert curve[0]["evenly_spaced"]["bald_gap"] is None  # one network: no BALD
     assert curve[0]["evenly_spaced"]["input_bald_gap"] > 0  # but SGLD disagrees where it has none

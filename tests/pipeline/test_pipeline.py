@@ -14,6 +14,7 @@ from apd.config_load import load_config
 from apd.distillation.generator import load_generator
 from apd.distillation.training import evenly_spaced
 from apd.errors import ArtifactError
+from apd.evaluation.stored import StoredPredictions
 from apd.methods import ALL_METHODS
 from apd.nets import ParamSpec, mlp, predict_probs
 from apd.pipeline.methods import fit_mixture
@@ -510,7 +511,10 @@ def test_a_method_stored_at_int8_meets_float32_kept_samples_and_the_int8_ones_it
     assert method.precision == "int8"
     worth, dim = method.storage_in_samples(), model.spec.numel
     inputs = evaluation_inputs(ctx)
-    y = yardstick(ctx, {"apd": method}, inputs, sgld_reference(ctx, results, inputs))
+    with SampleStore.open(root / "tiny" / "samples.h5") as store:
+        stored = StoredPredictions(store, inputs.stacked("cpu"), "cpu")
+        reference = sgld_reference(results, inputs, stored, ctx.cfg.evaluate.yardstick_reference)
+        y = yardstick(ctx, {"apd": method}, inputs, reference, stored)
     entry = y["equal_storage"]["apd"]
     k_int8 = math.ceil(worth / in_samples(stored_bytes(dim, "int8"), dim) - 1e-9)
     assert entry["k"] == math.ceil(worth) and entry["at_precision"] == {"precision": "int8", "k": k_int8,

@@ -1,0 +1,115 @@
+"""Stored samples predicted once and shared (apd.evaluation.stored): every ensemble read from the shared
+predictions is, to the bit, the one its own prediction gives, and each row is predicted once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from apd.distillation.precision import round_trip
+from apd.evaluation import stored as stored_module
+from apd.evaluation.fidelity import fidelity
+from apd.evaluation.protocol import EvaluationInputs, judge
+from apd.evaluation.stored import StoredPredictions
+from apd.nets import ParamSpec, mlp, network, predict_probs
+from apd.posteriors import GaussianMixture, KeptSamples, SGLDSamples
+from apd.samplers.store import SampleStore, StoreRows
+
+SPEC = ParamSpec.from_module(mlp([16, 12, 3]))
+CNN = ParamSpec.from_module(network([784, 12, 3], [3, 4]))
+
+
+def make_store(path, spec: ParamSpec) -> SampleStore:
+    """24 rows from two chains of 12."""
+    g = torch.Generator().manual_seed(0)
+    with SampleStore.create(path, spec, {}) as s:
+        for chain in range(2):
+            s.append_many(0.3 * torch.randn(12, spec.numel, generator=g), steps=np.arange(12), chains=chain)
+    return SampleStore.open(path)
+
+
+@pytest.fixture
+def store(tmp_path):
+    with make_store(tmp_path / "s.h5", SPEC) as s:
+        yield s
+
+
+@pytest.fixture
+def inputs():
+    g = torch.Generator().manual_seed(1)
+    return EvaluationInputs(torch.randn(30, 16, generator=g), torch.randint(3, (30,), generator=g),
+                            torch.randn(10, 16, generator=g), {"far": 3 * torch.randn(10, 16, generator=g)})
+
+
+def counting(monkeypatch) -> list[int]:
+    """The number of networks each prediction the shared predictions make covers."""
+    calls: list[int] = []
+
+    def predict(spec, weights, x):
+        calls.append(len(weights))
+        return predict_probs(spec, weights, x)
+
+    monkeypatch.setattr(stored_module, "predict_probs", predict)
+    return calls
+
+
+@pytest.mark.parametrize(("spec", "features"), [(SPEC, 16), (CNN, 784)], ids=["mlp", "cnn"])
+def test_rows_are_their_own_predictions_and_predicted_once(tmp_path, monkeypatch, spec, features):
+    """To the bit for an MLP; a CNN's first convolution is one product of all the networks' filters, whose
+    rounding the BLAS may choose by its width, so one network alone can differ in the last bit."""
+    same = torch.equal if spec.is_mlp else lambda a, b: torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7) is None
+    x = torch.randn(40, features, generator=torch.Generator().manual_seed(2))
+    with make_store(tmp_path / "s.h5", spec) as store:
+        shared, calls = StoredPredictions(store, x, "cpu"), counting(monkeypatch)
+        rows = np.array([5, 3, 17, 3])  # any order, repeats allowed
+        assert same(shared.probs(rows), predict_probs(spec, store.read(rows), x))
+        assert same(shared.probs([17, 0, 5]), predict_probs(spec, store.read([17, 0, 5]), x))
+        assert calls == [3, 1]  # rows 3, 5, 17, then only row 0
+        int8 = torch.stack([round_trip(row, "int8") for row in store.read(rows)])
+        assert same(shared.probs(rows, "int8"), predict_probs(spec, int8, x))  # each precision its own rows
+        assert calls == [3, 1, 3]
+
+
+def test_past_the_budget_rows_are_predicted_again(store, monkeypatch):
+    x = torch.randn(40, 16)
+    shared, calls = StoredPredictions(store, x, "cpu", kept_bytes=0), counting(monkeypatch)
+    for _ in range(2):
+        assert torch.equal(shared.probs([1, 2]), predict_probs(SPEC, store.read([1, 2]), x))
+    assert calls == [2, 2]
+
+
+def test_judged_draws_of_stored_samples_are_the_ones_their_own_predictions_give(store, inputs, monkeypatch):
+    """SGLD's draws and kept samples (all of them, or some) read from the shared predictions: the same
+    members, the generator advanced alike, the same judgement; a method of other members predicts itself."""
+    shared = StoredPredictions(store, inputs.stacked("cpu"), "cpu")
+    kept = KeptSamples.from_store(store, [2, 7, 13, 20, 22])
+    mixture = GaussianMixture(store.read_all(), 2, SPEC, seed=0)
+    for method, k in ((SGLDSamples(store), 8), (kept, 5), (kept, 3), (mixture, 4)):
+        own, from_shared = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+        expected = judge(method, inputs, k, own, ["bald", "max_prob"])
+        found = judge(method, inputs, k, from_shared, ["bald", "max_prob"], shared)
+        assert torch.equal(found.test_probs, expected.test_probs) and found.detection == expected.detection
+        assert torch.equal(found.predictive["far"], expected.predictive["far"])
+        assert torch.equal(torch.randint(10**6, (1,), generator=own), torch.randint(10**6, (1,), generator=from_shared))
+    shared, calls = StoredPredictions(store, inputs.stacked("cpu"), "cpu"), counting(monkeypatch)
+    judge(kept, inputs, 5, None, ["bald"], shared)
+    judge(SGLDSamples(store), inputs, len(store), torch.Generator().manual_seed(4), ["bald"], shared)
+    assert calls == [5, len(store) - 5]  # every stored sample, each once
+
+
+def test_members_of_another_store_or_permuted_are_not_read_from_it(store, inputs):
+    shared = StoredPredictions(store, inputs.stacked("cpu"), "cpu")
+    later = StoreRows(store, np.arange(4, 24))  # another view of the rows: its own row numbers
+    g = torch.Generator().manual_seed(0)
+    state = g.get_state()
+    for method in (SGLDSamples(later), KeptSamples.from_store(later, [0, 1]),
+                   SGLDSamples(store, perms=torch.arange(12).repeat(len(store), 1))):
+        assert shared.draw(method, 2, g) is None and torch.equal(g.get_state(), state)
+
+
+def test_fidelity_from_the_shared_predictions_is_the_same(store, inputs):
+    shared = StoredPredictions(store, inputs.stacked("cpu"), "cpu")
+    kept, sgld = KeptSamples.from_store(store, [2, 7, 13, 20]), SGLDSamples(store)
+    expected = fidelity(kept, sgld, inputs.x_test, 4, torch.Generator().manual_seed(5))
+    assert fidelity(kept, sgld, inputs.x_test, 4, torch.Generator().manual_seed(5), shared) == expected
