@@ -28,6 +28,9 @@ _MAX_CHUNK = 128
 # copied side by side; below it, copying the weights costs more than the matmul saves, and a broadcast
 # batched matmul reads them in place (measured in benchmarks/bench_predict.py).
 _CONCAT_MIN_INPUTS = 2048
+# Networks per block of a CNN's prediction; its images per block keep the block's first-layer maps to
+# _CHUNK_ELEMENTS floats (LeNet-5: 20 networks × 44 images; measured in benchmarks/bench_predict_cnn.py).
+_CNN_CHUNK = 20
 # Convolution layers of :func:`network`, as LeNet-5's: square KERNEL × KERNEL filters, the first padded by
 # KERNEL // 2 (28 × 28 images read as LeNet-5's 32 × 32), the later ones unpadded, each followed by a ReLU
 # and POOL × POOL max pooling.
@@ -238,12 +241,14 @@ def predict_logits(
     """Logits f(x; θ_k) of a :func:`network` for K weight vectors: weights [K, D], x [N, ...] → [K, N, C].
 
     MLP: for many inputs the first layer of a chunk of k networks is one matmul x · [W₁⁽¹⁾ … W₁⁽ᵏ⁾]ᵀ
-    ([N, k·h]); for few, a broadcast batched matmul; later layers are batched ``baddbmm``. CNN: the first
-    convolution of a chunk is one convolution with the k networks' filters side by side, later ones grouped
-    convolutions (k groups), and the head batched ``baddbmm``. Chunks of ``chunk`` networks (default
-    :func:`auto_chunk`) bound peak memory. Computes on ``weights.device``; ``compute_dtype`` (e.g.
-    ``torch.bfloat16``) casts weights and inputs for the matmuls; the result is float32. Differentiable in
-    ``x`` and ``weights``; never writes into a module.
+    ([N, k·h]); for few, a broadcast batched matmul; later layers are batched ``baddbmm``. Chunks of
+    ``chunk`` networks (default :func:`auto_chunk`) bound peak memory. CNN: blocks of ``chunk`` networks
+    (default :data:`_CNN_CHUNK`) × as many images as keep the block's first-layer maps to
+    :data:`_CHUNK_ELEMENTS` floats (:func:`_cnn_logits`): the first convolution one product of the images'
+    patches with the block's filters, later ones grouped convolutions (k groups), the head batched
+    ``baddbmm``. Computes on ``weights.device``; ``compute_dtype`` (e.g. ``torch.bfloat16``) casts weights
+    and inputs for the matmuls; the result is float32. Differentiable in ``x`` and ``weights``; never writes
+    into a module.
     """
     spec = spec_or_module if isinstance(spec_or_module, ParamSpec) else ParamSpec.from_module(spec_or_module)
     if weights.dim() == 1:
@@ -256,17 +261,32 @@ def predict_logits(
     dtype = compute_dtype or weights.dtype
     x = x.to(dtype)
     n_nets, n_inputs = weights.shape[0], x.shape[0]
-    if chunk is None:
-        chunk = auto_chunk(n_inputs, spec.activation_width(x.shape[1]), n_nets)
-    elif chunk < 1:
+    if chunk is not None and chunk < 1:
         raise ValueError(f"chunk must be positive, got {chunk}")
+    if convs:
+        networks = min(n_nets, chunk or _CNN_CHUNK)
+        images = max(1, _CHUNK_ELEMENTS // (networks * spec.activation_width(x.shape[1])))
+        return _cnn_logits(spec, weights.to(dtype), x, networks, images).float()
+    chunk = chunk or auto_chunk(n_inputs, spec.activation_width(x.shape[1]), n_nets)
     outputs = []
     for start in range(0, n_nets, chunk):
         block = weights[start:start + chunk].to(dtype)
-        params = _by_start(spec, block)
-        logits = _cnn_forward(convs, layers, params, x) if convs else _mlp_forward(layers, params, x)
-        outputs.append(logits.float())
+        outputs.append(_mlp_forward(layers, _by_start(spec, block), x).float())
     return torch.cat(outputs)
+
+
+def _cnn_logits(spec: ParamSpec, weights: Tensor, x: Tensor, networks: int, images: int) -> Tensor:
+    """Logits [K, N, C] of the CNNs ``weights`` [K, D] on shared flat images x [N, side²], in blocks of
+    ``networks`` networks × ``images`` images: each chunk of images has its first-layer patches unfolded
+    once (:func:`_patches`) for every chunk of networks (:func:`_cnn_shared`)."""
+    convs, layers = spec.conv_layers(), spec.linear_layers()
+    side = math.isqrt(x.shape[1])
+    blocks = [_by_start(spec, weights[start:start + networks]) for start in range(0, len(weights), networks)]
+    columns = []
+    for start in range(0, len(x), images):
+        patches = _patches(x[start:start + images], side)
+        columns.append(torch.cat([_cnn_shared(convs, layers, params, patches, side) for params in blocks]))
+    return torch.cat(columns, 1)
 
 
 def _by_start(spec: ParamSpec, block: Tensor) -> dict[int, Tensor]:
@@ -309,28 +329,63 @@ def _linear_stack(layers: list[tuple[int, int, int, int]], params: dict[int, Ten
 
 def _cnn_forward(convs: list[tuple[int, int, int, int]], layers: list[tuple[int, int, int, int]],
                  params: dict[int, Tensor], x: Tensor) -> Tensor:
-    """Forward pass of k CNNs (``params``: :func:`_by_start` of their rows) on flat images → [k, N, C]:
-    shared images x [N, side²], or each network its own, x [k, N, side²]. The k networks' feature maps lie
-    side by side in one tensor [N, k·c, s, s], convolved in k groups (the first convolution too when each
-    network has its own images).
-
-    The grouped convolutions read channels-last tensors, on which this CPU ran them about 5× faster than
-    on contiguous ones; pooling comes before the ReLU (max pooling commutes with it) and is
-    :func:`_max_pool`."""
-    k, n_inputs = params[convs[0][0]].shape[0], x.shape[-2]
+    """Forward pass of k CNNs (``params``: :func:`_by_start` of their rows), each on its own flat images
+    x [k, N, side²] → [k, N, C]: the k networks' images side by side as channels of one tensor
+    [N, k, s, s], every convolution grouped (k groups; :func:`_cnn_tail`)."""
+    k, n_inputs = x.shape[0], x.shape[1]
     side = math.isqrt(x.shape[-1])
-    own_inputs = x.dim() == 3
-    h = x.transpose(0, 1).reshape(n_inputs, k, side, side) if own_inputs else x.view(n_inputs, 1, side, side)
-    for i, (w_start, b_start, n_out, n_in) in enumerate(convs):
-        w = params[w_start].reshape(k * n_out, n_in, KERNEL, KERNEL)
-        b = params[b_start].reshape(k * n_out)
-        grouped = i > 0 or own_inputs
-        if grouped:
-            h = h.contiguous(memory_format=torch.channels_last)
-        h = F.conv2d(h, w, b, padding=_padding(i), groups=k if grouped else 1)
-        h = _max_pool(h).relu_()  # in place: the pooled maps are our own, and max's backward never reads them
-    h = h.reshape(n_inputs, k, -1).transpose(0, 1)  # [k, N, c·s·s], each network's maps flattened as nn.Flatten
-    return _linear_stack(layers, params, h)
+    h = _grouped_convolution(convs[0], params, x.transpose(0, 1).reshape(n_inputs, k, side, side), 0)
+    return _cnn_tail(convs, layers, params, h)
+
+
+def _cnn_shared(convs: list[tuple[int, int, int, int]], layers: list[tuple[int, int, int, int]],
+                params: dict[int, Tensor], patches: Tensor, side: int) -> Tensor:
+    """Forward pass of k CNNs (``params``: :func:`_by_start` of their rows) on shared images, given as the
+    first convolution's patches (:func:`_patches`, [n·side², KERNEL²]) → [k, n, C].
+
+    The first convolution is one product of the patches with the k networks' filters side by side,
+    [n·s², KERNEL²] · [KERNEL², k·c] (a convolution is W · patch + b at every output position), read as the
+    k networks' maps, channels-last [n, k·c, s, s]. They are pooled (:func:`_max_pool`) before the bias is
+    added and the ReLU taken, on maps a quarter the size: max_i(a_i) + b = max_i(a_i + b) and max commutes
+    with the ReLU, exactly, since rounding is monotone. :func:`_cnn_tail` does the rest."""
+    w_start, b_start, n_out, _ = convs[0]
+    k, n = params[w_start].shape[0], patches.shape[0] // (side * side)
+    h = torch.mm(patches, params[w_start].reshape(k * n_out, -1).t())
+    h = _max_pool(h.view(n, side, side, k * n_out).permute(0, 3, 1, 2))
+    h = h.add_(params[b_start].reshape(1, k * n_out, 1, 1)).relu_()  # in place: our own maps
+    return _cnn_tail(convs, layers, params, h)
+
+
+def _cnn_tail(convs: list[tuple[int, int, int, int]], layers: list[tuple[int, int, int, int]],
+              params: dict[int, Tensor], h: Tensor) -> Tensor:
+    """The rest of k CNNs' forward pass from their first layer's pooled maps h [N, k·c, s, s]: every later
+    convolution grouped (k groups), then each network's maps flattened as nn.Flatten does into its head,
+    batched ``baddbmm`` (:func:`_linear_stack`) → [k, N, C]."""
+    for i in range(1, len(convs)):
+        h = _grouped_convolution(convs[i], params, h, i)
+    n_inputs, k = h.shape[0], params[convs[0][0]].shape[0]
+    return _linear_stack(layers, params, h.reshape(n_inputs, k, -1).transpose(0, 1))
+
+
+def _grouped_convolution(conv: tuple[int, int, int, int], params: dict[int, Tensor], h: Tensor, layer: int) -> Tensor:
+    """Convolution ``layer`` of k networks on their maps h [N, k·c_in, s, s], k groups, then pooled
+    (:func:`_max_pool`) and rectified: [N, k·c_out, s', s']. The maps are made channels-last first, on which
+    this CPU ran the grouped convolutions about 5× faster than on contiguous ones."""
+    w_start, b_start, n_out, n_in = conv
+    k = params[w_start].shape[0]
+    h = h.contiguous(memory_format=torch.channels_last)
+    h = F.conv2d(h, params[w_start].reshape(k * n_out, n_in, KERNEL, KERNEL), params[b_start].reshape(k * n_out),
+                 padding=_padding(layer), groups=k)
+    return _max_pool(h).relu_()  # in place: the pooled maps are our own, and max's backward never reads them
+
+
+def _patches(images: Tensor, side: int) -> Tensor:
+    """The first convolution's patches of flat one-channel images [n, side²]: [n·side², KERNEL²], one row per
+    output position (padded by KERNEL // 2), in the filters' (row, column) order; a copy of sliding-window
+    views of the padded images (``Tensor.unfold``)."""
+    n, pad = images.shape[0], _padding(0)
+    padded = F.pad(images.view(n, side, side), (pad, pad, pad, pad))
+    return padded.unfold(1, KERNEL, 1).unfold(2, KERNEL, 1).reshape(n * side * side, KERNEL * KERNEL)
 
 
 def per_network_logits(spec: ParamSpec, weights: Tensor, x: Tensor) -> Tensor:

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch.nn.utils import vector_to_parameters
 
+from apd import nets as nets_module
 from apd.errors import ArtifactError
 from apd.nets import (
     ParamSpec,
@@ -202,6 +203,19 @@ def test_predict_logits_of_cnns_matches_their_modules(chunk):
     torch.testing.assert_close(grad, expected_grad, atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="inputs have 144 pixels"):
         predict_logits(spec, weights, torch.zeros(2, 144))  # 12 → 12 → 6 → 2 → 1: 4 features, not 100
+
+
+def test_a_cnn_predicted_in_blocks_of_networks_and_images_matches_its_modules(monkeypatch):
+    """Blocks of 2 networks × 3 images (the block's first-layer maps held to 2 · 3 · 3 · 784 floats), the last
+    block of each ragged; ``chunk`` sets the networks per block."""
+    torch.manual_seed(0)
+    nets = [network([784, 12, 10], [3, 4]) for _ in range(5)]
+    spec = ParamSpec.from_module(nets[0])
+    weights, x = torch.stack([spec.flatten(n) for n in nets]), torch.randn(11, 784)
+    monkeypatch.setattr(nets_module, "_CHUNK_ELEMENTS", 2 * 3 * spec.activation_width(784))
+    with torch.no_grad():
+        expected = torch.stack([n(x) for n in nets])
+        torch.testing.assert_close(predict_logits(spec, weights, x, chunk=2), expected, atol=1e-5, rtol=1e-4)
 
 
 def test_mc_dropout_members_of_a_cnn_drop_head_units_only():
