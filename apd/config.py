@@ -168,7 +168,11 @@ class DistillConfig:
     generator's tensors (generator, codec, residual) are stored at (:mod:`apd.distillation.precision`), and
     ``generators_at``, where given, what the generator networks (and chain shares) are stored at instead,
     the codec staying at ``precision``; the generator is trained and selected in float32 and stored at them
-    once, and its storage is counted in its bytes."""
+    once, and its storage is counted in its bytes. ``seeds`` generators are trained, each from its own seed
+    streams (generator seed k: :func:`apd.pipeline.seeds.replicated`) into its own files
+    (:meth:`apd.pipeline.layout.Layout.generator_of`); seed k's generator does not depend on how many are
+    trained, so ``seeds`` is not part of the stage's hash, and ``apd evaluate`` judges every one
+    (:mod:`apd.pipeline.replicates`)."""
 
     mode: Literal["offline", "online"] = "offline"
     generator: Literal["dense", "subspace"] = "dense"
@@ -201,6 +205,7 @@ class DistillConfig:
     per_chain: bool = False
     precision: Literal["float32", "float16", "int8", "int4"] = "float32"
     generators_at: Literal["", "float32", "float16", "int8", "int4"] = ""  # "": at ``precision``
+    seeds: int = bounded(1, ge=1)
 
     def generator_precision(self) -> str:
         """What the generator networks are stored at: ``generators_at``, or ``precision``."""
@@ -313,8 +318,9 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-# Fields that say how a stage runs, not what it makes: left out of the config hash.
-UNHASHED: tuple[tuple[str, str], ...] = (("sgld", "workers"), ("evaluate", "threads"))
+# Fields that say how a stage runs, not what it makes: left out of the config hash. ``distill.seeds`` says how
+# many generators the stage makes, none of which depends on it (the evaluation's inputs name every one).
+UNHASHED: tuple[tuple[str, str], ...] = (("sgld", "workers"), ("evaluate", "threads"), ("distill", "seeds"))
 # Fields left out of the hash while they hold this value (what the pipelines made before the field existed),
 # so that existing artifacts stay reusable: an empty ``net.conv`` is the MLP every earlier pipeline had, an
 # empty ``distill.generators_at`` the generator stored at one precision throughout, ``evaluate.burn_in_from_trace``

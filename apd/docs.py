@@ -20,8 +20,8 @@ another precision than int8). ``--check``
 renders without writing and fails on any difference.
 
 ``apd report --publish`` fills ``docs/results/NAME/`` from a finished pipeline's artifacts (:func:`publish`):
-the small JSON files only (results, the stage manifests with diagnostics and timings, the experiments'
-summaries), never samples or weights, and its figures into ``docs/figures/NAME/``.
+the small JSON files only (results, the stage manifests with diagnostics and timings, every generator
+seed's, the experiments' summaries), never samples or weights, and its figures into ``docs/figures/NAME/``.
 """
 
 from __future__ import annotations
@@ -348,7 +348,8 @@ def publish(layout: Layout, name: str, root: Path) -> list[Path]:
     ``docs/figures/NAME/``, as far as its stages have finished; returns the files written. Raises when
     ``apd sample`` has not finished."""
     sources = [layout.results, layout.evaluate_manifest, manifest_of(layout.samples), manifest_of(layout.generator),
-               layout.eval_dir / "toy2d.json", *sorted(layout.experiments.glob("*.json"))]
+               *sorted(layout.root.glob("generator-seed*.json")), layout.eval_dir / "toy2d.json",
+               *sorted(layout.experiments.glob("*.json"))]
     if not manifest_of(layout.samples).is_file():
         raise ArtifactError(f"{manifest_of(layout.samples)}: missing; run `apd sample` first")
     figures = [*sorted((layout.eval_dir / "figures").glob("*.png")), *sorted(layout.experiments.glob("*.png"))]

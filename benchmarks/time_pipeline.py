@@ -45,7 +45,9 @@ def recorded_parts(artifacts: Path) -> dict[str, float]:
         **{f"baseline {path.stem}": seconds(f"baselines/{path.name}", "seconds")
            for path in sorted((artifacts / "baselines").glob("*.json"))},
         "alignment": seconds("generator.json", "alignment", "seconds"),
-        "distillation": seconds("generator.json", "seconds"),
+        **{"distillation" if path.name == "generator.json" else f"distillation, {path.stem.removeprefix('generator-')}":
+           seconds(path.name, "seconds")
+           for path in sorted(artifacts.glob("generator*.json"), key=lambda p: (p.name != "generator.json", p.name))},
         "evaluation": seconds("eval/evaluate.json", "seconds"),
     }
     return {name: round(value, 2) for name, value in parts.items() if value is not None}

@@ -36,7 +36,7 @@ from apd.experiments.distillers import train_generator
 from apd.experiments.outputs import run_study
 from apd.methods import label
 from apd.nets import ParamSpec
-from apd.pipeline.distill import codec_for, training_samples
+from apd.pipeline.distill import codec_for, store_alignment, training_samples
 from apd.pipeline.evaluate import evaluation_inputs
 from apd.pipeline.figures import new_figure, plot_growth, plot_kept_curve, save_figure, storage_axes
 from apd.pipeline.methods import METHODS, Sources, fit_mixture
@@ -134,7 +134,8 @@ def methods(ctx: RunContext, store: SampleStore, plan: StoragePlan, stack: ExitS
     e = ctx.cfg.evaluate
     for k in plan.mog_components:
         started = time.perf_counter()
-        mixture = fit_mixture(store, k, e.mog_fit_samples, ctx.seed("evaluate", "mog", k), ctx.device)
+        mixture = fit_mixture(store, k, e.mog_fit_samples, ctx.seed("evaluate", "mog", k), ctx.device,
+                              store_alignment(ctx, store))
         yield f"MoG k={k}", {"family": "mog", "components": k}, mixture, e.networks, time.perf_counter() - started
     for name, fields, generator, seconds in apd_generators(ctx, store, plan):
         yield name, fields, generator, e.networks, seconds

@@ -31,6 +31,7 @@ from apd.pipeline.table_format import (
     methods_in_order,
     ordered,
     score_label,
+    win_mark,
 )
 
 ADVERSARIAL_SCORE_ORDER = ("entropy", "bald", "model_variance")  # the scores of the paper's adversarial study
@@ -52,6 +53,16 @@ TWO_SIDED_NOTE = ("Gaps to SGLD (the yardstick, `apd/evaluation/yardstick.py`), 
                   "KL(SGLD's predictive ‖ the method's), on the test inputs and (OOD) on each OOD set, averaged over "
                   "the sets; BALD per input = mean over the inputs of |the method's BALD − SGLD's| (nats), likewise; "
                   "SGLD's predictive and BALD over {samples} stored samples.")
+REPLICATED_NOTE = (" A method distilled with several generator seeds shows seed 0's values; its ✓ means that every "
+                   "seed wins, \"(k of K)\" that k of its K seeds do, and its wins are those every seed wins, then "
+                   "each seed's count (every seed: the table of generator seeds).")
+
+
+def replicated_note(results: dict) -> str:
+    """:data:`REPLICATED_NOTE` for results with several generator seeds, else nothing."""
+    return REPLICATED_NOTE if results.get("replicates") else ""
+
+
 GAP_LABELS = {"bald_gap": "worst BALD gap", "max_prob_gap": "worst max-prob gap", "nll_gap": "NLL gap", "kl": "KL",
               "kl_ood": "KL (OOD)", "input_bald_gap": "BALD per input", "input_bald_gap_ood": "BALD per input (OOD)"}
 GAP_DIGITS = {"bald_gap": 1, "max_prob_gap": 1, "nll_gap": 3, "kl": 4, "kl_ood": 4, "input_bald_gap": 4,
@@ -63,6 +74,13 @@ def quality_note(results: dict) -> str:
     samples = results.get("yardstick", {}).get("reference", {}).get("kl_samples", "?")
     two_sided = any("kl_ood" in row for row in (results.get("quality") or {}).values())
     return (TWO_SIDED_NOTE if two_sided else QUALITY_NOTE).format(samples=samples)
+
+
+def seeds_against(results: dict, method: str, size: str) -> tuple[dict | None, int]:
+    """A replicated method's comparisons with the kept samples of ``size`` across its generator seeds
+    (:func:`apd.pipeline.replicates.across_seeds`) and the number of seeds; (None, 1) for one generator."""
+    entry = (results.get("replicates") or {}).get(method)
+    return (None, 1) if entry is None else (entry["against"].get(size), entry["seeds"])
 
 
 def kept_comparisons(y: dict, method: str) -> list[tuple[str, float, dict]]:
@@ -168,52 +186,60 @@ def ranked_yardstick_table(results: dict) -> Table | None:
     """Each method of storage S against its ⌈S⌉ kept SGLD samples on every gap to SGLD
     (:func:`~apd.evaluation.yardstick.summary_standings`): the method's gap, the evenly spaced and the last
     samples' gaps, the random subsets' 5–95 % band, the method's percentile rank among the subsets, and ✓
-    where it wins."""
+    where it wins (a method with several generator seeds: seed 0's values, ✓ where every seed wins and "k of
+    K" where some do)."""
     y, q = results["yardstick"], results.get("quality") or {}
     body, rows = [], []
     for m in methods_in_order(results, y.get("equal_storage", {})):
         for size, worth, row in kept_comparisons(y, m):
+            seeds, count = seeds_against(results, m, size)
             for key, found in summary_standings(q.get(m, {}), row).items():
                 digits = GAP_DIGITS[key]
+                winning = None if seeds is None else seeds["beats"][key]
+                beats = found is not None and (found["beats"] if seeds is None else winning == count)
                 cells = ([UNDEFINED] * 5 if found is None else
                          [format_gap(found["gap"], digits), *(format_gap(g, digits) for g in found["fixed"]),
                           f"{format_gap(found['band'][0], digits)} … {format_gap(found['band'][1], digits)}",
-                          f"{found['percentile']:.1f}" + (" ✓" if found["beats"] else "")])
+                          f"{found['percentile']:.1f}" + win_mark(found["beats"], winning, count)])
                 body.append([method_label(m), format_sample_count(worth), size, GAP_LABELS[key], *cells])
                 rows.append([m, worth, size, key, *((None,) * 7 if found is None else
                                                     (found["gap"], *found["fixed"], *found["band"],
-                                                     found["percentile"], found["beats"]))])
+                                                     found["percentile"], beats))])
     if not body:
         return None
     subsets = next(iter(y["kept"].values()))["subsets"]
     note = (f"For each method of storage S, on each gap to SGLD: the method, ⌈S⌉ kept SGLD samples centred in equal "
             f"parts of each chain (evenly spaced) and the last samples of each chain, the 5–95 % band of {subsets} "
             "random subsets of ⌈S⌉ samples stratified by chain, and the method's percentile rank among those subsets. "
-            + RANK_RULE + " A method stored at a lower precision is also set against the samples that precision "
-            "buys with S (e.g. \"15 int8\": 15 samples, each stored at 8 bits). " + quality_note(results) + "\n\n")
+            + RANK_RULE + replicated_note(results) + " A method stored at a lower precision is also set against the "
+            "samples that precision buys with S (e.g. \"15 int8\": 15 samples, each stored at 8 bits). "
+            + quality_note(results) + "\n\n")
     header = ["method", "S", "⌈S⌉", "gap", "method", "evenly spaced", "last", "random 5–95 %", "percentile rank"]
     return Table("yardstick", "The kept-samples yardstick at equal storage", note + markdown_table(header, body),
                  ["method", "in_sgld_samples", "k", "gap", "value", *(f"{name}_value" for name in FIXED),
                   "random_p5", "random_p95", "percentile", "wins"], rows)
 
 
-def _margin_cell(margin: dict | None, digits: int = 1) -> str:
-    """A set-by-set comparison: the gap, its percentile rank and ✓ for a win; older results' margins over the
-    evenly spaced samples and the random subsets' mean ± their std."""
+def _margin_cell(margin: dict | None, digits: int = 1, winning: int | None = None, seeds: int = 1) -> str:
+    """A set-by-set comparison: the gap, its percentile rank and ✓ for a win (of every seed's, ``winning`` of
+    ``seeds`` for a replicated method: :func:`~apd.pipeline.table_format.win_mark`); older results' margins
+    over the evenly spaced samples and the random subsets' mean ± their std."""
     if margin is None:
         return UNDEFINED
     if "percentile" in margin:
-        return f"{margin['gap']:.{digits}f} ({margin['percentile']:.0f})" + (" ✓" if margin["beats"] else "")
+        return f"{margin['gap']:.{digits}f} ({margin['percentile']:.0f})" + win_mark(margin["beats"], winning, seeds)
     return (f"{margin['over_kept']:+.{digits}f} / {margin['over_random']:+.{digits}f} "
             f"±{format_number(margin['random_std'], digits)}" + (" ✓" if margin["beats"] else ""))
 
 
-def _margin_values(margin: dict | None) -> tuple:
-    """A comparison's CSV fields: gap, percentile rank, band and win; older results' margins, std and win."""
+def _margin_values(margin: dict | None, winning: int | None = None, seeds: int = 1) -> tuple:
+    """A comparison's CSV fields: gap, percentile rank, band and win (every seed's, ``winning`` of ``seeds``
+    for a replicated method); older results' margins, std and win."""
     if margin is None:
         return (None,) * 4
     if "percentile" in margin:
-        return margin["gap"], margin["percentile"], *margin["band"], margin["beats"]
+        return (margin["gap"], margin["percentile"], *margin["band"],
+                margin["beats"] if winning is None else winning == seeds)
     return margin["over_kept"], margin["over_random"], margin["random_std"], margin["beats"]
 
 
@@ -246,24 +272,34 @@ def kept_margins_table(results: dict) -> Table | None:
     for m in methods_in_order(results, y.get("equal_storage", {})):
         for size, worth, row in kept_comparisons(y, m):
             found = wins(m, row)
+            seeds, count = seeds_against(results, m, size)
+            by_set = None if seeds is None else seeds["set_by_set"]
+            won = (f"{found['wins']}/{found['compared']}" if seeds is None else
+                   f"{seeds['wins_every_seed']}/{seeds['compared']} (seeds: {', '.join(map(str, seeds['wins']))})")
             for score in ("bald", "max_prob"):
-                body.append([method_label(m), format_sample_count(worth), size,
-                             score_label(score), *(_margin_cell(found["auroc"][score][name]) for name in sets),
-                             _margin_cell(found["nll"], 3) if score == "bald" else "",
-                             f"{found['wins']}/{found['compared']}" if score == "bald" else "",
-                             sgld_wins(row) if score == "bald" else ""])
-                rows += [[m, worth, size, score, name, *_margin_values(found["auroc"][score][name])] for name in sets]
+                body.append([method_label(m), format_sample_count(worth), size, score_label(score),
+                             *(_margin_cell(found["auroc"][score][name], 1,
+                                            None if by_set is None else by_set["auroc"][score][name], count)
+                               for name in sets),
+                             _margin_cell(found["nll"], 3, None if by_set is None else by_set["nll"], count)
+                             if score == "bald" else "",
+                             won if score == "bald" else "", sgld_wins(row) if score == "bald" else ""])
+                rows += [[m, worth, size, score, name,
+                          *_margin_values(found["auroc"][score][name],
+                                          None if by_set is None else by_set["auroc"][score][name], count)]
+                         for name in sets]
             if found["nll"] is not None:
-                rows.append([m, worth, size, "nll", "test", *_margin_values(found["nll"])])
+                rows.append([m, worth, size, "nll", "test",
+                             *_margin_values(found["nll"], None if by_set is None else by_set["nll"], count)])
     if not body:
         return None
     if by_ranks:
         note = ("Each method of storage S against ⌈S⌉ SGLD samples simply kept (and, stored at a lower precision, "
                 "against the samples that precision buys): per OOD set, the method's absolute AUROC gap to SGLD "
                 "(percent points; NLL: its NLL gap, nats) and in brackets its percentile rank among the random "
-                "subsets; ✓ where it wins. " + RANK_RULE + " Wins: the comparisons won, of those defined. SGLD's "
-                "wins: the same count for SGLD's own ensemble against the same kept samples, the most a method that "
-                "matched SGLD could win.\n\n")
+                "subsets; ✓ where it wins. " + RANK_RULE + replicated_note(results) + " Wins: the comparisons won, of "
+                "those defined. SGLD's wins: the same count for SGLD's own ensemble against the same kept samples, "
+                "the most a method that matched SGLD could win.\n\n")
         fields = ["gap", "percentile", "random_p5", "random_p95", "wins"]
     else:
         note = ("Each method of storage S against ⌈S⌉ SGLD samples simply kept (and, stored at a lower precision, "

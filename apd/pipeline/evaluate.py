@@ -6,7 +6,8 @@ ECE on the whole test set; detection (AUROC, AUPR-In, AUPR-Out, FPR95; OOD posit
 test images against as many images of each OOD set, for every uncertainty score (higher = more
 uncertain; scores a single network cannot have are null). Results are mean ± std over runs (population
 std, ddof 0). Beyond the paper's tables: storage per method, a mixture-of-Gaussians growth table, and
-the fidelity of each weight-space method to SGLD, which accuracy alone hides.
+the fidelity of each weight-space method to SGLD, which accuracy alone hides; with ``[distill] seeds`` > 1,
+every generator seed of APD judged alike (:mod:`apd.pipeline.replicates`; the main tables show seed 0).
 
 Everything is built in ``eval.partial/`` and swapped in for ``eval/`` when complete.
 """
@@ -38,9 +39,11 @@ from apd.io import hdf5_atomic, read_json, remove_tree, replace_directory, resto
 from apd.methods import MethodName
 from apd.metrics import mean_std
 from apd.pipeline.adversarial import evaluate_adversarial
+from apd.pipeline.distill import store_alignment
 from apd.pipeline.layout import manifest_of
 from apd.pipeline.manifests import file_digest, is_complete, manifest_record, write_manifest
 from apd.pipeline.methods import METHODS, fit_mixture, load_methods, method_inputs, sgld_samples
+from apd.pipeline.replicates import replicate_apd
 from apd.pipeline.report import print_summary, report_again, write_report
 from apd.pipeline.runtime import RunContext, machine, stopwatch, torch_threads
 from apd.pipeline.sample_publish import stored_burn_in
@@ -183,6 +186,11 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
             results["mog"], results["apd_share"] = mixture_growth(ctx, methods, inputs, results, reference)
     with stopwatch(results["timing"], "yardstick"):
         results["yardstick"] = yardstick(ctx, methods, inputs, reference)
+    if MethodName.APD in methods and cfg.distill.seeds > 1:
+        with stopwatch(results["timing"], "replicates"):
+            results["replicates"] = {MethodName.APD: replicate_apd(
+                ctx, methods[MethodName.APD].spec, inputs, sizes[MethodName.APD], judgements[MethodName.APD],
+                reference, results["yardstick"])}
     return results
 
 
@@ -267,7 +275,8 @@ def mixture_growth(ctx: RunContext, methods: dict[str, Posterior], inputs: Evalu
     with SampleStore.open(ctx.layout.samples) as store:
         for k in ctx.progress(e.mog_components, desc="MoG growth", unit="fit"):
             mixture = methods.get("mog") if k == max(e.mog_components) else None
-            mixture = mixture or fit_mixture(store, k, e.mog_fit_samples, ctx.seed("evaluate", "mog", k), device)
+            mixture = mixture or fit_mixture(store, k, e.mog_fit_samples, ctx.seed("evaluate", "mog", k), device,
+                                             store_alignment(ctx, store))
             generator = torch.Generator().manual_seed(ctx.seed("evaluate", "mog-draws", k))
             accuracies, aurocs, qualities = [], [], []
             for _ in range(MIXTURE_DRAWS):

@@ -89,6 +89,16 @@ def mean_std(stat: dict | None, digits: int) -> str:
     return f"{format_number(stat.get('mean'), digits)} ± {format_number(stat.get('std'), digits)}"
 
 
+def win_mark(beats: bool, winning: int | None = None, seeds: int = 1) -> str:
+    """A comparison's mark: " ✓" for a win; for a method replicated over ``seeds`` generator seeds of which
+    ``winning`` win, " ✓" only where every seed wins and " (k of K)" where only some do."""
+    if winning is None:
+        return " ✓" if beats else ""
+    if winning == seeds:
+        return " ✓"
+    return f" ({winning} of {seeds})" if winning else ""
+
+
 def percent_of(share: float | None) -> str:
     """A fraction of SGLD's value as a percentage with one decimal (0.993 → 99.3)."""
     return MISSING if share is None else format_number(100.0 * share, 1)

@@ -21,6 +21,7 @@ from apd.pipeline.comparison_tables import (
     peers_table,
     yardstick_table,
 )
+from apd.pipeline.replicate_tables import replicates_table
 from apd.pipeline.table_format import (
     MISSING,
     SCORE_ORDER,
@@ -243,8 +244,8 @@ def timing_table(results: dict) -> Table | None:
 
 
 TABLE_BUILDERS = (accuracy_table, ood_table, mean_auroc_table, storage_table, members_table, yardstick_table,
-                  kept_margins_table, kept_curve_table, mog_table, fidelity_table, peers_table, adversarial_table,
-                  timing_table)
+                  kept_margins_table, replicates_table, kept_curve_table, mog_table, fidelity_table, peers_table,
+                  adversarial_table, timing_table)
 
 
 def build_tables(results: dict) -> list[Table]:

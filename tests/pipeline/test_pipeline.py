@@ -348,8 +348,39 @@ def test_mixture_is_fit_to_samples_spread_over_the_whole_store(pipeline):
     with SampleStore.open(root / "tiny" / "samples.h5") as store:
         rows = evenly_spaced(len(store), 50)
         assert rows[0] == 0 and rows[-1] == len(store) - 1 and len(rows) == 50
-        mixture = fit_mixture(store, 1, 50, seed=0, device=torch.device("cpu"))
+        mixture = fit_mixture(store, 1, 50, seed=0, device=torch.device("cpu"), perms=None)
         torch.testing.assert_close(mixture.means[0], store.read(rows).mean(0), atol=1e-5, rtol=0)
+
+
+def test_mixture_is_fit_to_the_samples_aligned_as_apd_sees_them(tmp_path):
+    """A store of one network in 16 hidden-unit orders: the MoG `apd evaluate` fits (its loader) sees the samples
+    aligned as the generator does, one network, so its spread is near zero and its members compute the network's
+    function; fit to the rows as stored, it spreads over the copies."""
+    from contextlib import ExitStack
+
+    from apd.distillation.alignment import hidden_widths, permute
+    from apd.methods import MethodName
+    from apd.pipeline.distill import store_alignment
+    from apd.pipeline.methods import METHODS, Sources
+
+    ctx = tiny_context(tmp_path, distill={"align": "permutation", "fit_samples": 16},
+                       evaluate={"mog_components": [1], "mog_fit_samples": 16})
+    spec = ParamSpec.from_module(mlp(ctx.net_sizes))
+    g = torch.Generator().manual_seed(0)
+    theta = spec.flatten(mlp(ctx.net_sizes))
+    rows = torch.stack([permute(theta, spec, torch.cat([torch.randperm(w, generator=g) for w in hidden_widths(spec)]))
+                        for _ in range(16)])
+    with SampleStore.create(ctx.layout.samples, spec, {"test": True}) as s:
+        s.append_many(rows, steps=np.arange(16), chains=0)
+    with ExitStack() as stack:
+        sources = Sources(ctx, stack, spec)
+        aligned = METHODS[MethodName.MOG].load(sources)
+        as_stored = fit_mixture(sources.store, 1, 16, 0, torch.device("cpu"), perms=None)
+        assert store_alignment(ctx, sources.store) is store_alignment(ctx, sources.store)  # prepared once a run
+    assert float(aligned.stds.max()) < 1e-3 < 0.05 < float(as_stored.stds.mean())
+    x = torch.randn(20, ctx.net_sizes[0], generator=g)
+    torch.testing.assert_close(aligned.predict_probs(x, 3, torch.Generator().manual_seed(1)),
+                               predict_probs(spec, theta[None], x).expand(3, -1, -1), atol=1e-3, rtol=0)
 
 
 def test_generator_choice_is_recorded_with_its_criterion(pipeline):
@@ -550,3 +581,56 @@ def test_the_mode_mixture_weighs_each_chains_aligned_mean_against_its_plain_one(
     tables = (out / "tiny" / "eval" / "tables.md").read_text()
     assert "| mode mixture | each chain's mean |" in tables
     assert f"chain 0: {as_stored:.3f} as stored, {aligned:.3f} aligned" in tables
+
+
+def test_generator_seeds_are_trained_and_judged_each_on_its_own(pipeline, tmp_path):
+    """``[distill] seeds = 2`` on the tiny pipeline's artifacts: seed 0 is the generator already there (reused),
+    seed 1 is trained into generator-seed1.pt from its own streams, and each seed is the same whether 2 or 3
+    are trained; `apd evaluate` judges both, seed 0 as the main tables judge APD, with the spread across seeds
+    a sample std (ddof 1) and a win counted only where both seeds win; `apd.load` gives either seed."""
+    import shutil
+
+    import apd
+    from apd.pipeline import distill
+    from apd.pipeline.evaluate import run_evaluate
+    from apd.pipeline.manifests import file_digest
+
+    root = pipeline[0] / "tiny"
+    two, three = tmp_path / "two", tmp_path / "three"
+    for target in (two, three):
+        shutil.copytree(root, target / "tiny", ignore=shutil.ignore_patterns("eval", "experiments"))
+    ctx = tiny_context(two, distill={"seeds": 2}, evaluate={"methods": ["sgld", "apd"]})
+    distill.run_distill(ctx)
+    distill.run_distill(tiny_context(three, distill={"seeds": 3}))
+    for target in (two, three):  # seed 0, the pipeline's one generator, is reused
+        assert file_digest(target / "tiny" / "generator.pt") == file_digest(root / "generator.pt")
+    assert not (two / "tiny" / "generator-seed2.pt").exists()
+    ours, theirs = (torch.load(d / "tiny" / "generator-seed1.pt", weights_only=True) for d in (two, three))
+    assert all(torch.equal(ours[key], theirs[key]) for key in ours)
+    seeds = [json.loads((three / "tiny" / f"generator{s}.json").read_text()) for s in ("", "-seed1", "-seed2")]
+    assert [m["generator_seed"] for m in seeds] == [0, 1, 2] and len({m["files"]["generator.pt" if i == 0 else
+                                                                           f"generator-seed{i}.pt"]
+                                                                          for i, m in enumerate(seeds)}) == 3
+
+    results = run_evaluate(ctx)
+    entry = results["replicates"]["apd"]
+    assert entry["seeds"] == 2 and [s["generator"] for s in entry["per_seed"]] == ["generator.pt", "generator-seed1.pt"]
+    first, second = entry["per_seed"]
+    for key in ("bald_gap", "nll_gap", "kl", "kl_ood"):
+        assert first[key] == pytest.approx(results["quality"]["apd"][key])
+        assert entry["values"][key]["std"] == pytest.approx(np.std([first[key], second[key]], ddof=1))
+    size = str(results["yardstick"]["equal_storage"]["apd"]["k"])
+    found = entry["against"][size]
+    for key, count in found["beats"].items():
+        per_seed = [s["against"][size]["standings"][key] for s in (first, second)]
+        assert count == sum(p["beats"] for p in per_seed)
+    assert found["wins"] == [s["against"][size]["set_by_set"]["wins"] for s in (first, second)]
+    tables = (two / "tiny" / "eval" / "tables.md").read_text()
+    assert "## Generator seeds" in tables and "Across its 2 generator seeds, APD" in tables
+
+    x = 2 * torch.rand(5, 64) - 1
+    draws = [apd.load(two / "tiny", "apd", seed=k).predict_probs(x, 2, torch.Generator().manual_seed(0))
+             for k in (0, 1)]
+    assert not torch.allclose(draws[0], draws[1])
+    with pytest.raises(ValueError, match="generator seeds"):
+        apd.load(two / "tiny", "sgld", seed=1)
