@@ -39,18 +39,22 @@ def verdict(method: str, entry: dict, size: str, worth: float, subsets: int) -> 
     comparisons every seed wins."""
     found, seeds = entry["against"][size], entry["seeds"]
     label = method_label(method)
-    every = [GAP_LABELS[key] for key, count in found["beats"].items() if count == seeds]
-    some = [f"{GAP_LABELS[key]} ({count} of {seeds})" for key, count in found["beats"].items()
+    counts = {key: found["beats"][key] for key in GAP_LABELS}
+    every = [GAP_LABELS[key] for key, count in counts.items() if count == seeds]
+    some = [f"{GAP_LABELS[key]} ({count} of {seeds})" for key, count in counts.items()
             if count is not None and 0 < count < seeds]
-    wins = f"on {_listed(every)} for every seed" if every else "on no summary for every seed"
-    if some:
-        wins += f", and on {_listed(some)} for some"
-    ranks = "; ".join(f"{GAP_LABELS[key]} {_spread(value, 1)}" for key, value in found["percentile"].items()
-                      if value is not None)
+    if not every and not some:
+        wins = "on no summary for any seed"
+    else:
+        wins = f"on {_listed(every)} for every seed" if every else "on no summary for every seed"
+        wins += f", and on {_listed(some)} for some" if some else ""
+    ranks = "; ".join(f"{GAP_LABELS[key]} {_spread(found['percentile'][key], 1)}" for key in GAP_LABELS
+                      if found["percentile"][key] is not None)
     return (f"Across its {seeds} generator seeds, {label} ({format_sample_count(worth)} SGLD samples' worth) wins "
             f"against {size} kept samples {wins}. Its percentile rank among the {subsets} random subsets stratified "
-            f"by chain, mean ± std over the seeds: {ranks}. Set by set it wins {found['wins_every_seed']} of "
-            f"{found['compared']} comparisons for every seed (each seed: {', '.join(map(str, found['wins']))}).")
+            f"by chain, mean ± std over the seeds: {ranks}. Set by set, {found['wins_every_seed']} of the "
+            f"{found['compared']} comparisons are won by every seed (each seed's wins: "
+            f"{', '.join(map(str, found['wins']))}).")
 
 
 def replicates_table(results: dict) -> Table | None:
