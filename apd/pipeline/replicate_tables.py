@@ -93,8 +93,9 @@ def replicates_table(results: dict) -> Table | None:
             verdicts.append(verdict(method, entry, size, storage["in_sgld_samples"], subsets))
         header = ["summary", "kept", *(f"seed {s['seed']}" for s in per_seed), "mean ± std", "percentile rank by seed",
                   "percentile mean ± std", "seeds that win"]
-        blocks.append(f"### {method_label(method)}\n\n" + markdown_table(header, body) + "\n\n" + "\n\n".join(verdicts))
-    note = ("Each generator seed's model judged as the tables above judge seed 0, against the same kept samples: its "
+        heading = f"### {method_label(method)}\n\n" if len(replicates) > 1 else ""
+        blocks.append(heading + markdown_table(header, body) + "\n\n" + "\n\n".join(verdicts))
+    note = ("Each generator seed judged as the main tables judge seed 0, against the same kept samples: its "
             "values (means over the runs), their mean ± sample standard deviation across the seeds (ddof 1), each "
             "seed's percentile rank among the random subsets on every gap to SGLD, and how many seeds win that "
             "comparison; a win counts only where every seed wins (✓).\n\n")
