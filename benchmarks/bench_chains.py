@@ -89,6 +89,8 @@ def chain_step_rates(sizes: list[int], counts: list[int], device: torch.device, 
         for t in range(clock[c], clock[c] + steps):
             batches[c].step(t)
         clock[c] += steps
+        if graph and not batches[c].graphed:
+            raise RuntimeError(f"C = {c}: the CUDA graph was not recorded; these would be eager rates")
 
     for rep in range(reps + 1):  # the first round warms up and is dropped
         for c in counts:
@@ -245,7 +247,7 @@ def cuda_rows(record: BenchmarkRecord, reps: int, steps: int) -> None:
     card = torch.cuda.get_device_name(device)
     counts = [1, 32, 256, 1024]
     print(f"\n{card}: fcNN1 chain-steps per second, data resident on the card")
-    graphed = chain_step_rates(NETS["fcNN1"], counts, device, reps, steps)
+    graphed = chain_step_rates(NETS["fcNN1"], counts, device, reps, steps, graph=True)
     fused = chain_step_rates(NETS["fcNN1"], counts, device, reps, steps, graph=False)
     plain = chain_step_rates(NETS["fcNN1"], counts, device, reps, max(steps // 10, 10), fused=False)
     for c in counts:
@@ -256,7 +258,7 @@ def cuda_rows(record: BenchmarkRecord, reps: int, steps: int) -> None:
                "; ".join(f"C = {c:,}: {graphed[c]:,.0f} ({fused[c]:,.0f}; {plain[c]:,.0f})" for c in counts),
                "≥ 200,000 at C = 256, ≥ 400,000 at C = 1,024")
     torch.backends.cuda.matmul.allow_tf32 = True
-    tf32 = chain_step_rates(NETS["fcNN1"], counts[2:], device, reps, steps)
+    tf32 = chain_step_rates(NETS["fcNN1"], counts[2:], device, reps, steps, graph=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     print("  TF32 matmuls (not what the pipeline computes): "
           + ", ".join(f"C = {c}: {tf32[c]:.0f}" for c in tf32))

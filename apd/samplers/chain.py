@@ -3,6 +3,7 @@ initialisation, minibatch order and Langevin noise come from streams of its own 
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ from apd.nets import ParamSpec, network, per_network_logits
 from apd.samplers.langevin_kernel import fused_update_available, keyed_langevin_update_, step_keys
 from apd.samplers.sgld import GaussianNoise, langevin_coefficients, langevin_update_
 from apd.schedules import make_schedule
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -158,7 +161,12 @@ class SGLDChains:
         that precede the recording leave θ as it was)."""
         if self._graph is None:
             before = self.theta.clone()
-            self._graph = _Recorded(self._fused_step)
+            try:
+                self._graph = _Recorded(self._fused_step)
+            except RuntimeError as err:  # a capture the CUDA runtime refuses: step kernel by kernel instead
+                log.warning("SGLD chains step without a CUDA graph: recording failed (%s)",
+                            str(err).strip().splitlines()[0])
+                self.graphed = False
             self.theta.copy_(before)
             return self._fused_step()
         return self._graph.replay().clone()
@@ -200,7 +208,8 @@ class SGLDChains:
 
 
 class _Recorded:
-    """``function()`` recorded as a CUDA graph after ``warmup`` eager calls on a side stream (as CUDA graph
+    """``function()`` recorded as a CUDA graph: ``warmup`` eager calls, then the recording, both on one side
+    stream of their own (so that cuBLAS sets up its workspace for that stream before the recording, as
     capture requires); :meth:`replay` reruns its kernels on what its input tensors hold now and returns the
     recorded call's outputs, the same tensors at every replay."""
 
@@ -210,10 +219,11 @@ class _Recorded:
         with torch.cuda.stream(side):
             for _ in range(warmup):
                 function()
-        torch.cuda.current_stream().wait_stream(side)
+        side.synchronize()
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, stream=side):
             self.output = function()
+        torch.cuda.current_stream().wait_stream(side)
 
     def replay(self) -> Tensor:
         self.graph.replay()

@@ -176,11 +176,18 @@ def test_batched_chains_on_cuda_follow_their_own_trajectories_and_resume_exactly
 def test_the_recorded_cuda_graph_steps_the_chains_as_the_eager_fused_update_does():
     if not torch.cuda.is_available() or langevin_kernel.triton is None:
         pytest.skip("needs CUDA and Triton")
-    sizes = [16, 12, 3]
+    for ids in ([0], [0, 1, 2]):
+        _check_recorded_steps([16, 12, 3], ids)
+    _check_recorded_steps([784, 100, 10], [4])
+
+
+def _check_recorded_steps(sizes: list[int], ids: list[int]) -> None:
     x, y = net_data(sizes, device="cuda")
 
     def chains(graph: bool) -> SGLDChains:
-        return SGLDChains(sizes, CONFIG, [0, 1, 2], x, y, [seeds(0), seeds(1), seeds(2)], cuda_graph=graph)
+        batch = SGLDChains(sizes, CONFIG, ids, x, y, [seeds(i) for i in ids], cuda_graph=graph)
+        assert batch.graphed == graph
+        return batch
 
     eager, graphed = chains(False), chains(True)
     for t in range(40):
@@ -197,3 +204,4 @@ def test_the_recorded_cuda_graph_steps_the_chains_as_the_eager_fused_update_does
         graphed.step(t)
         resumed.step(t)
     assert torch.equal(graphed.theta, resumed.theta)
+    assert graphed.graphed and graphed._graph is not None  # recorded, not fallen back to eager steps
