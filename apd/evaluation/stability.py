@@ -164,3 +164,15 @@ def jackknife_standard_errors(sums: ChainSums, y_test: Tensor) -> dict:
     everyone = torch.arange(chains)
     left_out = [_flat(reference_numbers(sums, everyone[everyone != c], y_test)) for c in range(chains)]
     return _nested({key: jackknife_se(np.array([values[key] for values in left_out])) for key in left_out[0]})
+
+
+def reference_stability(sums: ChainSums, y_test: Tensor, seed: int) -> dict | None:
+    """What results carry about a reference's numbers (module docstring): the chains and samples they come
+    from, every number from all chains, :func:`split_half` and :func:`jackknife_standard_errors`; None with
+    one chain, where neither exists."""
+    if len(sums.ids) < 2:
+        return None
+    return {"chains": len(sums.ids), "samples": int(sums.counts.sum()),
+            "numbers": reference_numbers(sums, list(range(len(sums.ids))), y_test),
+            "split_half": split_half(sums, y_test, seed),
+            "jackknife_se": jackknife_standard_errors(sums, y_test)}

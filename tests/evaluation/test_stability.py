@@ -110,3 +110,16 @@ def test_the_jackknife_over_identical_chains_is_zero_and_needs_two_chains():
     assert errors["auroc"]["far"]["bald"] == pytest.approx(0.0, abs=1e-9)
     with pytest.raises(ValueError, match="at least 2 chains"):
         jackknife_standard_errors(_sums_of([_chain(3)], [2]), torch.arange(12) % 3)
+
+
+def test_reference_stability_gathers_the_halves_and_the_jackknife_and_is_none_for_one_chain():
+    from apd.evaluation.stability import reference_stability
+
+    sums = _sums_of([_chain(0), _chain(1), _chain(2), _chain(3)], [2, 3, 2, 3])
+    y = torch.arange(12) % 3
+    summary = reference_stability(sums, y, seed=4)
+    assert summary["chains"] == 4 and summary["samples"] == 10
+    assert summary["split_half"] == split_half(sums, y, 4)
+    assert summary["jackknife_se"]["nll"] > 0
+    assert summary["numbers"] == reference_numbers(sums, [0, 1, 2, 3], y)
+    assert reference_stability(_sums_of([_chain(0)], [2]), y, seed=4) is None
