@@ -44,11 +44,17 @@ from apd.experiments.outputs import run_study
 from apd.io import read_json
 from apd.metrics import mean_std
 from apd.nets import ParamSpec
-from apd.pipeline.distill import REFERENCE_SAMPLES, TrainingSamples, codec_for, training_samples, validation_monitor
-from apd.pipeline.evaluate import evaluation_inputs
 from apd.pipeline.figures import new_figure, save_figure
 from apd.pipeline.layout import manifest_of
 from apd.pipeline.methods import fit_mixture
+from apd.pipeline.recipes import (
+    REFERENCE_SAMPLES,
+    TrainingSamples,
+    codec_for,
+    evaluation_inputs,
+    training_samples,
+    validation_monitor,
+)
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.stage import require_input
 from apd.pipeline.tables import format_duration, format_number, format_sample_count, markdown_table

@@ -68,9 +68,8 @@ from apd.experiments.precision import (
 )
 from apd.experiments.storage import sgld_reference
 from apd.nets import ParamSpec
-from apd.pipeline.distill import training_samples
-from apd.pipeline.evaluate import evaluation_inputs
 from apd.pipeline.figures import new_figure, save_figure
+from apd.pipeline.recipes import evaluation_inputs, training_samples
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.stage import require_input
 from apd.pipeline.table_format import MISSING, format_gap, format_number, format_sample_count, markdown_table, mean_std

@@ -28,9 +28,9 @@ from apd.errors import DivergenceError
 from apd.evaluation.protocol import Judgement, judge
 from apd.experiments.outputs import run_study
 from apd.nets import ParamSpec
-from apd.pipeline.distill import REFERENCE_SAMPLES, codec_for, training_samples, validation_monitor
-from apd.pipeline.evaluate import evaluation_inputs, mean_auroc
+from apd.pipeline.evaluate import mean_auroc
 from apd.pipeline.figures import new_figure, save_figure
+from apd.pipeline.recipes import REFERENCE_SAMPLES, codec_for, evaluation_inputs, training_samples, validation_monitor
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.stage import require_input
 from apd.pipeline.table_format import format_number, markdown_table

@@ -35,7 +35,7 @@ between an ensemble stored at float32 and the same ensemble (the same codes and 
 rows) stored at the precision: what the rounding alone changes.
 
 It is a tuning study: everything is judged on validation images and the OOD *tuning* pool
-(:func:`apd.pipeline.evaluate.evaluation_inputs` with ``role="tuning"``), never on the test split or the
+(:func:`apd.pipeline.recipes.evaluation_inputs` with ``role="tuning"``), never on the test split or the
 OOD sets ``apd evaluate`` reports. Outputs: ``artifacts/NAME/experiments/precision.{json,md,png}``.
 """
 
@@ -83,9 +83,8 @@ from apd.experiments.distillers import DistillerPlan, Variant, build
 from apd.experiments.outputs import run_study
 from apd.experiments.storage import judge_runs, sgld_reference
 from apd.nets import ParamSpec
-from apd.pipeline.distill import TrainingSamples, codec_for, training_samples
-from apd.pipeline.evaluate import evaluation_inputs
 from apd.pipeline.figures import new_figure, save_figure
+from apd.pipeline.recipes import TrainingSamples, codec_for, evaluation_inputs, training_samples
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.stage import require_input
 from apd.pipeline.table_format import MISSING, format_gap, format_number, format_sample_count, markdown_table, mean_std

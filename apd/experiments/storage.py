@@ -12,7 +12,7 @@ sets are reported as shares of SGLD's. The **break-even** number of each method 
 smallest k of evenly spaced kept samples whose value of a metric is at least as good as the method's:
 "<k₁" when even the fewest kept samples are better, ">K" when the most are worse. It is a study that
 compares settings, so everything is judged on validation images and the OOD *tuning* pool
-(:func:`apd.pipeline.evaluate.evaluation_inputs` with ``role="tuning"``), never on the test split or the
+(:func:`apd.pipeline.recipes.evaluation_inputs` with ``role="tuning"``), never on the test split or the
 OOD sets ``apd evaluate`` reports. Outputs: ``artifacts/NAME/experiments/storage.{json,md,png}``.
 """
 
@@ -36,10 +36,9 @@ from apd.experiments.distillers import train_generator
 from apd.experiments.outputs import run_study
 from apd.methods import label
 from apd.nets import ParamSpec
-from apd.pipeline.distill import codec_for, training_samples
-from apd.pipeline.evaluate import evaluation_inputs
 from apd.pipeline.figures import new_figure, plot_growth, plot_kept_curve, save_figure, storage_axes
 from apd.pipeline.methods import METHODS, Sources, fit_mixture
+from apd.pipeline.recipes import codec_for, evaluation_inputs, training_samples
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.stage import require_input
 from apd.pipeline.table_format import format_duration, format_number, format_sample_count, markdown_table

@@ -21,8 +21,7 @@ import numpy as np
 import torch
 
 from apd.config import config_hash
-from apd.data import available_ood, ood_set
-from apd.errors import ArtifactError, DataError
+from apd.errors import ArtifactError
 from apd.evaluation.fidelity import fidelity
 from apd.evaluation.protocol import EvaluationInputs, Judgement, judge
 from apd.evaluation.yardstick import (
@@ -40,7 +39,8 @@ from apd.metrics import mean_std
 from apd.pipeline.adversarial import evaluate_adversarial
 from apd.pipeline.layout import manifest_of
 from apd.pipeline.manifests import file_digest, is_complete, manifest_record, write_manifest
-from apd.pipeline.methods import METHODS, fit_mixture, load_methods, method_inputs, sgld_samples
+from apd.pipeline.methods import METHODS, ensemble_sizes, fit_mixture, load_methods, method_inputs, sgld_samples
+from apd.pipeline.recipes import evaluation_inputs
 from apd.pipeline.report import print_summary, report_again, write_report
 from apd.pipeline.runtime import RunContext, machine, stopwatch, torch_threads
 from apd.pipeline.sample_publish import stored_burn_in
@@ -53,27 +53,6 @@ HEADLINE_SCORE = "bald"
 RECORDED_FILES = ("results.json", "scores.h5")  # eval/ files whose digests the manifest records (the rest
 # are rendered from them)
 MIXTURE_DRAWS = 3  # fresh ensemble draws per row of the mixture-growth table, for its spread
-
-
-def evaluation_inputs(ctx: RunContext, role: str = "evaluate") -> EvaluationInputs:
-    """The test set, its in-distribution subset and each configured OOD set (scaled as configured).
-    ``role`` ``tuning`` gives the OOD tuning pool and validation images instead of test images: what
-    settings may be chosen on (:func:`apd.data.ood_set`)."""
-    cfg, data = ctx.cfg, ctx.data
-    e = cfg.evaluate
-    x_test, y_test = (data.x_test, data.y_test) if role == "evaluate" else (data.x_val, data.y_val)
-    n = min(e.ood_size, len(y_test))
-    keep = torch.randperm(len(y_test), generator=torch.Generator().manual_seed(ctx.seed(role, "ood-subset")))[:n]
-    available = available_ood(cfg.data, data)
-    sets = {}
-    for name in cfg.data.ood:
-        if name not in available:
-            log.warning("skipping OOD set %r: not available here (%s)", name, ", ".join(available))
-            continue
-        sets[name] = ood_set(name, data, n, cfg.seed, cfg.data.ood_dirs, role=role) * e.ood_scale
-    if not sets:
-        raise DataError(f"none of the configured OOD sets ({', '.join(cfg.data.ood)}) is available")
-    return EvaluationInputs(x_test, y_test, x_test[keep], sets)
 
 
 def run_evaluate(ctx: RunContext) -> dict:
@@ -115,11 +94,6 @@ def run_evaluate(ctx: RunContext) -> dict:
     replace_directory(built, layout.eval_dir)
     print_summary(ctx, results)
     return results
-
-
-def ensemble_sizes(ctx: RunContext, methods: dict[str, Posterior]) -> dict[str, int]:
-    """Members per run: the registry's number, capped by what each method can give."""
-    return {name: method.ensemble_size(METHODS[name].members(ctx.cfg.evaluate)) for name, method in methods.items()}
 
 
 def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: ExitStack, out) -> dict:
