@@ -74,14 +74,13 @@ from apd.evaluation.yardstick import (
     Reference,
     kept_for,
     kept_samples,
-    mean_of,
     ranked,
-    std_of,
     wins_over_kept,
 )
 from apd.experiments.distillers import DistillerPlan, Variant, build
 from apd.experiments.outputs import run_study
 from apd.experiments.storage import judge_runs, sgld_reference
+from apd.metrics import mean_of, std_of
 from apd.nets import ParamSpec
 from apd.pipeline.figures import new_figure, save_figure
 from apd.pipeline.recipes import TrainingSamples, codec_for, evaluation_inputs, training_samples
@@ -242,15 +241,14 @@ def shipped_variant(d: DistillConfig, rank: int) -> Variant:
 
 
 def _means(auroc: dict) -> dict:
-    return {score: {name: None if stat is None else stat["mean"] for name, stat in by_set.items()}
-            for score, by_set in auroc.items()}
+    return {score: {name: mean_of(stat) for name, stat in by_set.items()} for score, by_set in auroc.items()}
 
 
 def judged_margins(summary: dict, kept: dict, sgld: dict) -> dict:
     """:func:`~apd.evaluation.yardstick.wins_over_kept` of a judged method (its mean AUROCs and NLL) against
     ``kept``, SGLD's side from ``sgld`` (its judged summary: mean per-set AUROCs and NLL, the reference)."""
-    return wins_over_kept(_means(summary["auroc"]), summary["nll"]["mean"], kept, _means(sgld["auroc"]),
-                          sgld["nll"]["mean"])
+    return wins_over_kept(_means(summary["auroc"]), mean_of(summary["nll"]), kept, _means(sgld["auroc"]),
+                          mean_of(sgld["nll"]))
 
 
 def kept_row(ctx: RunContext, store: SampleStore, k: int, inputs: EvaluationInputs, reference: Reference,

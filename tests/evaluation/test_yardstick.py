@@ -19,18 +19,17 @@ from apd.evaluation.yardstick import (
     kept_samples,
     kl_to_reference,
     margins_over_kept,
-    mean_of,
     percentile_rank,
     quality,
     ranks_over_kept,
     reference_predictive,
     spread,
     standing,
-    std_of,
     summarise,
     wins_over_kept,
     worst_gap,
 )
+from apd.metrics import mean_of, std_of
 from apd.nets import ParamSpec, mlp, predict_probs
 from apd.samplers.store import SampleStore
 from apd.uncertainty import bald
