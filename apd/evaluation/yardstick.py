@@ -142,8 +142,7 @@ def quality(bald_auroc: dict[str, float | None], max_prob_auroc: dict[str, float
 
 def summarise(judgement: Judgement, reference: Reference) -> dict[str, float | None]:
     """Accuracy, NLL, mean BALD AUROC (percent, over the OOD sets) and :func:`quality` of one judgement."""
-    aurocs = {score: {name: None if found[score] is None else 100.0 * found[score]["auroc"]
-                      for name, found in judgement.detection.items()} for score in SCORES}
+    aurocs = {score: judgement.set_aurocs(score) for score in SCORES}
     bald = [v for v in aurocs["bald"].values() if v is not None]
     return {"acc": judgement.accuracy["acc"], "nll": judgement.accuracy["nll"],
             "mean_bald_auroc": float(np.mean(bald)) if len(bald) == len(aurocs["bald"]) and bald else None,

@@ -108,6 +108,8 @@ def test_quality_and_summary_of_a_hand_made_judgement():
                                                   for name in detection}, torch.tensor([[0.5, 0.5]]), {}, {}, half,
                        none)
     assert summarise(single, ref)["bald_gap"] is None and summarise(single, ref)["mean_bald_auroc"] is None
+    assert judged.set_aurocs("bald") == pytest.approx({"noise": 97.0, "photos": 89.5})
+    assert judged.mean_auroc("bald") == pytest.approx(93.25) and math.isnan(single.mean_auroc("bald"))
 
 
 def test_ranks_over_kept_samples_by_hand():
