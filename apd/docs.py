@@ -14,10 +14,9 @@ from ``apd evaluate``, the stage manifests, the experiments' JSON) or, for PIPEL
 ``benchmarks/time_pipeline.py``), ``pipelines`` (the settings of shipped pipelines, PIPELINE a comma-separated
 list, from their files), ``performance`` (every benchmark record in ``docs/results/PIPELINE/``,
 written by the ``benchmarks/bench_*.py`` scripts' ``--out``), ``samplers`` (several pipelines' SGLD runs side by side:
-PIPELINE is then a comma-separated list), ``frontiers`` (several pipelines' storage frontiers, likewise)
-or an experiment (:data:`EXPERIMENT_TABLES`, and ``frontier-PRECISION``: the frontier study with APD at
-another precision than int8). ``--check``
-renders without writing and fails on any difference.
+PIPELINE is then a comma-separated list) or a study's region (:func:`render_study`, from the study registry
+:data:`apd.experiments.studies.STUDIES`). For PIPELINE ``code``, TABLE ``studies`` is the list of studies
+itself. ``--check`` renders without writing and fails on any difference.
 
 ``apd report --publish`` fills ``docs/results/NAME/`` from a finished pipeline's artifacts (:func:`publish`):
 the small JSON files only (results, the stage manifests with diagnostics and timings, the experiments'
@@ -28,12 +27,12 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from apd.config import PipelineConfig
 from apd.errors import ArtifactError
+from apd.experiments.studies import STUDIES, resolve
 from apd.io import read_json, write_text_atomic, written_together
 from apd.pipeline.layout import PIPELINE_STAGES, Layout, manifest_of
 from apd.pipeline.table_format import format_duration, markdown_table, method_label
@@ -48,36 +47,16 @@ PAPER_FILE = Path("docs/paper-numbers.json")
 FIGURES_DIR = Path("docs/figures")
 
 
-def _experiment(module: str, function: str, file: str) -> Callable[[Path], str]:
-    def render(results_dir: Path) -> str:
-        import importlib
-
-        return getattr(importlib.import_module(module), function)(_read(results_dir / file)).strip()
-    return render
-
-
-EXPERIMENT_TABLES: dict[str, Callable[[Path], str]] = {
-    "distillers": _experiment("apd.experiments.distillers", "render_table", "distillers.json"),
-    "gan-variants": _experiment("apd.experiments.gan_variants", "render_table", "gan_variants.json"),
-    # `apd experiment storage`; "storage" names the storage table of `apd evaluate`
-    "storage-study": _experiment("apd.experiments.storage", "render_table", "storage.json"),
-    "modes": _experiment("apd.experiments.modes", "render_table", "modes.json"),
-    "precision": _experiment("apd.experiments.precision", "render_table", "precision.json"),
-    "frontier": _experiment("apd.experiments.frontier", "render_table", "frontier.json"),
-    "active-learning": _experiment("apd.experiments.active_report", "render_table", "active_learning.json"),
-    "active-learning-report": _experiment("apd.experiments.active_report", "render_summary", "active_learning.json"),
-}
-
-
 def render_table(pipeline: str, table: str, root: Path) -> str:
     """The Markdown of one region."""
     if pipeline == "paper":
         return render_paper(table, _read(root / PAPER_FILE))
+    if pipeline == "code" and table == "studies":
+        return render_studies()
     results_dir = root / RESULTS_DIR / pipeline
-    if table in EXPERIMENT_TABLES:
-        return EXPERIMENT_TABLES[table](results_dir)
-    if table.startswith("frontier-"):  # the frontier study with APD at another precision: frontier-int4.json
-        return _experiment("apd.experiments.frontier", "render_table", f"{table}.json")(results_dir)
+    study_table = render_study(pipeline, table, root)
+    if study_table is not None:
+        return study_table
     if table == "toy2d":
         return render_toy2d(_read(results_dir / "toy2d.json"))
     if table == "diagnostics":  # the sample stage's own record, published before any evaluation
@@ -94,11 +73,6 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
     if table == "samplers":  # PIPELINE is a comma-separated list: one row per pipeline's sample manifest
         return render_samplers({name: _read(root / RESULTS_DIR / name / "samples.json")
                                 for name in pipeline.split(",")})
-    if table == "frontiers":  # PIPELINE is a comma-separated list: one row per pipeline's frontier study
-        from apd.experiments.frontier import render_summary
-
-        return render_summary({name: _read(root / RESULTS_DIR / name / "frontier.json")
-                               for name in pipeline.split(",")}).strip()
     results = _read(results_dir / "results.json")
     if table == "machine":
         return render_machine(results)
@@ -109,11 +83,41 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
         built = RESULT_TABLES[table](results)
     else:
         raise ArtifactError(f"unknown results table {table!r} (known: {', '.join(RESULT_TABLES)}, ood-SCORE, "
-                            f"machine, diagnostics, samplers, frontiers, end-to-end, performance, "
-                            f"{', '.join(EXPERIMENT_TABLES)}, frontier-PRECISION)")
+                            f"machine, diagnostics, samplers, end-to-end, performance, pipelines, toy2d, "
+                            f"{', '.join(study_regions())})")
     if built is None:
         raise ArtifactError(f"{results_dir}: has no data for table {table!r}")
     return built.markdown.strip()
+
+
+def study_regions() -> list[str]:
+    """The regions the studies render (:class:`~apd.experiments.studies.Study`): TABLE, TABLE-VARIANT where a
+    study has variants, and its summary region."""
+    names = []
+    for study in STUDIES:
+        names += [study.region, *([f"{study.region}-VARIANT"] if study.variants else []),
+                  *([study.summary[0]] if study.summary else [])]
+    return names
+
+
+def render_study(pipeline: str, table: str, root: Path) -> str | None:
+    """A study's region (:data:`~apd.experiments.studies.STUDIES`), rendered from its published results;
+    None when ``table`` names no study's region."""
+    for study in STUDIES:
+        if study.summary is not None and table == study.summary[0]:  # PIPELINE: a comma-separated list
+            return resolve(study.summary[1])({name: _read(root / RESULTS_DIR / name / f"{study.stem}.json")
+                                              for name in pipeline.split(",")}).strip()
+        variant = table.removeprefix(study.region)
+        if variant == "" or (study.variants and variant.startswith("-")):
+            return resolve(study.render)(_read(root / RESULTS_DIR / pipeline / f"{study.stem}{variant}.json")).strip()
+    return None
+
+
+def render_studies() -> str:
+    """The studies, one row each: the command, what it does and the networks it runs on."""
+    body = [[f"`apd experiment {study.name}`", study.help, "MLP and CNN" if study.cnn_ok else "MLP"]
+            for study in STUDIES]
+    return markdown_table(["command", "what it does", "networks"], body)
 
 
 def render_machine(results: dict) -> str:

@@ -26,8 +26,8 @@ from apd.errors import ArtifactError, ConfigError
 from apd.io import load_torch, read_json
 from apd.methods import MethodName
 from apd.nets import ParamSpec
-from apd.pipeline.distill import REFERENCE_SAMPLES, aligned_chain_means, laplace_terms, validation_monitor
 from apd.pipeline.layout import Layout, manifest_of
+from apd.pipeline.recipes import REFERENCE_SAMPLES, aligned_chain_means, laplace_terms, validation_monitor
 from apd.pipeline.runtime import RunContext, stopwatch
 from apd.pipeline.stage import require_input
 from apd.posteriors import (
@@ -359,3 +359,8 @@ def load_methods(ctx: RunContext, stack: ExitStack, details: dict[str, dict] | N
     if details is not None:
         details.update(sources.details)
     return methods, inputs
+
+
+def ensemble_sizes(ctx: RunContext, methods: dict[str, Posterior]) -> dict[str, int]:
+    """Members per run: the registry's number, capped by what each method can give."""
+    return {name: method.ensemble_size(METHODS[name].members(ctx.cfg.evaluate)) for name, method in methods.items()}

@@ -286,7 +286,7 @@ def test_chains_in_other_unit_orders_are_aligned_chain_by_chain(tmp_path):
     one permutation for all its rows, which puts its mean back on the first chain's; functions unchanged."""
     from apd.config import DistillConfig
     from apd.distillation.alignment import hidden_activations, hidden_widths, permute
-    from apd.pipeline.distill import training_samples
+    from apd.pipeline.recipes import training_samples
 
     ctx = tiny_context(tmp_path)
     spec = ParamSpec.from_module(mlp(ctx.net_sizes))
@@ -499,7 +499,8 @@ def test_a_method_stored_at_int8_meets_float32_kept_samples_and_the_int8_ones_it
     ⌈S / s_int8⌉ samples that int8 buys (each stored at int8); both show in the tables."""
     from apd.distillation.precision import in_samples, stored_bytes
     from apd.pipeline.comparison_tables import kept_comparisons, yardstick_table
-    from apd.pipeline.evaluate import evaluation_inputs, sgld_reference, yardstick
+    from apd.pipeline.evaluate import sgld_reference, yardstick
+    from apd.pipeline.recipes import evaluation_inputs
 
     root, _ = pipeline
     ctx = tiny_context(root)
