@@ -11,7 +11,8 @@ from ``apd evaluate``, the stage manifests, the experiments' JSON) or, for PIPEL
 ``docs/paper-numbers.json``. TABLE names one of :data:`RESULT_TABLES` (a table of ``tables.md``),
 ``ood-SCORE`` (one score's OOD block), ``machine`` (what the numbers were measured on), ``diagnostics``
 (SGLD's convergence, from the sample manifest), ``end-to-end`` (the stages timed by
-``benchmarks/time_pipeline.py``), ``pipelines`` (the settings of shipped pipelines, PIPELINE a comma-separated
+``benchmarks/time_pipeline.py``), ``nothing-lost`` (the scenario matrix of ``benchmarks/nothing_lost.py``: its last
+run's counts per group), ``pipelines`` (the settings of shipped pipelines, PIPELINE a comma-separated
 list, from their files), ``performance`` (every benchmark record in ``docs/results/PIPELINE/``,
 written by the ``benchmarks/bench_*.py`` scripts' ``--out``), ``samplers`` (several pipelines' SGLD runs side by side:
 PIPELINE is then a comma-separated list) or a study's region (:func:`render_study`, from the study registry
@@ -63,6 +64,8 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
         return render_diagnostics(_read(results_dir / "samples.json")["diagnostics"])
     if table == "end-to-end":  # benchmarks/time_pipeline.py's record
         return render_end_to_end(_read(results_dir / "end_to_end.json"))
+    if table == "nothing-lost":  # benchmarks/nothing_lost.py's record
+        return render_nothing_lost(_read(results_dir / "nothing_lost.json"))
     if table == "performance":  # the benchmark scripts' records
         return render_performance([_read(path) for path in sorted(results_dir.glob("*.json"))])
     if table == "pipelines":  # PIPELINE is a comma-separated list of shipped pipelines: their settings
@@ -83,8 +86,8 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
         built = RESULT_TABLES[table](results)
     else:
         raise ArtifactError(f"unknown results table {table!r} (known: {', '.join(RESULT_TABLES)}, ood-SCORE, "
-                            f"machine, diagnostics, samplers, end-to-end, performance, pipelines, toy2d, "
-                            f"{', '.join(study_regions())})")
+                            f"machine, diagnostics, samplers, end-to-end, nothing-lost, performance, pipelines, "
+                            f"toy2d, {', '.join(study_regions())})")
     if built is None:
         raise ArtifactError(f"{results_dir}: has no data for table {table!r}")
     return built.markdown.strip()
@@ -180,6 +183,27 @@ def render_end_to_end(record: dict) -> str:
     return (f"`{record['config']}` at commit `{short_commit(record['commit'])}` on {machine_name(machine)}; "
             f"load average before the run {load_average(machine)}; each stage its own process, imports "
             f"included. Recorded by the stages: {detail}.\n\n" + markdown_table(["stage", "wall clock"], body))
+
+
+def render_nothing_lost(record: dict) -> str:
+    """The scenario matrix's last run (``benchmarks/nothing_lost.py --out``): where and when it ran, the
+    cases run, passed, failed and skipped per group and in all, and each failed or skipped case with its
+    reason."""
+    groups = record["groups"]
+    totals = {key: sum(counts[key] for counts in groups.values()) for key in ("cases", "passed", "failed",
+                                                                               "skipped")}
+    body = [[group, *(f"{counts[key]:,}" for key in totals)] for group, counts in groups.items()]
+    body.append(["all", *(f"**{value:,}**" for value in totals.values())])
+    machine = record["machine"]
+    text = (f"`{record['command']}` at commit `{short_commit(record['commit'])}` on {machine_name(machine)}, "
+            f"{record['started'][:10]}; load average before the run {load_average(machine)}; "
+            f"{format_duration(record['seconds'])}.\n\n"
+            + markdown_table(["group", "cases", "passed", "failed", "skipped"], body))
+    for label, cases in (("Failed", record["failed"]), ("Skipped", record["skipped"])):
+        if cases:
+            text += f"\n\n{label}: " + "; ".join(f"`{case}` ({'; '.join(reasons)})"
+                                                  for case, reasons in cases.items())
+    return text
 
 
 def render_performance(records: list[dict]) -> str:
