@@ -145,7 +145,7 @@ def chain_generators_storage(d: DistillConfig, rank: int, spec: ParamSpec, chain
     """SGLD samples' worth of a rank-``rank`` subspace codec without a residual plus ``chains`` generators of
     ``d``'s widths (and their shares), stored at ``precision`` (the generators at ``generators_at`` where
     given)."""
-    return generator_storage(dataclasses.replace(d, per_chain=True, residual=dataclasses.replace(
+    return generator_storage(dataclasses.replace(d, per_chain=True, mode_embedding=0, residual=dataclasses.replace(
         d.residual, model="none")), rank, spec, precision, chains, generators_at)
 
 
@@ -313,7 +313,7 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
             return by_rank[r]
 
         limit = min(n, cfg.distill.fit_samples, dim)
-        one = dataclasses.replace(cfg.distill, per_chain=False)  # the APD row: one generator for the store
+        one = dataclasses.replace(cfg.distill, per_chain=False, mode_embedding=0)  # the APD row: one plain generator
         chains = len(chain_partition(store.chains)[0])
         steps = DistillerPlan(subspace_steps=plan.steps)
         for precision in plan.precisions:

@@ -8,7 +8,9 @@ mean KL between the predictives plus the mean per-input BALD gap); the step with
 kept (``selection = "last"`` keeps the last). The kept generator becomes ``generator.pt``, the last one
 ``generator-last.pt``, and ``generator.json`` records the criterion at every evaluation and the step
 kept. With ``per_chain`` one generator per chain of the store learns from that chain's samples
-(:mod:`apd.distillation.chain_generators`), all judged together as one generator. Both generators are
+(:mod:`apd.distillation.chain_generators`), all judged together as one generator; with ``mode_embedding``
+one generator learns every chain's samples, told the chain by a learned embedding
+(:mod:`apd.distillation.conditioned`). Both generators are
 stored at ``precision``, the generator networks at ``generators_at`` where given
 (:meth:`~apd.distillation.generator.DistilledGenerator.pack`). Files are built under temporary
 names and swapped in only when the run has finished.
@@ -30,6 +32,7 @@ from torch import Tensor
 from apd.config import config_hash
 from apd.distillation.chain_generators import ChainTrainers
 from apd.distillation.codec import WeightCodec
+from apd.distillation.conditioned import ConditionedTrainer
 from apd.distillation.gan import GANTrainer
 from apd.distillation.generator import DistilledGenerator, architecture
 from apd.distillation.precision import in_samples
@@ -38,6 +41,7 @@ from apd.distillation.training import (
     ValidationMonitor,
     evenly_spaced,
     make_chain_trainers,
+    make_conditioned_trainer,
     make_trainer,
 )
 from apd.errors import ConfigError, DivergenceError
@@ -89,6 +93,9 @@ def distill_offline(ctx: RunContext) -> Path:
         if d.per_chain:
             trainer, by_chain = chain_trainers(ctx, codec, real, store.chains)
             summary = _train(ctx, trainer, codec, by_chain, monitor, inputs, generators=tuple(b.rng for b in by_chain))
+        elif d.mode_embedding:
+            trainer, labelled = conditioned_trainer(ctx, codec, real, store.chains)
+            summary = _train(ctx, trainer, codec, labelled, monitor, inputs, generators=(labelled.rng,))
         else:
             trainer = make_trainer(d, codec.code_dim, ctx.seed("distill", "gan"), ctx.device)
             summary = _train(ctx, trainer, codec, real, monitor, inputs, generators=(real.rng,))
@@ -109,6 +116,19 @@ def chain_trainers(ctx: RunContext, codec: WeightCodec, batches: StoreBatches,
     log.info("one generator per chain: %d chains, shares %s", len(ids), [round(float(w), 4) for w in shares])
     return (make_chain_trainers(ctx.cfg.distill, codec.code_dim, seeds, shares, ctx.device),
             [batches.restricted(r, ctx.seed("distill", "batches", "chain", c)) for c, r in zip(ids, rows, strict=True)])
+
+
+def conditioned_trainer(ctx: RunContext, codec: WeightCodec, batches: StoreBatches,
+                        chains: np.ndarray) -> tuple[ConditionedTrainer, StoreBatches]:
+    """One GAN conditioned on the store's chains (seed stream ``distill/gan``; each chain weighted by its share
+    of the rows: :func:`~apd.distillation.training.make_conditioned_trainer`), and its real batches:
+    ``batches`` (rows uniform over the store, so chains by their shares) with each row's chain, 0 … C − 1 in
+    increasing order of the chain ids."""
+    ids, _, shares = chain_partition(chains)
+    log.info("one generator conditioned on %d chains by %d numbers each", len(ids), ctx.cfg.distill.mode_embedding)
+    labels = torch.from_numpy(np.searchsorted(np.asarray(ids), chains))
+    return (make_conditioned_trainer(ctx.cfg.distill, codec.code_dim, ctx.seed("distill", "gan"), shares, ctx.device),
+            batches.with_labels(labels))
 
 
 def _train(ctx: RunContext, trainer: GANTrainer | ChainTrainers, codec: WeightCodec,
