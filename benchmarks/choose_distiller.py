@@ -32,8 +32,8 @@ from apd.evaluation.choice import Candidate, choose, run_criterion
 from apd.evaluation.protocol import judge
 from apd.evaluation.yardstick import FUNCTION_KEYS, SCORES, summarise
 from apd.experiments.storage import sgld_reference
-from apd.pipeline.evaluate import evaluation_inputs
 from apd.pipeline.manifests import manifest_digest
+from apd.pipeline.recipes import evaluation_inputs
 from apd.pipeline.runtime import RunContext
 from apd.samplers.store import SampleStore
 
