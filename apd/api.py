@@ -24,6 +24,7 @@ from apd.methods import LOADABLE, MethodName
 from apd.nets import ParamSpec
 from apd.pipeline.layout import Layout, manifest_of
 from apd.pipeline.methods import METHODS, Sources, apd_generator
+from apd.pipeline.recipes import evaluation_inputs
 from apd.pipeline.runtime import RunContext, resolve_device
 from apd.pipeline.stage import PRODUCER, check_provenance
 from apd.posteriors import Posterior, SGLDSamples
@@ -126,8 +127,6 @@ def load_data(source: str | Path, data_dir: str | None = None) -> PipelineData:
     fingerprint), or a pipeline file as ``--config`` takes it (a later edit of its ``[evaluate]`` or OOD sets
     shows there, not in the store). ``data_dir`` as ``--data-dir`` takes it. OOD sets not available here are
     left out with a warning, as ``apd evaluate`` leaves them out."""
-    from apd.pipeline.evaluate import evaluation_inputs  # the stage's own function, imported on use: a heavy module
-
     if Path(source).is_dir():
         ctx = _recorded_context(Layout(Path(source)), data_dir)
     else:

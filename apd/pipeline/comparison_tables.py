@@ -8,16 +8,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
-
 from apd.evaluation.yardstick import (
     FIXED,
     RANK_RULE,
-    mean_of,
     ranked,
     summary_standings,
     wins_over_kept,
 )
+from apd.metrics import Stat
+from apd.pipeline.results import accuracy, mean_auroc, set_aurocs
 from apd.pipeline.table_format import (
     MISSING,
     UNDEFINED,
@@ -37,10 +36,17 @@ from apd.pipeline.table_format import (
 ADVERSARIAL_SCORE_ORDER = ("entropy", "bald", "model_variance")  # the scores of the paper's adversarial study
 
 
-def _plain(value: float | dict | None, digits: int) -> str:
-    if value is None:
-        return UNDEFINED
-    return format_number(mean_of(value), digits)
+def _plain(value: float | dict | Stat | None, digits: int) -> str:
+    """The mean of a stored value (:meth:`~apd.metrics.Stat.of`); "n/a" where undefined."""
+    stat = Stat.of(value)
+    return UNDEFINED if stat is None else format_number(stat.mean, digits)
+
+
+
+def _mean_and_std(value: dict | None) -> tuple[float | None, float | None]:
+    """A stored summary's mean and std (:meth:`~apd.metrics.Stat.of`) as CSV fields; (None, None) where undefined."""
+    stat = Stat.of(value)
+    return (None, None) if stat is None else (stat.mean, stat.std)
 
 
 QUALITY_NOTE = ("Gaps to SGLD (the yardstick, `apd/evaluation/yardstick.py`): worst per-set AUROC gap = max over the "
@@ -103,19 +109,16 @@ def members_table(results: dict) -> Table | None:
     methods = methods_in_order(results, q)
     at = at or {}
     networks = next((row["members"] for row in at.values() if row), None)
-    acc = results.get("accuracy", {})
 
     def mean_bald(m: str) -> float | None:
-        values = [per_set["bald"][m]["auroc"]["mean"] for per_set in results.get("ood", {}).values()
-                  if per_set.get("bald", {}).get(m) is not None]
-        return float(np.mean(values)) if values and len(values) == len(results["ood"]) else None
+        return mean_auroc(results, m, "bald", every_set=True)
 
     extra = [key for key in ("kl_ood", "input_bald_gap", "input_bald_gap_ood") if key in q[methods[0]]]
     body, rows = [], []
     for m in methods:
         own = q[m]
         cells = [method_label(m), format_sample_count(own["in_sgld_samples"]), f"{own['members']:,}",
-                 _plain(acc[m]["acc"], 4), _plain(acc[m]["nll"], 3), _plain(mean_bald(m), 1),
+                 _plain(accuracy(results, m), 4), _plain(accuracy(results, m, "nll"), 3), _plain(mean_bald(m), 1),
                  format_gap(own["bald_gap"]), format_gap(own["max_prob_gap"]), format_gap(own["nll_gap"], 3),
                  _plain(own["kl"], 4), *(_plain(own[key], 4) for key in extra)]
         row = at.get(m)
@@ -123,12 +126,11 @@ def members_table(results: dict) -> Table | None:
                   [_plain(row["acc"], 4), _plain(row["nll"], 3), _plain(row["mean_bald_auroc"], 1),
                    format_gap(row.get("bald_gap"))])
         body.append(cells)
-        rows.append([m, own["in_sgld_samples"], own["members"], acc[m]["acc"]["mean"], acc[m]["nll"]["mean"],
-                     mean_bald(m), own["bald_gap"], own["max_prob_gap"], own["nll_gap"], own["kl"],
-                     *(own[key] for key in extra),
-                     None if row is None else row["acc"]["mean"], None if row is None else row["nll"]["mean"],
-                     None if row is None else row["mean_bald_auroc"]["mean"],
-                     None if row is None or row.get("bald_gap") is None else row["bald_gap"]["mean"]])
+        at_means = [None if row is None or (stat := Stat.of(row.get(key))) is None else stat.mean
+                    for key in ("acc", "nll", "mean_bald_auroc", "bald_gap")]
+        rows.append([m, own["in_sgld_samples"], own["members"], accuracy(results, m).mean,
+                     accuracy(results, m, "nll").mean, mean_bald(m), own["bald_gap"], own["max_prob_gap"],
+                     own["nll_gap"], own["kl"], *(own[key] for key in extra), *at_means])
     header = ["method", "storage (SGLD samples)", "members", "accuracy", "NLL", "mean BALD AUROC",
               "worst BALD gap", "worst max-prob gap", "NLL gap", "KL", *(GAP_LABELS[key] for key in extra),
               f"accuracy @{networks}", f"NLL @{networks}", f"mean BALD AUROC @{networks}",
@@ -161,11 +163,9 @@ def yardstick_table(results: dict) -> Table | None:
                          format_gap(own.get("nll_gap"), 3), format_gap(even["nll_gap"], 3),
                          format_gap(rand["nll_gap"], 3), _plain(own.get("kl"), 4), _plain(even["kl"], 4),
                          mean_std(rand["kl"], 4)])
-            rows.append([m, worth, size, own.get("bald_gap"), even["bald_gap"],
-                         None if rand["bald_gap"] is None else rand["bald_gap"]["mean"],
-                         None if rand["bald_gap"] is None else rand["bald_gap"]["std"], own.get("nll_gap"),
-                         even["nll_gap"], rand["nll_gap"]["mean"], rand["nll_gap"]["std"], own.get("kl"), even["kl"],
-                         rand["kl"]["mean"], rand["kl"]["std"]])
+            rows.append([m, worth, size, own.get("bald_gap"), even["bald_gap"], *_mean_and_std(rand["bald_gap"]),
+                         own.get("nll_gap"), even["nll_gap"], *_mean_and_std(rand["nll_gap"]), own.get("kl"),
+                         even["kl"], *_mean_and_std(rand["kl"])])
     if not body:
         return None
     subsets = next(iter(kept.values()))["subsets"] if kept else 0
@@ -247,7 +247,7 @@ def kept_margins_table(results: dict) -> Table | None:
     """Each method of storage S against its ⌈S⌉ kept SGLD samples per OOD set, for BALD and max_prob, and on
     the NLL (:func:`apd.evaluation.yardstick.wins_over_kept`); None for results whose yardstick does not
     hold the kept samples' per-set AUROCs."""
-    y, ood, acc = results.get("yardstick") or {}, results.get("ood", {}), results.get("accuracy", {})
+    y, ood = results.get("yardstick") or {}, results.get("ood", {})
     kept, sets = y.get("kept", {}), sorted(ood)
     if not kept or "auroc" not in next(iter(kept.values()))["evenly_spaced"]:
         return None
@@ -255,15 +255,12 @@ def kept_margins_table(results: dict) -> Table | None:
     reference = y["reference"]
     sgld_auroc = {"bald": reference["bald_auroc"], "max_prob": reference["max_prob_auroc"]}
 
-    def aurocs(m: str) -> dict:
-        return {score: {name: None if (d := ood[name].get(score, {}).get(m)) is None else d["auroc"]["mean"]
-                        for name in sets} for score in ("bald", "max_prob")}
-
     def wins(m: str, row: dict) -> dict:
-        return wins_over_kept(aurocs(m), acc[m]["nll"]["mean"], row, sgld_auroc, reference["nll"])
+        aurocs = {score: set_aurocs(results, m, score) for score in ("bald", "max_prob")}
+        return wins_over_kept(aurocs, accuracy(results, m, "nll").mean, row, sgld_auroc, reference["nll"])
 
     def sgld_wins(row: dict) -> str:  # the reference itself against the same kept samples
-        if "sgld" not in acc:
+        if accuracy(results, "sgld", "nll") is None:
             return UNDEFINED
         found = wins("sgld", row)
         return f"{found['wins']}/{found['compared']}"
@@ -337,8 +334,8 @@ def kept_curve_table(results: dict) -> Table | None:
         rows.append([row["k"], even["acc"], even["nll"], even["mean_bald_auroc"], even["bald_gap"],
                      even["max_prob_gap"], even["nll_gap"], even["kl"], *(even[key] for key in extra),
                      *((row["last"][key] for key in ("bald_gap", "nll_gap", "kl")) if by_ranks else ()),
-                     *(None if rand[key] is None else rand[key][stat]
-                       for key in ("bald_gap", "max_prob_gap", "nll_gap", "kl") for stat in ("mean", "std"))])
+                     *(value for key in ("bald_gap", "max_prob_gap", "nll_gap", "kl")
+                       for value in _mean_and_std(rand[key]))])
     if by_ranks:
         note = ("k SGLD samples kept centred in equal parts of each chain (storage k), the last k of the chains (each "
                 "chain's share from its end), then the mean and 5–95 % band over random subsets of k stratified by "

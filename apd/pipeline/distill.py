@@ -8,15 +8,17 @@ mean KL between the predictives plus the mean per-input BALD gap); the step with
 kept (``selection = "last"`` keeps the last). The kept generator becomes ``generator.pt``, the last one
 ``generator-last.pt``, and ``generator.json`` records the criterion at every evaluation and the step
 kept. With ``per_chain`` one generator per chain of the store learns from that chain's samples
-(:mod:`apd.distillation.chain_generators`), all judged together as one generator. Both generators are
+(:mod:`apd.distillation.chain_generators`), all judged together as one generator; with ``mode_embedding``
+one generator learns every chain's samples, told the chain by a learned embedding
+(:mod:`apd.distillation.conditioned`). Both generators are
 stored at ``precision``, the generator networks at ``generators_at`` where given
 (:meth:`~apd.distillation.generator.DistilledGenerator.pack`). Files are built under temporary
 names and swapped in only when the run has finished.
 
 With ``[distill] seeds`` K > 1 the stage trains K generators, one after another, each from its own seed
-streams (:func:`distill_seed`) into its own files (generator seed k: ``generator-seedK.pt``; seed 0 is
-``generator.pt``), each with its manifest, reused or resumed on its own; the samples are prepared (aligned)
-once for all of them.
+streams (:func:`~apd.pipeline.recipes.distill_seed`) into its own files (generator seed k:
+``generator-seedK.pt``; seed 0 is ``generator.pt``), each with its manifest, reused or resumed on its own; the
+samples are prepared (aligned) once for all of them.
 """
 
 from __future__ import annotations
@@ -26,17 +28,16 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from apd.config import DistillConfig, config_hash
-from apd.distillation.alignment import align_set, match_activations, permute
+from apd.config import config_hash
 from apd.distillation.chain_generators import ChainTrainers
 from apd.distillation.codec import WeightCodec
+from apd.distillation.conditioned import ConditionedTrainer
 from apd.distillation.gan import GANTrainer
 from apd.distillation.generator import DistilledGenerator, architecture
 from apd.distillation.precision import in_samples
@@ -45,28 +46,22 @@ from apd.distillation.training import (
     ValidationMonitor,
     evenly_spaced,
     make_chain_trainers,
-    make_codec,
+    make_conditioned_trainer,
     make_trainer,
-    store_permutations,
 )
 from apd.errors import ConfigError, DivergenceError
 from apd.io import nonfinite_tensor, read_json, save_torch_atomic
 from apd.nets import ParamSpec
 from apd.pipeline.layout import checkpoint_of, manifest_of, partial_of
 from apd.pipeline.manifests import load_checkpoint, manifest_record
+from apd.pipeline.recipes import REFERENCE_SAMPLES, codec_for, distill_seed, training_samples, validation_monitor
 from apd.pipeline.runtime import RunContext, machine
 from apd.pipeline.sample_chains import make_chains
-from apd.pipeline.seeds import replicated
 from apd.pipeline.stage import publish, require_input, reusable, weights_load
-from apd.posteriors.modes import chain_means
 from apd.samplers.store import SampleStore, chain_partition
 from apd.schedules import is_thinned_sample
 
 log = logging.getLogger(__name__)
-
-MONITOR_SIZE = 2000  # validation images the generator is judged on during training
-REFERENCE_SAMPLES = 200  # SGLD samples (evenly spaced over the store) the criterion compares with
-FISHER_INPUTS = 5000  # training images the Kronecker residual's factors are estimated on
 
 
 def run_distill(ctx: RunContext) -> Path:
@@ -77,12 +72,6 @@ def run_distill(ctx: RunContext) -> Path:
             distill_online(ctx, k)
         return ctx.layout.generator
     return distill_offline(ctx)
-
-
-def distill_seed(ctx: RunContext, k: int, *names: str | int) -> int:
-    """The seed of the distillation stream ``names`` (``"gan"``, ``"batches"``, …) for generator seed ``k``
-    (:func:`apd.pipeline.seeds.replicated`)."""
-    return ctx.seed(*replicated(k, "distill", *names))
 
 
 def seed_reusable(ctx: RunContext, k: int, inputs: dict) -> bool:
@@ -101,48 +90,6 @@ def _check_finite(trainer: GANTrainer, step: int) -> None:
         if bad is not None:
             raise DivergenceError(f"GAN training diverged by generator step {step} (the {part}'s {bad} is not "
                                   "finite); try a smaller distill.lr; complete artifacts are unchanged")
-
-
-@dataclass(frozen=True)
-class LaplaceTerms:
-    """What a Kronecker-factored Laplace spread is fit with: training images for its Fisher factors, and
-    the tempered posterior's N/T data points and prior precision 1/(prior_var·T)."""
-
-    x_fisher: Tensor
-    data_size: float
-    prior_precision: float
-
-
-def training_images(ctx: RunContext, n: int, *stream: str | int) -> Tensor:
-    """n training images, a random subset drawn by the seed stream ``stream``."""
-    x = ctx.data.x_train
-    return x[torch.randperm(len(x), generator=torch.Generator().manual_seed(ctx.seed(*stream)))[:n]]
-
-
-def laplace_terms(ctx: RunContext, *stream: str | int) -> LaplaceTerms:
-    """:data:`FISHER_INPUTS` training images drawn by the seed stream ``stream``, and SGLD's N/T and 1/(σ²T)."""
-    s, n = ctx.cfg.sgld, len(ctx.data.x_train)
-    return LaplaceTerms(training_images(ctx, FISHER_INPUTS, *stream), n / s.temperature,
-                        1.0 / (s.prior_var * s.temperature))
-
-
-def codec_for(ctx: RunContext, samples: Tensor, d: DistillConfig | None = None, seed: int = 0) -> WeightCodec:
-    """The codec of ``d`` (the pipeline's distill section by default) fit to ``samples`` for generator seed
-    ``seed``; a Kronecker residual with the terms of :func:`laplace_terms`."""
-    d, terms = d or ctx.cfg.distill, laplace_terms(ctx, *replicated(seed, "distill", "fisher"))
-    try:
-        return make_codec(d, samples, ctx.net_sizes, terms.x_fisher, terms.data_size, terms.prior_precision,
-                          distill_seed(ctx, seed, "codec"), ctx.device)
-    except ValueError as exc:  # e.g. a rank the samples cannot support
-        raise ConfigError(f"{ctx.cfg.source}: distill: {exc}") from None
-
-
-def validation_monitor(ctx: RunContext, spec: ParamSpec, reference_weights: Tensor, seed: int = 0) -> ValidationMonitor:
-    """The judge of generator seed ``seed`` during training: validation images against ``reference_weights``."""
-    x = ctx.data.x_val[:MONITOR_SIZE].to(ctx.device)
-    y = ctx.data.y_val[:MONITOR_SIZE].to(ctx.device)
-    return ValidationMonitor(spec, x, y, reference_weights.to(ctx.device), ctx.cfg.distill.eval_networks,
-                             distill_seed(ctx, seed, "monitor"))
 
 
 def distill_offline(ctx: RunContext) -> Path:
@@ -168,6 +115,9 @@ def distill_offline(ctx: RunContext) -> Path:
                 trainer, by_chain = chain_trainers(ctx, codec, real, store.chains, seed=k)
                 summary = _train(ctx, trainer, codec, by_chain, monitor, inputs,
                                  generators=tuple(b.rng for b in by_chain), seed=k)
+            elif d.mode_embedding:
+                trainer, labelled = conditioned_trainer(ctx, codec, real, store.chains, seed=k)
+                summary = _train(ctx, trainer, codec, labelled, monitor, inputs, generators=(labelled.rng,), seed=k)
             else:
                 trainer = make_trainer(d, codec.code_dim, distill_seed(ctx, k, "gan"), ctx.device)
                 summary = _train(ctx, trainer, codec, real, monitor, inputs, generators=(real.rng,), seed=k)
@@ -191,89 +141,17 @@ def chain_trainers(ctx: RunContext, codec: WeightCodec, batches: StoreBatches,
              for c, r in zip(ids, rows, strict=True)])
 
 
-@dataclass
-class TrainingSamples:
-    """What a generator learns from: the codec's fit samples as the codec sees them (aligned unless
-    ``[distill] align = "none"``), the permutations of every store row (None: unaligned) and the
-    alignment's record for the manifest."""
-
-    fit: Tensor
-    perms: Tensor | None
-    alignment: dict
-
-    def batches(self, ctx: RunContext, store: SampleStore, codec: WeightCodec, d: DistillConfig,
-                seed: int = 0) -> StoreBatches:
-        """Random real batches of codes for generator seed ``seed``, each row permuted as the fit samples were."""
-        return StoreBatches(store, codec, d.batch_size, d.in_memory_gb, distill_seed(ctx, seed, "batches"),
-                            ctx.device, self.perms, store.spec)
-
-
-def training_samples(ctx: RunContext, store: SampleStore, d: DistillConfig) -> TrainingSamples:
-    """``d.fit_samples`` rows evenly spaced over ``store``, aligned (with every other row) when ``d`` says so;
-    the one way the pipeline and the studies prepare a generator's training data, made once per run for a
-    store, an alignment and a number of rows (:meth:`~apd.pipeline.runtime.RunContext.once`)."""
-    return ctx.once(("training samples", str(store.path), d.align, d.fit_samples),
-                    lambda: _prepare(ctx, store, d))
-
-
-def _prepare(ctx: RunContext, store: SampleStore, d: DistillConfig) -> TrainingSamples:
-    rows = evenly_spaced(len(store), d.fit_samples)
-    fit = store.read(rows)
-    if d.align == "none":
-        return TrainingSamples(fit, None, {"method": "none"})
-    perms, alignment = (_align(store, store.spec, rows, fit) if d.align == "permutation"
-                        else _align_chains(ctx, store, store.spec))
-    return TrainingSamples(permute(fit, store.spec, perms[rows]), perms, alignment)
-
-
-def store_alignment(ctx: RunContext, store: SampleStore) -> Tensor | None:
-    """The permutations [len(store), H] that :func:`training_samples` aligns every row of ``store`` with for the
-    generator, or None where ``[distill] align = "none"``: the preparation every method fit to the samples
-    shares with APD (the MoG, the mode mixture)."""
-    return training_samples(ctx, store, ctx.cfg.distill).perms
-
-
-def aligned_chain_means(ctx: RunContext, store: SampleStore) -> Tensor | None:
-    """Each chain's mean [M, D] over its samples aligned as :func:`training_samples` aligns them for the
-    generator (:func:`~apd.posteriors.modes.chain_means` of the permuted rows), or None where ``[distill]
-    align = "none"``."""
-    perms = store_alignment(ctx, store)
-    return None if perms is None else chain_means(store, perms)[0]
-
-
-def _align_chains(ctx: RunContext, store: SampleStore, spec: ParamSpec) -> tuple[Tensor, dict]:
-    """Permutations [len(store), H]: every row of a chain takes its chain's, which matches the activations
-    of the chain's mean to those of the first chain's mean on :data:`FISHER_INPUTS` training images
-    (:func:`~apd.distillation.alignment.match_activations`); and what goes into the manifest."""
-    started = time.perf_counter()
-    means, _ = chain_means(store)
-    x = training_images(ctx, FISHER_INPUTS, "distill", "align")
-    by_chain = torch.stack([match_activations(mean, means[0], spec, x) for mean in means])
-    labels = np.unique(store.chains)
-    perms = by_chain[torch.from_numpy(np.searchsorted(labels, store.chains))]
-    aligned = permute(means, spec, by_chain)
-    distance = [round(float((m - means[0]).norm()), 4) for m in means[1:]]
-    distance_after = [round(float((m - aligned[0]).norm()), 4) for m in aligned[1:]]
-    seconds = time.perf_counter() - started
-    log.info("hidden units of %d chains matched to the first chain's by activations: distance of the chain means "
-             "to the first's %s → %s (%.0f s)", len(means), distance, distance_after, seconds)
-    return perms, {"method": "chains", "chains": [int(c) for c in labels], "inputs": len(x),
-                   "mean_distance_before": distance, "mean_distance_after": distance_after,
-                   "seconds": round(seconds, 2)}
-
-
-def _align(store: SampleStore, spec: ParamSpec, rows: list[int], fit: Tensor) -> tuple[Tensor, dict]:
-    """Permutations [len(store), H] aligning every sample's hidden units to the mean of the aligned ``fit``
-    samples (:func:`~apd.distillation.alignment.align_set`), and what goes into the manifest."""
-    started = time.perf_counter()
-    result = align_set(fit, spec)
-    perms = store_permutations(store, spec, rows, result)
-    seconds = time.perf_counter() - started
-    log.info("hidden units of %d samples aligned in %d rounds: mean distance to the samples' mean %.3f → %.3f "
-             "(%.0f s)", len(store), result.rounds, result.distance_before, result.distance_after, seconds)
-    return perms, {"method": "permutation", "fit_samples": len(rows), "rounds": result.rounds,
-                   "mean_distance_before": round(result.distance_before, 4),
-                   "mean_distance_after": round(result.distance_after, 4), "seconds": round(seconds, 2)}
+def conditioned_trainer(ctx: RunContext, codec: WeightCodec, batches: StoreBatches,
+                        chains: np.ndarray, seed: int = 0) -> tuple[ConditionedTrainer, StoreBatches]:
+    """One GAN conditioned on the store's chains (seed stream ``distill/gan`` of generator seed ``seed``; each
+    chain weighted by its share of the rows: :func:`~apd.distillation.training.make_conditioned_trainer`), and
+    its real batches: ``batches`` (rows uniform over the store, so chains by their shares) with each row's
+    chain, 0 … C − 1 in increasing order of the chain ids."""
+    ids, _, shares = chain_partition(chains)
+    log.info("one generator conditioned on %d chains by %d numbers each", len(ids), ctx.cfg.distill.mode_embedding)
+    labels = torch.from_numpy(np.searchsorted(np.asarray(ids), chains))
+    return (make_conditioned_trainer(ctx.cfg.distill, codec.code_dim, distill_seed(ctx, seed, "gan"), shares,
+                                     ctx.device), batches.with_labels(labels))
 
 
 def _train(ctx: RunContext, trainer: GANTrainer | ChainTrainers, codec: WeightCodec,

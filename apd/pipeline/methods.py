@@ -27,14 +27,14 @@ from apd.errors import ArtifactError, ConfigError
 from apd.io import load_torch, read_json
 from apd.methods import MethodName
 from apd.nets import ParamSpec
-from apd.pipeline.distill import (
+from apd.pipeline.layout import Layout, manifest_of
+from apd.pipeline.recipes import (
     REFERENCE_SAMPLES,
     aligned_chain_means,
     laplace_terms,
     store_alignment,
     validation_monitor,
 )
-from apd.pipeline.layout import Layout, manifest_of
 from apd.pipeline.runtime import RunContext, stopwatch
 from apd.pipeline.stage import require_input
 from apd.posteriors import (
@@ -263,7 +263,7 @@ def fit_mixture(store: SampleStore, components: int, fit_samples: int, seed: int
                 perms: torch.Tensor | None) -> GaussianMixture:
     """MoG with ``components`` diagonal components fit to ``fit_samples`` samples spaced evenly over the
     whole store (every chain), each permuted by its row of ``perms`` [len(store), H] first: the alignment APD's
-    generator is trained on (:func:`~apd.pipeline.distill.store_alignment`; None: as stored), so that the
+    generator is trained on (:func:`~apd.pipeline.recipes.store_alignment`; None: as stored), so that the
     mixture is fit to the same samples, not to permuted copies of the modes."""
     rows = evenly_spaced(len(store), fit_samples)
     if components > len(rows):
@@ -381,3 +381,8 @@ def load_methods(ctx: RunContext, stack: ExitStack, details: dict[str, dict] | N
     if details is not None:
         details.update(sources.details)
     return methods, inputs
+
+
+def ensemble_sizes(ctx: RunContext, methods: dict[str, Posterior]) -> dict[str, int]:
+    """Members per run: the registry's number, capped by what each method can give."""
+    return {name: method.ensemble_size(METHODS[name].members(ctx.cfg.evaluate)) for name, method in methods.items()}

@@ -46,9 +46,9 @@ def seed_summary(runs: list[Judgement], reference: Reference, kept: dict[str, di
     percent), and against each kept-samples row of ``kept`` (size key → a
     :func:`~apd.evaluation.yardstick.kept_samples` row) its ``standings`` on every gap and its ``set_by_set``
     comparisons."""
-    aurocs = {score: {name: None if runs[0].detection[name][score] is None else
-                      float(np.mean([100.0 * j.detection[name][score]["auroc"] for j in runs]))
-                      for name in runs[0].detection} for score in SCORES}
+    per_run = [{score: j.set_aurocs(score) for score in SCORES} for j in runs]
+    aurocs = {score: {name: None if value is None else float(np.mean([r[score][name] for r in per_run]))
+                      for name, value in per_run[0][score].items()} for score in SCORES}
     nll = float(np.mean([j.accuracy["nll"] for j in runs]))
     gaps = [function_gaps(j.predictive, j.information, reference) for j in runs]
     function = {key: None if None in (values := [g[key] for g in gaps]) else float(np.mean(values)) for key in gaps[0]}

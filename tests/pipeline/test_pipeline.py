@@ -101,16 +101,15 @@ def test_evaluate_without_generator_names_the_stage(tmp_path, capsys):
     assert "run `apd sample" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("per_chain", [False, True])
-def test_interrupted_distillation_resumes_to_the_same_generator(pipeline, tmp_path, monkeypatch, per_chain):
-    """Interrupted after 100 GAN trainer steps (per chain: steps of the chains trained as one), the resumed
-    run ends with the generator an uninterrupted run gives."""
+@pytest.mark.parametrize("settings", [{}, {"per_chain": True}, {"mode_embedding": 2}])
+def test_interrupted_distillation_resumes_to_the_same_generator(pipeline, tmp_path, monkeypatch, settings):
+    """Interrupted after 100 GAN trainer steps (per chain: steps of the chains trained as one; conditioned on
+    the chain: of the one generator), the resumed run ends with the generator an uninterrupted run gives."""
     from apd.distillation.gan import GANTrainer
     from apd.pipeline import distill
 
     root, _ = pipeline
-    settings = {"per_chain": True} if per_chain else {}
-    if per_chain:
+    if settings:  # both read the store's chains: two of them
         copy_samples_as_two_chains(root, tmp_path / "straight")
         distill.run_distill(tiny_context(tmp_path / "straight", distill=settings))
         reference = torch.load(tiny_context(tmp_path / "straight").layout.generator_last, weights_only=True)
@@ -180,6 +179,33 @@ def test_one_generator_per_chain_stored_at_int8_is_what_evaluate_loads(pipeline,
     assert storage["in_sgld_samples"] < 0.3 * model.stored_parameters() / spec.numel
     assert set(manifest["selection"]["stored"]) >= {"criterion", "kl", "bald_gap"}
     assert APDGenerator(model, spec).storage_in_samples() == pytest.approx(storage["in_sgld_samples"], abs=0.005)
+
+
+def test_a_generator_conditioned_on_the_chains_runs_from_the_cli_and_loads_as_evaluate_loads_it(pipeline, tmp_path):
+    """``apd distill --set distill.mode_embedding=3`` on a store of two chains: the one generator reads each
+    chain's embedding, its manifest counts the embeddings and shares in its storage, and ``apd.load`` gives
+    the posterior evaluate judges, whose draws split between the chains by share."""
+    import apd
+    from apd.distillation.conditioned import ConditionedGenerator
+    from apd.distillation.precision import in_samples, module_bytes
+
+    root, config = pipeline
+    copy_samples_as_two_chains(root, tmp_path)
+    assert main(["distill", "--config", str(config), "--artifacts", str(tmp_path), "--quiet",
+                 "--set", "distill.mode_embedding=3", "--set", "distill.steps=40"]) == 0
+    path = tmp_path / "tiny" / "generator.pt"
+    manifest = json.loads(path.with_suffix(".json").read_text())
+    model, spec = load_generator(path, manifest)
+    assert isinstance(model.generator, ConditionedGenerator) and model.generator.embedding.shape == (2, 3)
+    assert (manifest["architecture"]["chains"], manifest["architecture"]["mode_embedding"]) == (2, 3)
+    torch.testing.assert_close(model.generator.shares, torch.tensor([0.5, 0.5]))
+    network = sum(t.numel() for t in model.generator.net.parameters())
+    assert manifest["storage"]["generator_parameters"] == network + 2 * 3 + 2 + model.codec.stored_parameters()
+    assert manifest["storage"]["in_sgld_samples"] == round(in_samples(module_bytes(model, "float32"), spec.numel), 2)
+    post = apd.load(tmp_path / "tiny", "apd")
+    assert post.storage_in_samples() == pytest.approx(manifest["storage"]["in_sgld_samples"], abs=0.005)
+    assert post.predict_probs(torch.zeros(3, 64), 4).shape == (4, 3, 10)
+    assert torch.bincount(post.model.generator.draw_chains(6), minlength=2).tolist() == [3, 3]
 
 
 def test_a_generator_stored_at_int4_holds_two_codes_a_byte_and_is_read_back_from_them(pipeline, tmp_path):
@@ -286,7 +312,7 @@ def test_chains_in_other_unit_orders_are_aligned_chain_by_chain(tmp_path):
     one permutation for all its rows, which puts its mean back on the first chain's; functions unchanged."""
     from apd.config import DistillConfig
     from apd.distillation.alignment import hidden_activations, hidden_widths, permute
-    from apd.pipeline.distill import training_samples
+    from apd.pipeline.recipes import training_samples
 
     ctx = tiny_context(tmp_path)
     spec = ParamSpec.from_module(mlp(ctx.net_sizes))
@@ -360,8 +386,8 @@ def test_mixture_is_fit_to_the_samples_aligned_as_apd_sees_them(tmp_path):
 
     from apd.distillation.alignment import hidden_widths, permute
     from apd.methods import MethodName
-    from apd.pipeline.distill import store_alignment
     from apd.pipeline.methods import METHODS, Sources
+    from apd.pipeline.recipes import store_alignment
 
     ctx = tiny_context(tmp_path, distill={"align": "permutation", "fit_samples": 16},
                        evaluate={"mog_components": [1], "mog_fit_samples": 16})
@@ -530,7 +556,8 @@ def test_a_method_stored_at_int8_meets_float32_kept_samples_and_the_int8_ones_it
     ⌈S / s_int8⌉ samples that int8 buys (each stored at int8); both show in the tables."""
     from apd.distillation.precision import in_samples, stored_bytes
     from apd.pipeline.comparison_tables import kept_comparisons, yardstick_table
-    from apd.pipeline.evaluate import evaluation_inputs, sgld_reference, yardstick
+    from apd.pipeline.evaluate import sgld_reference, yardstick
+    from apd.pipeline.recipes import evaluation_inputs
 
     root, _ = pipeline
     ctx = tiny_context(root)
