@@ -1,6 +1,6 @@
 # apd: `make sample distill evaluate` runs the pipeline, `make test` the tests, `make experiment
-# EXPERIMENT=distillers` (or gan-variants, storage, modes, precision, frontier) a study on the pipeline's
-# samples, `make active` active learning, `make publish PIPELINE=…` then `make docs` the committed results.
+# EXPERIMENT=distillers` a study on the pipeline's samples (`apd experiment --help` lists them), `make active`
+# active learning, `make publish PIPELINE=…` then `make docs` the committed results.
 # Every target builds .venv itself; it is rebuilt only when pyproject.toml, constraints.txt or
 # requirements-nodeps.txt change.
 PIPELINE ?= pipelines/digits.toml

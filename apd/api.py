@@ -23,7 +23,8 @@ from apd.io import read_json
 from apd.methods import LOADABLE, MethodName
 from apd.nets import ParamSpec
 from apd.pipeline.layout import Layout, manifest_of
-from apd.pipeline.methods import METHODS, Sources
+from apd.pipeline.methods import METHODS, Sources, apd_generator
+from apd.pipeline.recipes import evaluation_inputs
 from apd.pipeline.runtime import RunContext, resolve_device
 from apd.pipeline.stage import PRODUCER, check_provenance
 from apd.posteriors import Posterior, SGLDSamples
@@ -31,7 +32,7 @@ from apd.samplers.store import SampleStore
 
 
 def load(artifact_dir: str | Path, method: str, device: torch.device | str = "cpu",
-         data_dir: str | None = None) -> Posterior:
+         data_dir: str | None = None, seed: int = 0) -> Posterior:
     """The posterior ``method`` (one of :data:`apd.methods.LOADABLE`) of the pipeline whose artifacts are in
     ``artifact_dir`` (e.g. ``artifacts/digits``), as ``apd evaluate`` loads or fits it: by the same loader
     (:mod:`apd.pipeline.methods`), under the configuration the sample store records, with the same seeds, so
@@ -41,13 +42,17 @@ def load(artifact_dir: str | Path, method: str, device: torch.device | str = "cp
     :class:`~apd.errors.ConfigError` at once. The artifact is checked as the command line checks it (complete,
     files unchanged, made from the sample store there now, for the network the configuration builds); one
     that fails is an :class:`~apd.errors.ArtifactError`. Its ``predict_probs`` refuses inputs outside the
-    scale of the pipeline's dataset (:attr:`~apd.posteriors.Posterior.input_range`)."""
+    scale of the pipeline's dataset (:attr:`~apd.posteriors.Posterior.input_range`). ``seed`` picks APD's
+    generator seed where ``[distill] seeds`` trained several (0, the default: ``generator.pt``, the one the main
+    tables judge); it is for ``apd`` only."""
     layout = Layout(Path(artifact_dir))
     if method not in LOADABLE:
         raise ValueError(f"method must be one of {', '.join(LOADABLE)}, got {method!r}")
+    if seed and method != MethodName.APD:
+        raise ValueError(f"seed picks one of APD's generator seeds; {method!r} has none")
     device = resolve_device(str(device))
     loader = METHODS[method]
-    artifact = loader.artifact(layout)
+    artifact = layout.generator_of(seed) if method == MethodName.APD else loader.artifact(layout)
     _check(artifact, loader.stage, layout)
     if artifact != layout.samples:  # the configuration, and so the seeds, come from the store
         _check(layout.samples, "sample", layout)
@@ -55,7 +60,8 @@ def load(artifact_dir: str | Path, method: str, device: torch.device | str = "cp
     if loader.stage in ("baselines", "peers"):
         _check_network_record(method, artifact, loader.stage, ctx)
     with ExitStack() as stack:
-        posterior = loader.load(Sources(ctx, stack, ParamSpec.from_module(ctx.network())))
+        spec = ParamSpec.from_module(ctx.network())
+        posterior = apd_generator(ctx, spec, seed) if seed else loader.load(Sources(ctx, stack, spec))
         if isinstance(posterior, SGLDSamples):  # it reads the store as it draws: left open
             stack.pop_all()
     posterior.input_range = input_range(ctx.cfg.data.dataset)
@@ -121,8 +127,6 @@ def load_data(source: str | Path, data_dir: str | None = None) -> PipelineData:
     fingerprint), or a pipeline file as ``--config`` takes it (a later edit of its ``[evaluate]`` or OOD sets
     shows there, not in the store). ``data_dir`` as ``--data-dir`` takes it. OOD sets not available here are
     left out with a warning, as ``apd evaluate`` leaves them out."""
-    from apd.pipeline.evaluate import evaluation_inputs  # the stage's own function, imported on use: a heavy module
-
     if Path(source).is_dir():
         ctx = _recorded_context(Layout(Path(source)), data_dir)
     else:

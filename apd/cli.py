@@ -30,6 +30,7 @@ from apd._version import __version__
 from apd.config import config_hash
 from apd.config_load import load_config
 from apd.errors import ApdError, ArtifactError, ConfigError, out_of_memory_is_an_error
+from apd.experiments.studies import BY_NAME, STUDIES, resolve, study
 from apd.interrupts import (
     exit_code,
     ignore_signals,
@@ -57,27 +58,6 @@ STAGES = {
                      "2-D pipelines: each method's predictive and BALD over the plane (figures/toy2d.png)"),
 }
 READ_ONLY = ("info",)  # commands that only read: they take the artifact lock shared
-# Experiments (`apd experiment NAME`): name → (module, function(ctx, options), help), dispatched like STAGES.
-EXPERIMENTS = {
-    "distillers": ("apd.experiments.distillers", "run_distillers",
-                   "dense vs subspace APD vs Gaussians and MoG: storage, time, accuracy, OOD, against SGLD"),
-    "gan-variants": ("apd.experiments.gan_variants", "run_gan_variants",
-                     "WGAN-GP vs WGAN with clipping vs the original GAN on the same store and budget"),
-    "storage": ("apd.experiments.storage", "run_storage",
-                "MoG with k components, APD of several ranks and widths and the peers: storage against quality, "
-                "and the kept SGLD samples each replaces"),
-    "modes": ("apd.experiments.modes", "run_modes",
-              "single networks at the chains' means, between them and from APD: do the chains sit in separate modes?"),
-    "precision": ("apd.experiments.precision", "run_precision",
-                  "APD and kept samples at float32, float16, int8 and int4 storage, at one storage budget"),
-    "frontier": ("apd.experiments.frontier", "run_frontier",
-                 "APD with one generator per chain against as many kept samples, at several storage budgets"),
-    "active-learning": ("apd.experiments.active_learning", "run_active_learning",
-                        "active learning with SGLD, APD, MC dropout and a deterministic net: accuracy per label"),
-}
-# The experiments that run on a convolutional network (``net.conv``); the others build MLPs of their own, or
-# use the MLP-only options (unit alignment, Kronecker factors, Laplace)
-CNN_EXPERIMENTS = ("precision", "frontier")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,9 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "docs/results/NAME/results.json")
     reproduce.add_argument("--committed", help="results.json to compare with (None: docs/results/NAME/results.json)")
     command("info", "print the resolved config, data sizes and artifacts")
-    experiment = command("experiment", "run a study on the pipeline's samples: " + ", ".join(EXPERIMENTS))
-    experiment.add_argument("name", choices=list(EXPERIMENTS), help="; ".join(
-        f"{name}: {text}" for name, (_, _, text) in EXPERIMENTS.items()))
+    experiment = command("experiment", "run a study on the pipeline's samples: " + ", ".join(BY_NAME))
+    experiment.add_argument("name", metavar="NAME", help="; ".join(f"{s.name}: {s.help}" for s in STUDIES))
     experiment.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                             help="an experiment option (TOML syntax), e.g. --option max_seconds=600")
     return parser
@@ -247,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """The command ``args`` names, under the artifact lock; its exit code."""
+    chosen = study(args.name) if args.command == "experiment" else None  # an unknown study: before any work
     with interrupts_deferred():  # torch is imported whole (module docstring)
         import torch
 
@@ -274,12 +254,13 @@ def run(args: argparse.Namespace) -> int:
 
             for path in publish(ctx.layout, ctx.cfg.name, Path.cwd()):
                 print(f"published {path.relative_to(Path.cwd())}")
-        elif args.command == "experiment":
-            if ctx.cfg.net.conv and args.name not in CNN_EXPERIMENTS:
+        elif chosen is not None:
+            if ctx.cfg.net.conv and not chosen.cnn_ok:
                 raise ConfigError(f"{ctx.cfg.source}: `apd experiment {args.name}` is for MLPs; on a network "
-                                  f"with 'net.conv' run {', '.join(CNN_EXPERIMENTS)}")
-            module, function, _ = EXPERIMENTS[args.name]
-            getattr(_imported(module), function)(ctx, args.option)
+                                  f"with 'net.conv' run {', '.join(s.name for s in STUDIES if s.cnn_ok)}")
+            with interrupts_deferred():  # imported whole (module docstring)
+                run_study = resolve(chosen.run)
+            run_study(ctx, args.option)
         else:
             module, function, _ = STAGES[args.command]
             getattr(_imported(module), function)(ctx)

@@ -164,11 +164,18 @@ class DistillConfig:
     ``chains`` gives every sample of a chain one permutation, that matching the activations of the chain's
     mean on training images to those of the first chain's mean (for chains in different unit orders).
     ``per_chain`` (offline only) trains one generator per chain of the store in the one codec, a draw split
-    over the chains by their shares (:mod:`apd.distillation.chain_generators`). ``precision`` is what the
-    generator's tensors (generator, codec, residual) are stored at (:mod:`apd.distillation.precision`), and
-    ``generators_at``, where given, what the generator networks (and chain shares) are stored at instead,
+    over the chains by their shares (:mod:`apd.distillation.chain_generators`). ``mode_embedding`` E > 0
+    (offline only; 0: off) trains one generator for every chain instead, fed z and a learned E-number
+    embedding of the chain, a draw taking chains by their shares (:mod:`apd.distillation.conditioned`).
+    ``precision`` is what the generator's tensors (generator, codec, residual) are stored at
+    (:mod:`apd.distillation.precision`), and ``generators_at``, where given, what the generator networks
+    (and chain shares and embeddings) are stored at instead,
     the codec staying at ``precision``; the generator is trained and selected in float32 and stored at them
-    once, and its storage is counted in its bytes."""
+    once, and its storage is counted in its bytes. ``seeds`` generators are trained, each from its own seed
+    streams (generator seed k: :func:`apd.pipeline.seeds.replicated`) into its own files
+    (:meth:`apd.pipeline.layout.Layout.generator_of`); seed k's generator does not depend on how many are
+    trained, so ``seeds`` is not part of the stage's hash, and ``apd evaluate`` judges every one
+    (:mod:`apd.pipeline.replicates`)."""
 
     mode: Literal["offline", "online"] = "offline"
     generator: Literal["dense", "subspace"] = "dense"
@@ -199,8 +206,10 @@ class DistillConfig:
     t_gan: int = bounded(10, ge=1)
     restart_every: int = bounded(0, ge=0)
     per_chain: bool = False
+    mode_embedding: int = bounded(0, ge=0)  # numbers per chain's embedding; 0: no conditioning on the chain
     precision: Literal["float32", "float16", "int8", "int4"] = "float32"
     generators_at: Literal["", "float32", "float16", "int8", "int4"] = ""  # "": at ``precision``
+    seeds: int = bounded(1, ge=1)
 
     def generator_precision(self) -> str:
         """What the generator networks are stored at: ``generators_at``, or ``precision``."""
@@ -313,13 +322,15 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-# Fields that say how a stage runs, not what it makes: left out of the config hash.
-UNHASHED: tuple[tuple[str, str], ...] = (("sgld", "workers"), ("evaluate", "threads"))
+# Fields that say how a stage runs, not what it makes: left out of the config hash. ``distill.seeds`` says how
+# many generators the stage makes, none of which depends on it (the evaluation's inputs name every one).
+UNHASHED: tuple[tuple[str, str], ...] = (("sgld", "workers"), ("evaluate", "threads"), ("distill", "seeds"))
 # Fields left out of the hash while they hold this value (what the pipelines made before the field existed),
 # so that existing artifacts stay reusable: an empty ``net.conv`` is the MLP every earlier pipeline had, an
-# empty ``distill.generators_at`` the generator stored at one precision throughout, ``evaluate.burn_in_from_trace``
-# off the whole store read as before.
+# empty ``distill.generators_at`` the generator stored at one precision throughout, ``distill.mode_embedding`` 0
+# a generator that does not read the chain, ``evaluate.burn_in_from_trace`` off the whole store read as before.
 HASHED_UNLESS: tuple[tuple[str, str, Any], ...] = (("net", "conv", []), ("distill", "generators_at", ""),
+                                                  ("distill", "mode_embedding", 0),
                                                   ("evaluate", "burn_in_from_trace", False))
 
 

@@ -158,6 +158,12 @@ def _check_consistency(cfg: PipelineConfig, where: str) -> None:
     if d.per_chain and d.mode == "online":
         raise ConfigError(f"{where}: 'distill.per_chain' needs 'distill.mode' = 'offline' (the chains of a sample "
                           "store; online, set distill.per_chain = false)")
+    if d.mode_embedding and d.mode == "online":
+        raise ConfigError(f"{where}: 'distill.mode_embedding' needs 'distill.mode' = 'offline' (the chains of a "
+                          "sample store; online, set distill.mode_embedding = 0)")
+    if d.mode_embedding and d.per_chain:
+        raise ConfigError(f"{where}: 'distill.mode_embedding' conditions one generator on the chain, "
+                          "'distill.per_chain' trains one per chain; set one of them off")
     _check_network(cfg, where)
     if cfg.evaluate.mog_fit_samples < max(cfg.evaluate.mog_components):
         raise ConfigError(f"{where}: 'evaluate.mog_fit_samples' must be at least the largest "

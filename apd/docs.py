@@ -11,29 +11,29 @@ from ``apd evaluate``, the stage manifests, the experiments' JSON) or, for PIPEL
 ``docs/paper-numbers.json``. TABLE names one of :data:`RESULT_TABLES` (a table of ``tables.md``),
 ``ood-SCORE`` (one score's OOD block), ``machine`` (what the numbers were measured on), ``diagnostics``
 (SGLD's convergence, from the sample manifest), ``end-to-end`` (the stages timed by
-``benchmarks/time_pipeline.py``), ``pipelines`` (the settings of shipped pipelines, PIPELINE a comma-separated
+``benchmarks/time_pipeline.py``), ``nothing-lost`` (the scenario matrix of ``benchmarks/nothing_lost.py``: its last
+run's counts per group), ``pipelines`` (the settings of shipped pipelines, PIPELINE a comma-separated
 list, from their files), ``performance`` (every benchmark record in ``docs/results/PIPELINE/``,
 written by the ``benchmarks/bench_*.py`` scripts' ``--out``), ``samplers`` (several pipelines' SGLD runs side by side:
-PIPELINE is then a comma-separated list), ``frontiers`` (several pipelines' storage frontiers, likewise)
-or an experiment (:data:`EXPERIMENT_TABLES`, and ``frontier-PRECISION``: the frontier study with APD at
-another precision than int8). ``--check``
-renders without writing and fails on any difference.
+PIPELINE is then a comma-separated list) or a study's region (:func:`render_study`, from the study registry
+:data:`apd.experiments.studies.STUDIES`). For PIPELINE ``code``, TABLE ``studies`` is the list of studies
+itself. ``--check`` renders without writing and fails on any difference.
 
 ``apd report --publish`` fills ``docs/results/NAME/`` from a finished pipeline's artifacts (:func:`publish`):
-the small JSON files only (results, the stage manifests with diagnostics and timings, the experiments'
-summaries), never samples or weights, and its figures into ``docs/figures/NAME/``.
+the small JSON files only (results, the stage manifests with diagnostics and timings, every generator
+seed's, the experiments' summaries), never samples or weights, and its figures into ``docs/figures/NAME/``.
 """
 
 from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from apd.config import PipelineConfig
 from apd.errors import ArtifactError
+from apd.experiments.studies import STUDIES, resolve
 from apd.io import read_json, write_text_atomic, written_together
 from apd.pipeline.layout import PIPELINE_STAGES, Layout, manifest_of
 from apd.pipeline.table_format import format_duration, markdown_table, method_label
@@ -48,42 +48,24 @@ PAPER_FILE = Path("docs/paper-numbers.json")
 FIGURES_DIR = Path("docs/figures")
 
 
-def _experiment(module: str, function: str, file: str) -> Callable[[Path], str]:
-    def render(results_dir: Path) -> str:
-        import importlib
-
-        return getattr(importlib.import_module(module), function)(_read(results_dir / file)).strip()
-    return render
-
-
-EXPERIMENT_TABLES: dict[str, Callable[[Path], str]] = {
-    "distillers": _experiment("apd.experiments.distillers", "render_table", "distillers.json"),
-    "gan-variants": _experiment("apd.experiments.gan_variants", "render_table", "gan_variants.json"),
-    # `apd experiment storage`; "storage" names the storage table of `apd evaluate`
-    "storage-study": _experiment("apd.experiments.storage", "render_table", "storage.json"),
-    "modes": _experiment("apd.experiments.modes", "render_table", "modes.json"),
-    "precision": _experiment("apd.experiments.precision", "render_table", "precision.json"),
-    "frontier": _experiment("apd.experiments.frontier", "render_table", "frontier.json"),
-    "active-learning": _experiment("apd.experiments.active_report", "render_table", "active_learning.json"),
-    "active-learning-report": _experiment("apd.experiments.active_report", "render_summary", "active_learning.json"),
-}
-
-
 def render_table(pipeline: str, table: str, root: Path) -> str:
     """The Markdown of one region."""
     if pipeline == "paper":
         return render_paper(table, _read(root / PAPER_FILE))
+    if pipeline == "code" and table == "studies":
+        return render_studies()
     results_dir = root / RESULTS_DIR / pipeline
-    if table in EXPERIMENT_TABLES:
-        return EXPERIMENT_TABLES[table](results_dir)
-    if table.startswith("frontier-"):  # the frontier study with APD at another precision: frontier-int4.json
-        return _experiment("apd.experiments.frontier", "render_table", f"{table}.json")(results_dir)
+    study_table = render_study(pipeline, table, root)
+    if study_table is not None:
+        return study_table
     if table == "toy2d":
         return render_toy2d(_read(results_dir / "toy2d.json"))
     if table == "diagnostics":  # the sample stage's own record, published before any evaluation
         return render_diagnostics(_read(results_dir / "samples.json")["diagnostics"])
     if table == "end-to-end":  # benchmarks/time_pipeline.py's record
         return render_end_to_end(_read(results_dir / "end_to_end.json"))
+    if table == "nothing-lost":  # benchmarks/nothing_lost.py's record
+        return render_nothing_lost(_read(results_dir / "nothing_lost.json"))
     if table == "performance":  # the benchmark scripts' records
         return render_performance([_read(path) for path in sorted(results_dir.glob("*.json"))])
     if table == "pipelines":  # PIPELINE is a comma-separated list of shipped pipelines: their settings
@@ -94,11 +76,6 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
     if table == "samplers":  # PIPELINE is a comma-separated list: one row per pipeline's sample manifest
         return render_samplers({name: _read(root / RESULTS_DIR / name / "samples.json")
                                 for name in pipeline.split(",")})
-    if table == "frontiers":  # PIPELINE is a comma-separated list: one row per pipeline's frontier study
-        from apd.experiments.frontier import render_summary
-
-        return render_summary({name: _read(root / RESULTS_DIR / name / "frontier.json")
-                               for name in pipeline.split(",")}).strip()
     results = _read(results_dir / "results.json")
     if table == "machine":
         return render_machine(results)
@@ -109,11 +86,41 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
         built = RESULT_TABLES[table](results)
     else:
         raise ArtifactError(f"unknown results table {table!r} (known: {', '.join(RESULT_TABLES)}, ood-SCORE, "
-                            f"machine, diagnostics, samplers, frontiers, end-to-end, performance, "
-                            f"{', '.join(EXPERIMENT_TABLES)}, frontier-PRECISION)")
+                            f"machine, diagnostics, samplers, end-to-end, nothing-lost, performance, pipelines, "
+                            f"toy2d, {', '.join(study_regions())})")
     if built is None:
         raise ArtifactError(f"{results_dir}: has no data for table {table!r}")
     return built.markdown.strip()
+
+
+def study_regions() -> list[str]:
+    """The regions the studies render (:class:`~apd.experiments.studies.Study`): TABLE, TABLE-VARIANT where a
+    study has variants, and its summary region."""
+    names = []
+    for study in STUDIES:
+        names += [study.region, *([f"{study.region}-VARIANT"] if study.variants else []),
+                  *([study.summary[0]] if study.summary else [])]
+    return names
+
+
+def render_study(pipeline: str, table: str, root: Path) -> str | None:
+    """A study's region (:data:`~apd.experiments.studies.STUDIES`), rendered from its published results;
+    None when ``table`` names no study's region."""
+    for study in STUDIES:
+        if study.summary is not None and table == study.summary[0]:  # PIPELINE: a comma-separated list
+            return resolve(study.summary[1])({name: _read(root / RESULTS_DIR / name / f"{study.stem}.json")
+                                              for name in pipeline.split(",")}).strip()
+        variant = table.removeprefix(study.region)
+        if variant == "" or (study.variants and variant.startswith("-")):
+            return resolve(study.render)(_read(root / RESULTS_DIR / pipeline / f"{study.stem}{variant}.json")).strip()
+    return None
+
+
+def render_studies() -> str:
+    """The studies, one row each: the command, what it does and the networks it runs on."""
+    body = [[f"`apd experiment {study.name}`", study.help, "MLP and CNN" if study.cnn_ok else "MLP"]
+            for study in STUDIES]
+    return markdown_table(["command", "what it does", "networks"], body)
 
 
 def render_machine(results: dict) -> str:
@@ -176,6 +183,27 @@ def render_end_to_end(record: dict) -> str:
     return (f"`{record['config']}` at commit `{short_commit(record['commit'])}` on {machine_name(machine)}; "
             f"load average before the run {load_average(machine)}; each stage its own process, imports "
             f"included. Recorded by the stages: {detail}.\n\n" + markdown_table(["stage", "wall clock"], body))
+
+
+def render_nothing_lost(record: dict) -> str:
+    """The scenario matrix's last run (``benchmarks/nothing_lost.py --out``): where and when it ran, the
+    cases run, passed, failed and skipped per group and in all, and each failed or skipped case with its
+    reason."""
+    groups = record["groups"]
+    totals = {key: sum(counts[key] for counts in groups.values()) for key in ("cases", "passed", "failed",
+                                                                               "skipped")}
+    body = [[group, *(f"{counts[key]:,}" for key in totals)] for group, counts in groups.items()]
+    body.append(["all", *(f"**{value:,}**" for value in totals.values())])
+    machine = record["machine"]
+    text = (f"`{record['command']}` at commit `{short_commit(record['commit'])}` on {machine_name(machine)}, "
+            f"{record['started'][:10]}; load average before the run {load_average(machine)}; "
+            f"{format_duration(record['seconds'])}.\n\n"
+            + markdown_table(["group", "cases", "passed", "failed", "skipped"], body))
+    for label, cases in (("Failed", record["failed"]), ("Skipped", record["skipped"])):
+        if cases:
+            text += f"\n\n{label}: " + "; ".join(f"`{case}` ({'; '.join(reasons)})"
+                                                  for case, reasons in cases.items())
+    return text
 
 
 def render_performance(records: list[dict]) -> str:
@@ -348,7 +376,8 @@ def publish(layout: Layout, name: str, root: Path) -> list[Path]:
     ``docs/figures/NAME/``, as far as its stages have finished; returns the files written. Raises when
     ``apd sample`` has not finished."""
     sources = [layout.results, layout.evaluate_manifest, manifest_of(layout.samples), manifest_of(layout.generator),
-               layout.eval_dir / "toy2d.json", *sorted(layout.experiments.glob("*.json"))]
+               *sorted(layout.root.glob("generator-seed*.json")), layout.eval_dir / "toy2d.json",
+               *sorted(layout.experiments.glob("*.json"))]
     if not manifest_of(layout.samples).is_file():
         raise ArtifactError(f"{manifest_of(layout.samples)}: missing; run `apd sample` first")
     figures = [*sorted((layout.eval_dir / "figures").glob("*.png")), *sorted(layout.experiments.glob("*.png"))]

@@ -11,7 +11,8 @@ the positive class. All values are fractions in [0, 1]; callers convert to perce
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import numbers
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -179,3 +180,51 @@ def mean_std(values: Sequence[float]) -> dict[str, float]:
     if array.ndim != 1 or array.size == 0:
         raise ValueError(f"mean_std needs a non-empty list of numbers, got shape {list(array.shape)}")
     return {"mean": float(array.mean()), "std": float(array.std(ddof=0))}
+
+
+@dataclass(frozen=True)
+class Stat:
+    """A value as the results files store it, read back typed (:meth:`of`): a plain number (``std`` None), a
+    summary over runs, draws or subsets from :func:`mean_std` (mean and population std), or random subsets'
+    summary with its 5–95 % band (``band``: p5, p95)."""
+
+    mean: float
+    std: float | None = None
+    band: tuple[float, float] | None = None
+
+    @classmethod
+    def of(cls, value: float | Mapping | Stat | None) -> Stat | None:
+        """The :class:`Stat` of a stored value (a number, or a mapping with ``mean``, ``std`` and maybe ``p5``
+        and ``p95``; a Stat as it is); None for None. A mean or std that is not a number is a TypeError raised
+        as it is read."""
+        if value is None or isinstance(value, Stat):
+            return value
+        if not isinstance(value, Mapping):
+            return cls(_number(value, "value"))
+        mean = _number(value["mean"], "mean")
+        std = _number(value["std"], "std")
+        return cls(mean, std, (value["p5"], value["p95"]) if "p5" in value else None)
+
+    @property
+    def spread(self) -> float:
+        """The std, 0 for a plain number."""
+        return 0.0 if self.std is None else self.std
+
+
+def _number(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} {value!r} is not a number")
+    return value
+
+
+def mean_of(value: float | Mapping | None) -> float | None:
+    """A stored value's mean (:meth:`Stat.of`): that of a summary over runs or subsets, or the value itself
+    where it has no spread (one evenly spaced set); None for None."""
+    stat = Stat.of(value)
+    return None if stat is None else stat.mean
+
+
+def std_of(value: float | Mapping | None) -> float:
+    """A stored value's std over runs or subsets (:meth:`Stat.of`), 0 where it has none."""
+    stat = Stat.of(value)
+    return 0.0 if stat is None else stat.spread

@@ -97,7 +97,7 @@ def digits_evaluate(record: BenchmarkRecord) -> None:
         return
     from apd.pipeline.adversarial import evaluate_adversarial
     from apd.pipeline.comparison_tables import adversarial_table
-    from apd.pipeline.evaluate import load_methods
+    from apd.pipeline.methods import load_methods
     from apd.pipeline.runtime import RunContext
 
     cfg = load_config("pipelines/digits.toml")

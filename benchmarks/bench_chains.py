@@ -9,7 +9,9 @@ timed in interleaved blocks, so drift on a shared machine hits all alike.
 
 - ``C chains``: one process, torch on 1 thread on the CPU; chain-steps per second = C × iterations / s.
   Target on the CPU: C = 8 at least as fast per chain-step as C = 1. On CUDA (the card is named in the
-  record): C = 1 … 1,024 fcNN1 chains, with the fused update (Triton) and with a torch generator per chain.
+  record): C = 1 … 1,024 fcNN1 chains, the step recorded as a CUDA graph (the default), the fused update
+  (Triton) replayed kernel by kernel, and a torch generator per chain; then the graph with TF32 matmuls,
+  for scale only (the pipeline multiplies in float32).
 - ``vmap``: the gradient of C chains' minibatch NLL as the project computes it (one batched forward and
   backward, :func:`apd.nets.per_network_logits`) against ``vmap(grad(functional_call))`` over stacked
   parameters (``torch.func``), at C = 8 on the CPU and C = 256 on CUDA.
@@ -48,15 +50,17 @@ NUM_DATA = 50_000
 
 
 def make_chains(sizes: list[int], chains: int, device: torch.device, prefetch: bool = False,
-                fused: bool | None = None) -> SGLDChains:
+                fused: bool | None = None, graph: bool | None = None) -> SGLDChains:
     """``chains`` chains on random data (``NUM_DATA`` rows on CUDA, 5,000 on the CPU) with the paper's N;
-    ``fused=False`` makes CUDA chains draw their noise from torch generators."""
+    ``fused=False`` makes CUDA chains draw their noise from torch generators, ``graph=False`` steps the fused
+    update without recording the step as a CUDA graph."""
     rows = NUM_DATA if device.type == "cuda" else 5_000
     generator = torch.Generator().manual_seed(chains)
     x = (torch.rand(rows, sizes[0], generator=generator) * 2 - 1).to(device)
     y = torch.randint(0, sizes[-1], (rows,), generator=generator).to(device)
     batch = SGLDChains(sizes, CONFIG, list(range(chains)), x, y,
-                       [ChainSeeds(3 * c, 3 * c + 1, 3 * c + 2) for c in range(chains)], prefetch, fused_update=fused)
+                       [ChainSeeds(3 * c, 3 * c + 1, 3 * c + 2) for c in range(chains)], prefetch, fused_update=fused,
+                       cuda_graph=graph)
     batch.num_data = NUM_DATA  # the paper's N, not the random subset's
     return batch
 
@@ -75,9 +79,9 @@ def timed(work: Callable[[], None], device: torch.device) -> float:
 
 
 def chain_step_rates(sizes: list[int], counts: list[int], device: torch.device, reps: int, steps: int,
-                     fused: bool | None = None) -> dict[int, float]:
+                     fused: bool | None = None, graph: bool | None = None) -> dict[int, float]:
     """Median chain-steps per second of each chain count, timed in interleaved blocks of ``steps``."""
-    batches = {c: make_chains(sizes, c, device, prefetch_pays(device), fused) for c in counts}
+    batches = {c: make_chains(sizes, c, device, prefetch_pays(device), fused, graph) for c in counts}
     clock = {c: 0 for c in counts}
     rates: dict[int, list[float]] = {c: [] for c in counts}
 
@@ -85,6 +89,8 @@ def chain_step_rates(sizes: list[int], counts: list[int], device: torch.device, 
         for t in range(clock[c], clock[c] + steps):
             batches[c].step(t)
         clock[c] += steps
+        if graph and not batches[c].graphed:
+            raise RuntimeError(f"C = {c}: the CUDA graph was not recorded; these would be eager rates")
 
     for rep in range(reps + 1):  # the first round warms up and is dropped
         for c in counts:
@@ -241,14 +247,23 @@ def cuda_rows(record: BenchmarkRecord, reps: int, steps: int) -> None:
     card = torch.cuda.get_device_name(device)
     counts = [1, 32, 256, 1024]
     print(f"\n{card}: fcNN1 chain-steps per second, data resident on the card")
-    fused = chain_step_rates(NETS["fcNN1"], counts, device, reps, steps)
+    graphed = chain_step_rates(NETS["fcNN1"], counts, device, reps, steps, graph=True)
+    fused = chain_step_rates(NETS["fcNN1"], counts, device, reps, steps, graph=False)
     plain = chain_step_rates(NETS["fcNN1"], counts, device, reps, max(steps // 10, 10), fused=False)
     for c in counts:
-        print(f"  C = {c:>5}: fused update {fused[c]:>10.0f}   torch generator per chain {plain[c]:>10.0f}")
-    record.add(f"SGLD chain-steps per second on {card}, fcNN1, batch 100, fused update with keyed noise "
-               "(torch generator per chain in brackets)",
-               "; ".join(f"C = {c:,}: {fused[c]:,.0f} ({plain[c]:,.0f})" for c in counts),
+        print(f"  C = {c:>5}: CUDA graph {graphed[c]:>10.0f}   fused update {fused[c]:>10.0f}   "
+              f"torch generator per chain {plain[c]:>10.0f}")
+    record.add(f"SGLD chain-steps per second on {card}, fcNN1, batch 100: the step recorded as a CUDA graph "
+               "(the fused update with keyed noise, not recorded; a torch generator per chain)",
+               "; ".join(f"C = {c:,}: {graphed[c]:,.0f} ({fused[c]:,.0f}; {plain[c]:,.0f})" for c in counts),
                "≥ 200,000 at C = 256, ≥ 400,000 at C = 1,024")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    tf32 = chain_step_rates(NETS["fcNN1"], counts[2:], device, reps, steps, graph=True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    print("  TF32 matmuls (not what the pipeline computes): "
+          + ", ".join(f"C = {c}: {tf32[c]:.0f}" for c in tf32))
+    record.add(f"the same CUDA graph with TF32 matmuls on {card}, for scale (the pipeline multiplies in float32)",
+               "; ".join(f"C = {c:,}: {tf32[c]:,.0f}" for c in tf32))
     grads = gradient_rates(NETS["fcNN1"], 256, device, reps, steps)
     print(f"  gradients of 256 fcNN1 chains: batched {grads['batched']:.0f}/s, vmap {grads['vmap']:.0f}/s")
     record.add(f"gradient of C = 256 fcNN1 chains on {card}: one batched forward and backward over vmap",

@@ -23,9 +23,9 @@ from record import BenchmarkRecord, add_out_argument
 
 from apd.config_load import load_config
 from apd.evaluation.protocol import judge
-from apd.pipeline.evaluate import ensemble_sizes, evaluation_inputs
 from apd.pipeline.locks import artifact_lock
-from apd.pipeline.methods import load_methods
+from apd.pipeline.methods import ensemble_sizes, load_methods
+from apd.pipeline.recipes import evaluation_inputs
 from apd.pipeline.runtime import RunContext, torch_threads
 
 PAPER_METHODS = ("sgd", "mcdropout", "sgld", "apd", "mog")

@@ -4,7 +4,10 @@ each run through the CLI against a complete artifact set of a tiny digits pipeli
 Run: ``.venv/bin/python benchmarks/nothing_lost.py`` (about 10-20 minutes on a shared 2-core CPU; needs
 root for the full-disk and read-only cases, which are skipped otherwise). Options: ``--only REGEX``
 (case ids), ``--exec`` (every command as a fresh ``python -m apd`` process instead of a fork of this
-one, which has torch imported already), ``--list``, ``--keep`` (leave the work directory).
+one, which has torch imported already), ``--list``, ``--keep`` (leave the work directory), ``--out FILE``
+(the run's record as JSON: per group the cases run, passed, failed and skipped, each failure and skip with
+its reason, the commit and the machine; ``docs/results/reliability/nothing_lost.json`` is the committed one
+that ``make docs`` renders into docs/reliability.md).
 
 A complete artifact set (sample, distill, evaluate) is built once; every case copies it, takes the
 SHA-256 of every complete artifact file, runs its commands and checks
@@ -45,6 +48,7 @@ import numpy as np
 import torch
 from process_tree import children as _children
 from process_tree import running as _running
+from record import run_header
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -1663,6 +1667,7 @@ def main() -> int:
     parser.add_argument("--exec", action="store_true", help="run each command as a fresh `python -m apd`")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--out", type=Path, help="write the run's record (counts per group, failures) as JSON here")
     args = parser.parse_args()
     cases = [c for c in CASES if not args.only or re.search(args.only, c.id)]
     if args.list:
@@ -1670,6 +1675,7 @@ def main() -> int:
             print(f"{c.id:45s} {c.group:11s} {'issue' if c.issue else '':5s} {c.what}")
         return 0
     outcomes: list[Outcome] = []
+    header = run_header()
     started = time.perf_counter()
     with workdir(args.keep) as work:
         harness = Harness(work, args.exec)
@@ -1704,7 +1710,27 @@ def main() -> int:
     print(f"\n{len(outcomes)} cases ({len(issue)} from the issue's failures): {counts['pass']} passed, "
           f"{counts['FAIL']} failed, {counts['skip']} skipped; {time.perf_counter() - started:.0f} s"
           f"{' (each command a fresh python -m apd)' if args.exec else ''}")
+    if args.out:
+        write_record(args.out, header, outcomes, time.perf_counter() - started)
     return 1 if counts["FAIL"] else 0
+
+
+def write_record(path: Path, header: dict, outcomes: list[Outcome], seconds: float) -> None:
+    """The run as JSON: the command, commit and machine (:func:`record.run_header`), the wall clock, per
+    group (in the matrix's order) the cases run, passed, failed and skipped, and each failed or skipped
+    case with its reasons."""
+    groups: dict[str, dict[str, int]] = {}
+    for o in outcomes:
+        counts = groups.setdefault(o.case.group, {"cases": 0, "passed": 0, "failed": 0, "skipped": 0})
+        counts["cases"] += 1
+        counts[{"pass": "passed", "FAIL": "failed", "skip": "skipped"}[o.status]] += 1
+    record = {"script": Path(sys.argv[0]).name, "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+              **header, "seconds": round(seconds, 1), "groups": groups,
+              "failed": {o.case.id: o.problems for o in outcomes if o.status == "FAIL"},
+              "skipped": {o.case.id: o.problems for o in outcomes if o.status == "skip"}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -45,7 +45,9 @@ def recorded_parts(artifacts: Path) -> dict[str, float]:
         **{f"baseline {path.stem}": seconds(f"baselines/{path.name}", "seconds")
            for path in sorted((artifacts / "baselines").glob("*.json"))},
         "alignment": seconds("generator.json", "alignment", "seconds"),
-        "distillation": seconds("generator.json", "seconds"),
+        **{"distillation" if path.name == "generator.json" else f"distillation, {path.stem.removeprefix('generator-')}":
+           seconds(path.name, "seconds")
+           for path in sorted(artifacts.glob("generator*.json"), key=lambda p: (p.name != "generator.json", p.name))},
         "evaluation": seconds("eval/evaluate.json", "seconds"),
     }
     return {name: round(value, 2) for name, value in parts.items() if value is not None}
@@ -64,15 +66,17 @@ def main() -> int:
         root = str(args.artifacts) if args.artifacts else stack.enter_context(
             tempfile.TemporaryDirectory(prefix="apd-timing-"))
         started = time.perf_counter()
-        for stage in PIPELINE_STAGES:
-            record["unfinished"] = stage
+        record["unfinished"] = PIPELINE_STAGES[0]  # the first stage a run stopped now would not have finished
+        for position, stage in enumerate(PIPELINE_STAGES):
             t0 = time.perf_counter()
             subprocess.run([sys.executable, "-m", "apd", stage, "--config", args.config, "--artifacts", root,
                             "--quiet"], check=True)
             record["stages"][stage] = round(time.perf_counter() - t0, 2)
             record["parts"] = recorded_parts(next(Path(root).glob("*/samples.json")).parent)
             print(f"{stage}: {record['stages'][stage]:.1f} s", flush=True)
-            write(record, args.out)  # a run stopped later keeps the stages it finished
+            if position + 1 < len(PIPELINE_STAGES):
+                record["unfinished"] = PIPELINE_STAGES[position + 1]
+                write(record, args.out)  # a run stopped later keeps the stages it finished
         del record["unfinished"]
         record["total"] = round(time.perf_counter() - started, 2)
     for part, value in record["parts"].items():

@@ -163,7 +163,7 @@ def test_predict_probs_refuses_what_is_not_a_batch_in_the_pipeline_scale_in_one_
 def test_load_data_gives_what_evaluate_scores(tiny_pipeline):
     """The artifacts' recorded configuration and the pipeline file give the inputs evaluate_methods scores."""
     import apd
-    from apd.pipeline.evaluate import evaluation_inputs
+    from apd.pipeline.recipes import evaluation_inputs
     from tests.tiny_pipeline import tiny_context
 
     root, config = tiny_pipeline
@@ -203,7 +203,8 @@ def test_load_gives_the_posterior_evaluate_judged(tiny_pipeline, method):
 
     import apd
     from apd.evaluation.protocol import judge
-    from apd.pipeline.evaluate import ensemble_sizes, evaluation_inputs
+    from apd.pipeline.methods import ensemble_sizes
+    from apd.pipeline.recipes import evaluation_inputs
     from tests.tiny_pipeline import tiny_context
 
     root, _ = tiny_pipeline

@@ -84,6 +84,9 @@ def test_defaults_fill_missing_sections():
         ({"distill": {"standardize": 1}}, "'distill.standardize' must be true or false"),
         ({"distill": {"align": "sort"}}, "'distill.align' must be one of"),
         ({"distill": {"align": "permutation", "mode": "online"}}, "'distill.align' = 'permutation' needs"),
+        ({"distill": {"mode_embedding": -1}}, "'distill.mode_embedding' must be at least 0"),
+        ({"distill": {"mode_embedding": 4, "mode": "online"}}, "'distill.mode_embedding' needs 'distill.mode'"),
+        ({"distill": {"mode_embedding": 4, "per_chain": True}}, "set one of them off"),
         ({"net": {"conv": [6, 0]}}, "'net.conv' must be a list of positive integers"),
         ({"net": {"conv": [6]}, "data": {"dataset": "toy2d"}, "evaluate": {"adversarial": {"enabled": False}}},
          "'net.conv' needs images"),
@@ -154,6 +157,16 @@ def test_a_generator_at_one_precision_hashes_as_before_distill_generators_at_exi
     assert config_hash(mixed, "sample") == config_hash(codec_only, "sample")
     with pytest.raises(ConfigError, match="generators_at"):
         from_dict({"name": "x", "distill": {"generators_at": "int2"}})
+
+
+def test_a_generator_that_does_not_read_the_chain_hashes_as_before_mode_embedding_existed():
+    """``distill.mode_embedding`` 0 leaves every hash as it was (the pinned values above hold with it); a chain
+    embedding changes the distill and evaluate hashes, not the sample stage's."""
+    plain, conditioned = from_dict({"name": "x"}), from_dict({"name": "x", "distill": {"mode_embedding": 4}})
+    assert config_hash(plain) == config_hash(from_dict({"name": "x", "distill": {"mode_embedding": 0}}))
+    for stage in ("distill", "evaluate"):
+        assert config_hash(plain, stage) != config_hash(conditioned, stage)
+    assert config_hash(plain, "sample") == config_hash(conditioned, "sample")
 
 
 def test_the_yardstick_takes_at_least_200_subsets_and_the_trace_burn_in_only_changes_evaluation():

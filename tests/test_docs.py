@@ -228,6 +228,26 @@ def test_end_to_end_timing_is_rendered_from_its_record(project):
     assert "| total | not reached: the run stopped before `apd evaluate` finished |" in table
 
 
+def test_nothing_lost_matrix_is_rendered_from_its_record(project):
+    """docs/reliability.md's scenario count and verdict come from benchmarks/nothing_lost.py's JSON: counts per
+    group and in all, and each failed or skipped case with its reason."""
+    record = {"command": "nothing_lost.py --out x.json", "commit": "0123456789abcdef",
+              "started": "2026-01-02T03:04:05+00:00", "seconds": 1092.4,
+              "machine": {"cpu": "Some CPU", "cores": 2, "load_average_before": [0.5, 0.75, 1.0]},
+              "groups": {"race": {"cases": 2, "passed": 2, "failed": 0, "skipped": 0},
+                         "disk": {"cases": 1000, "passed": 998, "failed": 1, "skipped": 1}},
+              "failed": {"disk-full": ["exit 1, expected 2", "2 lines on stderr"]},
+              "skipped": {"read-only": ["needs root"]}}
+    (project / "docs" / "results" / "demo" / "nothing_lost.json").write_text(json.dumps(record))
+    table = render_table("demo", "nothing-lost", project)
+    assert table.startswith("`nothing_lost.py --out x.json` at commit `0123456789ab` on Some CPU (2 cores), "
+                            "2026-01-02; load average before the run 0.50, 0.75, 1.00; 18 min 12 s.")
+    assert "| race | 2 | 2 | 0 | 0 |" in table and "| disk | 1,000 | 998 | 1 | 1 |" in table
+    assert "| all | **1,002** | **1,000** | **1** | **1** |" in table
+    assert table.endswith("Failed: `disk-full` (exit 1, expected 2; 2 lines on stderr)\n\n"
+                          "Skipped: `read-only` (needs root)")
+
+
 # The documents themselves: a README a newcomer reads in minutes, links that lead somewhere, no issue numbers.
 README_MAX_LINES = 200
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")

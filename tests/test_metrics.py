@@ -6,7 +6,20 @@ import numpy as np
 import pytest
 import torch
 
-from apd.metrics import NLL_EPS, accuracy, auroc, brier, detection, ece, mean_std, nll, reliability
+from apd.metrics import (
+    NLL_EPS,
+    Stat,
+    accuracy,
+    auroc,
+    brier,
+    detection,
+    ece,
+    mean_of,
+    mean_std,
+    nll,
+    reliability,
+    std_of,
+)
 
 # Three inputs, two classes, all labelled 0: predictions right, wrong, right.
 HAND_PROBS = torch.tensor([[0.7, 0.3], [0.2, 0.8], [0.6, 0.4]])
@@ -199,3 +212,14 @@ def test_auroc_alone_is_detections_area_ties_included():
     scores_in, scores_out = rng.integers(0, 6, 300).astype(float), rng.integers(2, 9, 200).astype(float)
     assert auroc(scores_in, scores_out)["auroc"] == pytest.approx(detection(scores_in, scores_out)["auroc"], abs=1e-12)
     assert auroc([0.0, 1.0], [1.0, 2.0])["auroc"] == 0.875  # pairs: 1 > 0, 1 = 1 (½), 2 > 0, 2 > 1
+
+
+def test_a_stored_value_reads_back_as_a_stat():
+    assert Stat.of(mean_std([1.0, 3.0])) == Stat(2.0, 1.0)
+    assert Stat.of(4.5) == Stat(4.5) and Stat.of(4.5).spread == 0.0
+    band = Stat.of({"mean": 2.0, "std": 1.0, "p5": 0.5, "p95": 3.5, "values": [1.0, 3.0]})
+    assert band == Stat(2.0, 1.0, (0.5, 3.5))
+    assert Stat.of(None) is None and Stat.of(band) is band
+    assert (mean_of(band), std_of(band), mean_of(None), std_of(None)) == (2.0, 1.0, None, 0.0)
+    with pytest.raises(TypeError, match="mean 'high' is not a number"):
+        Stat.of({"mean": "high", "std": 0.1})

@@ -20,11 +20,12 @@ from apd.distillation.gan import Critic, GANLoss, GANTrainer, Generator, stacked
 from apd.errors import ArtifactError
 
 
-def systematic_allocation(shares: Tensor, k: int) -> Tensor:
+def systematic_allocation(shares: Tensor, k: int, start: Tensor | float = 0.5) -> Tensor:
     """The part of each of k members, for parts of ``shares`` (summing to 1): member i takes the part whose
-    cumulative share first exceeds (i + ½)/k (systematic sampling), so part j gets k·w_j members to within
-    one, in order."""
-    positions = (torch.arange(k, device=shares.device) + 0.5) / k
+    cumulative share first exceeds (i + u)/k (systematic sampling, start u ∈ [0, 1); ½ by default), so part j
+    gets k·w_j members to within one, in order. A start u ~ U[0, 1) makes it systematic resampling (Kitagawa,
+    1996): part j's count then has expectation exactly k·w_j."""
+    positions = (torch.arange(k, device=shares.device) + start) / k
     return torch.searchsorted(shares.cumsum(0), positions).clamp_max(len(shares) - 1)
 
 

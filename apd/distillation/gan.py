@@ -337,7 +337,13 @@ class GANTrainer:
     GANs as one: real batches are [C, B, D], chain j's z and interpolation weights come from its own
     stream (so it draws what a trainer of chain j alone draws), the per-chain losses are summed, and the
     statistics returned are the chains' averaged with ``chain_weights`` [C] (default: equally).
+
+    A batch is the critic's input: the codes and ``label_columns`` columns after them (none here; a
+    conditioned trainer's batches carry each row's chain, :mod:`apd.distillation.conditioned`). The fakes
+    a critic step scores come from :meth:`fakes_like`, a generator step's from :meth:`fakes`.
     """
+
+    label_columns: ClassVar[int] = 0
 
     def __init__(
         self,
@@ -350,8 +356,9 @@ class GANTrainer:
         seed: int | Sequence[int] = 0,
         chain_weights: Tensor | None = None,
     ) -> None:
-        if generator.out_dim != critic.in_dim:
-            raise ValueError(f"generator makes {generator.out_dim}-vectors, critic takes {critic.in_dim}")
+        if generator.out_dim + self.label_columns != critic.in_dim:
+            raise ValueError(f"generator makes {generator.out_dim}-vectors (and {self.label_columns} label columns), "
+                             f"critic takes {critic.in_dim}")
         self.generator = generator
         self.critic = critic
         self.loss = make_loss(loss) if isinstance(loss, str) else loss
@@ -376,7 +383,7 @@ class GANTrainer:
                             f"expected [{', '.join(map(str, [*self.chains, 'batch', self.critic.in_dim]))}]")
         real = real.to(self.device, self.dtype, non_blocking=True)
         with torch.no_grad():
-            fake = self.generator.sample(real.shape[-2], generator=self.rng)
+            fake = self.fakes_like(real)
         loss, stats = self.loss.critic_loss(self.critic, real, fake, rng=self.rng)
         self.critic_opt.zero_grad(set_to_none=True)
         loss.sum().backward()  # the chains' sum: each chain's weights get their own loss's gradient
@@ -391,13 +398,21 @@ class GANTrainer:
         Gradients flow through the critic but are accumulated only into the generator, so the critic's
         large input-layer weight gradient is never computed here.
         """
-        fake = self.generator.sample(batch_size, generator=self.rng)
+        fake = self.fakes(batch_size)
         loss = self.loss.generator_loss(self.critic, fake)
         self.generator_opt.zero_grad(set_to_none=True)
         loss.sum().backward(inputs=list(self.generator.parameters()))
         self.generator_opt.step()
         self.generator_steps += 1
         return self._checked({"generator_loss": loss.detach()}, f"generator step {self.generator_steps}")
+
+    def fakes_like(self, real: Tensor) -> Tensor:
+        """A fake batch of as many rows as the real batch ``real`` (per chain), from the trainer's streams."""
+        return self.fakes(real.shape[-2])
+
+    def fakes(self, batch_size: int) -> Tensor:
+        """``batch_size`` generator samples (per chain), from the trainer's streams."""
+        return self.generator.sample(batch_size, generator=self.rng)
 
     def step(
         self, real_batches: Iterable[Tensor] | Callable[[], Tensor], n_critic: int = 5

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from apd.config import DistillConfig
 from apd.distillation.chain_generators import ChainGenerators
 from apd.distillation.codec import WeightCodec
+from apd.distillation.conditioned import ConditionedGenerator
 from apd.distillation.gan import Generator
 from apd.distillation.kronecker import KroneckerResidual
 from apd.distillation.precision import in_samples, module_bytes, module_tensors, pack_state, unpack_state
@@ -26,11 +27,12 @@ from apd.nets import ParamSpec
 
 class DistilledGenerator(nn.Module):
     """θ = codec.decode(G(z)), z ~ N(0, I): the APD posterior approximation over flat weight vectors. ``G``
-    is one generator or one per chain (:class:`~apd.distillation.chain_generators.ChainGenerators`);
+    is one generator, one per chain (:class:`~apd.distillation.chain_generators.ChainGenerators`) or one
+    conditioned on the chain (:class:`~apd.distillation.conditioned.ConditionedGenerator`);
     ``precision`` is what its codec's tensors are stored at, and ``generators_at`` (default: ``precision``)
     what its generator networks' are."""
 
-    def __init__(self, generator: Generator | ChainGenerators, codec: WeightCodec,
+    def __init__(self, generator: Generator | ChainGenerators | ConditionedGenerator, codec: WeightCodec,
                  precision: str = "float32", generators_at: str | None = None) -> None:
         super().__init__()
         self.generator, self.codec, self.precision = generator, codec, precision
@@ -41,7 +43,7 @@ class DistilledGenerator(nn.Module):
         return self.codec.decode(self.generator.sample(k, generator=generator), generator=generator)
 
     def stored_parameters(self) -> int:
-        """Numbers stored: the generators' weights (and chain shares), the codec's tensors."""
+        """Numbers stored: the generators' weights (and chain shares and embeddings), the codec's tensors."""
         return sum(t.numel() for t in module_tensors(self))
 
     def stored_bytes(self) -> int:
@@ -88,14 +90,14 @@ def codec_kind(cfg: DistillConfig) -> str:
 def architecture(cfg: DistillConfig, dim: int, layer_sizes: list[int], chains: int = 1) -> dict:
     """What :func:`build_generator` needs to rebuild the modules (stored in the generator's manifest);
     ``layer_sizes``: the MLP's (a CNN's head's) sizes, read by a Kronecker residual; ``chains``: the store's
-    chains, one generator each when ``cfg.per_chain``."""
+    chains, one generator each when ``cfg.per_chain``, one embedding each when ``cfg.mode_embedding``."""
     kronecker = cfg.uses_kronecker()
     return {"codec": codec_kind(cfg), "dim": dim, "rank": cfg.subspace_rank,
             "residual": cfg.generator == "subspace" and cfg.residual.model == "diagonal",
             "kronecker_rank": cfg.residual.kronecker_rank if kronecker else 0, "layer_sizes": layer_sizes,
             "z_dim": cfg.z_dim, "gen_hidden": cfg.gen_hidden, "critic_hidden": cfg.critic_hidden, "loss": cfg.loss,
-            "chains": chains if cfg.per_chain else 0, "precision": cfg.precision,
-            "generators_at": cfg.generator_precision()}
+            "chains": chains if cfg.per_chain or cfg.mode_embedding else 0, "mode_embedding": cfg.mode_embedding,
+            "precision": cfg.precision, "generators_at": cfg.generator_precision()}
 
 
 def build_generator(arch: dict) -> DistilledGenerator:
@@ -107,8 +109,12 @@ def build_generator(arch: dict) -> DistilledGenerator:
         return Generator(arch["z_dim"], arch["gen_hidden"], codec.code_dim)
 
     chains = arch.get("chains", 0)  # 0: one generator for the whole store
-    shares = torch.full((chains,), 1 / max(chains, 1))  # the saved shares replace these
-    g = ChainGenerators([generator() for _ in range(chains)], shares) if chains else generator()
+    shares = torch.full((chains,), 1 / max(chains, 1))  # the saved shares (and embeddings) replace these
+    embedding = arch.get("mode_embedding", 0)  # 0: not conditioned on the chain
+    if embedding:
+        g = ConditionedGenerator(arch["z_dim"], arch["gen_hidden"], codec.code_dim, shares, embedding)
+    else:
+        g = ChainGenerators([generator() for _ in range(chains)], shares) if chains else generator()
     return DistilledGenerator(g, codec, arch.get("precision", "float32"), arch.get("generators_at"))
 
 

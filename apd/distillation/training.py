@@ -15,6 +15,7 @@ from apd.config import DistillConfig
 from apd.distillation.alignment import Alignment, identity, match, permute
 from apd.distillation.chain_generators import ChainTrainers
 from apd.distillation.codec import WeightCodec, fit_codec
+from apd.distillation.conditioned import ConditionedGenerator, ConditionedTrainer, conditioned_critic, labelled
 from apd.distillation.gan import Critic, GANLoss, GANTrainer, Generator, make_loss
 from apd.distillation.generator import DistilledGenerator, codec_kind
 from apd.distillation.kronecker import KroneckerResidual
@@ -45,12 +46,18 @@ def make_codec(cfg: DistillConfig, samples: Tensor, layer_sizes: list[int], x_fi
     return codec.to(device)
 
 
+def seeded(seed: int, build: Callable[[], tuple]) -> tuple:
+    """``build()`` with the global random state seeded with ``seed``, and left as it was after."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
+
+
 def seeded_networks(cfg: DistillConfig, code_dim: int, seed: int, device: torch.device) -> tuple[Generator, Critic]:
     """Generator and critic for codes of ``code_dim`` on ``device``, initialised from ``seed`` (the global
     random state left as it was)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return Generator(cfg.z_dim, cfg.gen_hidden, code_dim).to(device), Critic(code_dim, cfg.critic_hidden).to(device)
+    return seeded(seed, lambda: (Generator(cfg.z_dim, cfg.gen_hidden, code_dim).to(device),
+                                 Critic(code_dim, cfg.critic_hidden).to(device)))
 
 
 def make_trainer(cfg: DistillConfig, code_dim: int, seed: int, device: torch.device) -> GANTrainer:
@@ -67,6 +74,18 @@ def make_chain_trainers(cfg: DistillConfig, code_dim: int, seeds: list[int], sha
     generators, critics = zip(*(seeded_networks(cfg, code_dim, seed, device) for seed in seeds), strict=True)
     return ChainTrainers(generators, critics, shares.to(device), _loss(cfg), lr=cfg.lr or None,
                          betas=(cfg.beta1, cfg.beta2), seeds=seeds)
+
+
+def make_conditioned_trainer(cfg: DistillConfig, code_dim: int, seed: int, shares: Tensor,
+                             device: torch.device) -> ConditionedTrainer:
+    """One generator conditioned on the chains of ``shares`` by ``cfg.mode_embedding`` numbers each, its
+    critic reading the chain (:mod:`~apd.distillation.conditioned`), initialised from ``seed``, and their
+    trainer (stream ``seed``)."""
+    generator, critic = seeded(seed, lambda: (
+        ConditionedGenerator(cfg.z_dim, cfg.gen_hidden, code_dim, shares, cfg.mode_embedding).to(device),
+        conditioned_critic(code_dim, cfg.critic_hidden, len(shares)).to(device)))
+    return ConditionedTrainer(generator, critic, _loss(cfg), lr=cfg.lr or None, betas=(cfg.beta1, cfg.beta2),
+                              seed=seed)
 
 
 def _loss(cfg: DistillConfig) -> GANLoss:
@@ -102,7 +121,8 @@ def encode_store(store: SampleStore, codec: WeightCodec, device: torch.device | 
 class StoreBatches:
     """Random real batches, as codes, from a sample store: held in memory when small enough. With
     ``perms`` [len(store), H] (and ``spec``) each row is permuted (:func:`~apd.distillation.alignment.permute`)
-    as it is read. :meth:`restricted` gives batches from some rows only (one chain's)."""
+    as it is read. :meth:`restricted` gives batches from some rows only (one chain's), :meth:`with_labels`
+    batches whose rows carry a label each (their chain's) as a last column."""
 
     def __init__(self, store: SampleStore, codec: WeightCodec, batch_size: int, in_memory_gb: float,
                  seed: int, device: torch.device, perms: Tensor | None = None, spec: ParamSpec | None = None) -> None:
@@ -110,6 +130,7 @@ class StoreBatches:
         self.perms, self.spec = perms, spec
         self.rng = torch.Generator().manual_seed(seed)
         self.rows: Tensor | None = None  # None: every row of the store
+        self.labels: Tensor | None = None  # None: codes only
         n, code_dim = len(store), codec.code_dim
         self.codes = None
         if n * code_dim * 4 <= in_memory_gb * 2**30:
@@ -127,14 +148,21 @@ class StoreBatches:
         batches.rows, batches.rng = rows, torch.Generator().manual_seed(seed)
         return batches
 
+    def with_labels(self, labels: Tensor) -> StoreBatches:
+        """The same batches (the same stream) with each row's label, ``labels`` [len(store)], as a last
+        column (:func:`~apd.distillation.conditioned.labelled`)."""
+        batches = copy.copy(self)
+        batches.labels = labels.to(self.device)
+        return batches
+
     def __call__(self) -> Tensor:
         if self.rows is None:
             index = torch.randint(len(self.store), (self.batch_size,), generator=self.rng)
         else:
             index = self.rows[torch.randint(len(self.rows), (self.batch_size,), generator=self.rng)]
-        if self.codes is not None:
-            return self.codes[index.to(self.device)]
-        return self._encode(self.store.read(index.numpy()), index)
+        codes = (self.codes[index.to(self.device)] if self.codes is not None
+                 else self._encode(self.store.read(index.numpy()), index))
+        return codes if self.labels is None else labelled(codes, self.labels[index.to(self.device)])
 
 
 class ValidationMonitor:

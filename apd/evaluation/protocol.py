@@ -61,6 +61,18 @@ class Judgement:
     predictive: dict[str, Tensor] = field(default_factory=dict)
     information: dict[str, Tensor] = field(default_factory=dict)
 
+    def set_aurocs(self, score: str) -> dict[str, float | None]:
+        """Each OOD set's AUROC of ``score`` in percent; None where the ensemble cannot have the score (one
+        network has no BALD)."""
+        return {name: None if found.get(score) is None else 100.0 * found[score]["auroc"]
+                for name, found in self.detection.items()}
+
+    def mean_auroc(self, score: str) -> float:
+        """The AUROC of ``score`` averaged over the OOD sets S that have it, (1/|S|) Σ_{o ∈ S} AUROC_o, in
+        percent; NaN where none has it."""
+        values = [value for value in self.set_aurocs(score).values() if value is not None]
+        return float(np.mean(values)) if values else float("nan")
+
 
 def judge_probs(probs: Tensor, inputs: EvaluationInputs, scores: list[str],
                 detect: Callable[[np.ndarray, np.ndarray], dict] = detection) -> Judgement:

@@ -45,7 +45,7 @@ from apd.distillation.precision import in_samples, stored_bytes
 from apd.distillation.selection import PROBABILITY_FLOOR
 from apd.evaluation.protocol import EvaluationInputs, Judgement, judge_probs
 from apd.evaluation.stored import StoredPredictions
-from apd.metrics import auroc
+from apd.metrics import Stat, auroc, mean_of
 from apd.posteriors.kept import evenly_spaced_rows, last_rows, random_rows
 from apd.uncertainty import predictive_entropy
 
@@ -143,8 +143,7 @@ def quality(bald_auroc: dict[str, float | None], max_prob_auroc: dict[str, float
 
 def summarise(judgement: Judgement, reference: Reference) -> dict[str, float | None]:
     """Accuracy, NLL, mean BALD AUROC (percent, over the OOD sets) and :func:`quality` of one judgement."""
-    aurocs = {score: {name: None if found[score] is None else 100.0 * found[score]["auroc"]
-                      for name, found in judgement.detection.items()} for score in SCORES}
+    aurocs = {score: judgement.set_aurocs(score) for score in SCORES}
     bald = [v for v in aurocs["bald"].values() if v is not None]
     return {"acc": judgement.accuracy["acc"], "nll": judgement.accuracy["nll"],
             "mean_bald_auroc": float(np.mean(bald)) if len(bald) == len(aurocs["bald"]) and bald else None,
@@ -171,17 +170,6 @@ def _with_band(values: list[float | None]) -> dict | None:
         return None
     low, high = np.percentile(values, BAND)
     return {**found, "p5": float(low), "p95": float(high), "values": [stored_value(v) for v in values]}
-
-
-def mean_of(value: dict | float | None) -> float | None:
-    """A yardstick value's mean: that of a summary over runs or subsets (:func:`spread`'s ``mean``), or
-    the value itself where it has no spread (one evenly spaced set)."""
-    return value["mean"] if isinstance(value, dict) else value
-
-
-def std_of(value: dict | float | None) -> float:
-    """A yardstick value's std over runs or subsets, 0 where it has no spread."""
-    return value["std"] if isinstance(value, dict) else 0.0
 
 
 def spread(summaries: list[dict], band: bool = False) -> dict:
@@ -255,9 +243,10 @@ def ranks_over_kept(own_auroc: dict[str, dict[str, float | None]], own_nll: floa
 def _margin(own: float | None, kept: float | None, drawn: dict[str, float] | None, sign: float) -> dict | None:
     if own is None or kept is None or drawn is None:
         return None
-    over_kept, over_random = sign * (own - kept), sign * (own - drawn["mean"])
-    return {"over_kept": over_kept, "over_random": over_random, "random_std": drawn["std"],
-            "beats": min(over_kept, over_random) > drawn["std"]}
+    random = Stat.of(drawn)
+    over_kept, over_random = sign * (own - kept), sign * (own - random.mean)
+    return {"over_kept": over_kept, "over_random": over_random, "random_std": random.std,
+            "beats": min(over_kept, over_random) > random.std}
 
 
 def margins_over_kept(own_auroc: dict[str, dict[str, float | None]], own_nll: float, kept: dict) -> dict:

@@ -1,1 +1,1 @@
-"""Experiments of the evaluation beyond accuracy and OOD detection (adversarial examples, …)."""
+"""The studies on a pipeline's artifacts, listed in :mod:`apd.experiments.studies`."""

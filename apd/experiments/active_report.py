@@ -29,7 +29,7 @@ def reach_cell(stat: dict, seeds: int) -> str:
 
 def render_table(results: dict) -> str:
     """Labels needed to reach the target test accuracy, one row per model, one column per acquisition
-    (mean ± std over seeds; "—" where the pair was not run): the table ``apd docs`` renders."""
+    (mean ± std over seeds; "—" where the pair was not run)."""
     plan = results["plan"]
     acquisitions = plan["acquisitions"]
     by_key = {(c["model"], c["acquisition"]): c for c in results["curves"]}
@@ -73,7 +73,7 @@ def render_markdown(results: dict) -> str:
 
 def render_summary(results: dict) -> str:
     """The report below its title, each section's heading in bold: what ``apd docs`` renders for
-    ``active-learning-report`` inside a document's own section."""
+    ``active-learning`` inside a document's own section."""
     body = render_markdown(results).split("\n", 2)[2]
     return "\n".join(f"**{line[3:]}**" if line.startswith("## ") else line for line in body.splitlines())
 

@@ -42,13 +42,19 @@ from apd.evaluation.protocol import EvaluationInputs
 from apd.evaluation.protocol import judge as judge_draw
 from apd.experiments.outputs import run_study
 from apd.io import read_json
-from apd.metrics import mean_std
+from apd.metrics import mean_of, mean_std
 from apd.nets import ParamSpec
-from apd.pipeline.distill import REFERENCE_SAMPLES, TrainingSamples, codec_for, training_samples, validation_monitor
-from apd.pipeline.evaluate import evaluation_inputs
 from apd.pipeline.figures import new_figure, save_figure
 from apd.pipeline.layout import manifest_of
 from apd.pipeline.methods import fit_mixture
+from apd.pipeline.recipes import (
+    REFERENCE_SAMPLES,
+    TrainingSamples,
+    codec_for,
+    evaluation_inputs,
+    training_samples,
+    validation_monitor,
+)
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.stage import require_input
 from apd.pipeline.tables import format_duration, format_number, format_sample_count, markdown_table
@@ -256,9 +262,9 @@ def missed_targets(row: dict, sgld: dict, plan: DistillerPlan) -> list[str]:
     """Which targets ``row`` misses: ``accuracy`` (below target_accuracy_share × SGLD's), ``OOD`` (some
     score's AUROC on some set more than target_auroc_gap points below SGLD's), ``storage``, ``time``."""
     misses = []
-    if row["accuracy"]["mean"] < plan.target_accuracy_share * sgld["accuracy"]["mean"]:
+    if mean_of(row["accuracy"]) < plan.target_accuracy_share * mean_of(sgld["accuracy"]):
         misses.append("accuracy")
-    if any(stat["mean"] < sgld["auroc"][score][name]["mean"] - plan.target_auroc_gap
+    if any(mean_of(stat) < mean_of(sgld["auroc"][score][name]) - plan.target_auroc_gap
            for score, by_set in row["auroc"].items() for name, stat in by_set.items()):
         misses.append("OOD")
     if row["in_sgld_samples"] > plan.target_storage:
@@ -269,11 +275,11 @@ def missed_targets(row: dict, sgld: dict, plan: DistillerPlan) -> list[str]:
 
 
 def _with_shares(row: dict, sgld: dict, plan: DistillerPlan) -> dict:
-    mean_auroc = {s: float(np.mean([stat["mean"] for stat in by_set.values()])) for s, by_set in row["auroc"].items()}
-    sgld_mean = {s: float(np.mean([stat["mean"] for stat in by_set.values()])) for s, by_set in sgld["auroc"].items()}
-    worst_gap = {s: max(sgld["auroc"][s][o]["mean"] - stat["mean"] for o, stat in by_set.items())
+    mean_auroc = {s: float(np.mean([mean_of(stat) for stat in by_set.values()])) for s, by_set in row["auroc"].items()}
+    sgld_mean = {s: float(np.mean([mean_of(stat) for stat in by_set.values()])) for s, by_set in sgld["auroc"].items()}
+    worst_gap = {s: max(mean_of(sgld["auroc"][s][o]) - mean_of(stat) for o, stat in by_set.items())
                  for s, by_set in row["auroc"].items()}
-    return {**row, "accuracy_share": row["accuracy"]["mean"] / sgld["accuracy"]["mean"], "mean_auroc": mean_auroc,
+    return {**row, "accuracy_share": mean_of(row["accuracy"]) / mean_of(sgld["accuracy"]), "mean_auroc": mean_auroc,
             "mean_auroc_share": {s: mean_auroc[s] / sgld_mean[s] for s in mean_auroc}, "worst_auroc_gap": worst_gap,
             "missed_targets": None if row["family"] == "sgld" else missed_targets(row, sgld, plan)}
 
@@ -310,8 +316,8 @@ def compare_distillers(ctx: RunContext, plan: DistillerPlan) -> dict:
                        method, sgld, ctx.data.x_val.to(ctx.device), e.networks, generator)}
             rows.append(row)
             log.info("%s: %.1f s%s; accuracy %.4f, mean BALD AUROC %.1f", variant.name, seconds,
-                     "" if steps is None else f" ({steps} steps)", row["accuracy"]["mean"],
-                     np.mean([stat["mean"] for stat in row["auroc"]["bald"].values()]))
+                     "" if steps is None else f" ({steps} steps)", mean_of(row["accuracy"]),
+                     np.mean([mean_of(stat) for stat in row["auroc"]["bald"].values()]))
         dim, store_size = store.spec.numel, len(store)
     rows = [_with_shares(row, rows[0], plan) for row in rows]
     return {"pipeline": cfg.name, "dataset": ctx.data.name, "dim": dim, "sgld_samples": store_size, "runs": e.runs,
@@ -343,12 +349,12 @@ def render_table(results: dict) -> str:
         alpha = row.get("residual_scale")
         name = row["name"] if alpha is None else f"{row['name']} (α = {alpha:.2f})"
         body.append([name, format_sample_count(row["in_sgld_samples"]), format_duration(row["seconds"]),
-                     "—" if row["steps"] is None else f"{row['steps']:,}", format_number(row["accuracy"]["mean"], 4),
+                     "—" if row["steps"] is None else f"{row['steps']:,}", format_number(mean_of(row["accuracy"]), 4),
                      format_number(100 * row["accuracy_share"], 1),
                      *(format_number(100 * row["mean_auroc_share"][s], 1) for s in SCORES),
                      *(format_number(row["worst_auroc_gap"][s], 1) if "worst_auroc_gap" in row else "—"
                        for s in SCORES),
-                     *(" / ".join(format_number(row["auroc"][s][o]["mean"], 1) for o in sets) for s in SCORES),
+                     *(" / ".join(format_number(mean_of(row["auroc"][s][o]), 1) for o in sets) for s in SCORES),
                      "—" if row["fidelity"] is None else format_number(row["fidelity"]["nn_ratio"], 2),
                      "(reference)" if misses is None else ", ".join(misses) or "none"])
     return note + markdown_table(header, body) + "\n"

@@ -52,7 +52,7 @@ from apd.config import YARDSTICK_SUBSETS, bounded
 from apd.distillation.precision import Precision
 from apd.errors import ConfigError
 from apd.evaluation.stored import StoredPredictions
-from apd.evaluation.yardstick import FIXED, RANK_RULE, kept_for, kept_samples, mean_of, ranked, standing, std_of
+from apd.evaluation.yardstick import FIXED, RANK_RULE, kept_for, kept_samples, ranked, standing
 from apd.experiments.options import plan_from_options
 from apd.experiments.outputs import write_study
 from apd.experiments.precision import (
@@ -68,10 +68,10 @@ from apd.experiments.precision import (
     train_chain_generators,
 )
 from apd.experiments.storage import sgld_reference
+from apd.metrics import mean_of, std_of
 from apd.nets import ParamSpec
-from apd.pipeline.distill import training_samples
-from apd.pipeline.evaluate import evaluation_inputs
 from apd.pipeline.figures import new_figure, save_figure
+from apd.pipeline.recipes import evaluation_inputs, training_samples
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.stage import require_input
 from apd.pipeline.table_format import MISSING, format_gap, format_number, format_sample_count, markdown_table, mean_std

@@ -25,12 +25,11 @@ from apd.config import bounded
 from apd.distillation.generator import DistilledGenerator
 from apd.distillation.training import evenly_spaced, make_trainer
 from apd.errors import DivergenceError
-from apd.evaluation.protocol import Judgement, judge
+from apd.evaluation.protocol import judge
 from apd.experiments.outputs import run_study
 from apd.nets import ParamSpec
-from apd.pipeline.distill import REFERENCE_SAMPLES, codec_for, training_samples, validation_monitor
-from apd.pipeline.evaluate import evaluation_inputs, mean_auroc
 from apd.pipeline.figures import new_figure, save_figure
+from apd.pipeline.recipes import REFERENCE_SAMPLES, codec_for, evaluation_inputs, training_samples, validation_monitor
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.stage import require_input
 from apd.pipeline.table_format import format_number, markdown_table
@@ -54,11 +53,6 @@ class VariantsPlan:
     every: int = bounded(250, ge=1)
     networks: int = bounded(100, ge=2)
     lr: float = bounded(-1.0)  # < 0: the pipeline's distill.lr for every loss; 0: each loss's default
-
-
-def bald_auroc(judgement: Judgement) -> float:
-    """Mean BALD AUROC (percent) over the judged OOD sets."""
-    return mean_auroc({s: {"bald": by_score["bald"]} for s, by_score in judgement.detection.items()})
 
 
 def spread_ratio(generated: torch.Tensor, reference: torch.Tensor) -> float:
@@ -101,7 +95,8 @@ def run_variant(ctx: RunContext, loss: str, plan: VariantsPlan, store: SampleSto
             with torch.no_grad():
                 codes = model.generator.sample(plan.networks, generator=draws).cpu()
             history.append({"step": step, "val_accuracy": judged["accuracy"], "criterion": judged["criterion"],
-                            "tuning_bald_auroc": bald_auroc(tuned), "spread_ratio": spread_ratio(codes, real_codes)})
+                            "tuning_bald_auroc": tuned.mean_auroc("bald"),
+                            "spread_ratio": spread_ratio(codes, real_codes)})
     final = history[-1] if history else {}
     return {"loss": loss, "label": LABELS[loss], "lr": d.lr, "history": history, "diverged": diverged,
             "seconds": round(time.perf_counter() - started, 1),
@@ -127,7 +122,7 @@ def judge_reference(ctx: RunContext, store: SampleStore, spec: ParamSpec, plan: 
     tuned = judge(SGLDSamples(store, ctx.device), evaluation_inputs(ctx, role="tuning"), plan.networks, draws,
                   ["bald"])
     return {"val_accuracy": tuned.accuracy["acc"],
-            "tuning_bald_auroc": bald_auroc(tuned)}
+            "tuning_bald_auroc": tuned.mean_auroc("bald")}
 
 
 def render_table(results: dict) -> str:

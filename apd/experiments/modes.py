@@ -34,9 +34,9 @@ from apd.experiments.outputs import run_study
 from apd.io import read_json
 from apd.metrics import accuracy, nll
 from apd.nets import ParamSpec, predict_probs
-from apd.pipeline.distill import aligned_chain_means, training_images
 from apd.pipeline.figures import new_figure, save_figure
 from apd.pipeline.layout import manifest_of
+from apd.pipeline.recipes import aligned_chain_means, training_images
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.stage import require_input
 from apd.pipeline.tables import format_number, markdown_table

@@ -35,7 +35,7 @@ between an ensemble stored at float32 and the same ensemble (the same codes and 
 rows) stored at the precision: what the rounding alone changes.
 
 It is a tuning study: everything is judged on validation images and the OOD *tuning* pool
-(:func:`apd.pipeline.evaluate.evaluation_inputs` with ``role="tuning"``), never on the test split or the
+(:func:`apd.pipeline.recipes.evaluation_inputs` with ``role="tuning"``), never on the test split or the
 OOD sets ``apd evaluate`` reports. Outputs: ``artifacts/NAME/experiments/precision.{json,md,png}``.
 """
 
@@ -75,18 +75,16 @@ from apd.evaluation.yardstick import (
     Reference,
     kept_for,
     kept_samples,
-    mean_of,
     ranked,
-    std_of,
     wins_over_kept,
 )
 from apd.experiments.distillers import DistillerPlan, Variant, build
 from apd.experiments.outputs import run_study
 from apd.experiments.storage import judge_runs, sgld_reference
+from apd.metrics import mean_of, std_of
 from apd.nets import ParamSpec
-from apd.pipeline.distill import TrainingSamples, codec_for, training_samples
-from apd.pipeline.evaluate import evaluation_inputs
 from apd.pipeline.figures import new_figure, save_figure
+from apd.pipeline.recipes import TrainingSamples, codec_for, evaluation_inputs, training_samples
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.stage import require_input
 from apd.pipeline.table_format import MISSING, format_gap, format_number, format_sample_count, markdown_table, mean_std
@@ -148,7 +146,7 @@ def chain_generators_storage(d: DistillConfig, rank: int, spec: ParamSpec, chain
     """SGLD samples' worth of a rank-``rank`` subspace codec without a residual plus ``chains`` generators of
     ``d``'s widths (and their shares), stored at ``precision`` (the generators at ``generators_at`` where
     given)."""
-    return generator_storage(dataclasses.replace(d, per_chain=True, residual=dataclasses.replace(
+    return generator_storage(dataclasses.replace(d, per_chain=True, mode_embedding=0, residual=dataclasses.replace(
         d.residual, model="none")), rank, spec, precision, chains, generators_at)
 
 
@@ -244,15 +242,14 @@ def shipped_variant(d: DistillConfig, rank: int) -> Variant:
 
 
 def _means(auroc: dict) -> dict:
-    return {score: {name: None if stat is None else stat["mean"] for name, stat in by_set.items()}
-            for score, by_set in auroc.items()}
+    return {score: {name: mean_of(stat) for name, stat in by_set.items()} for score, by_set in auroc.items()}
 
 
 def judged_margins(summary: dict, kept: dict, sgld: dict) -> dict:
     """:func:`~apd.evaluation.yardstick.wins_over_kept` of a judged method (its mean AUROCs and NLL) against
     ``kept``, SGLD's side from ``sgld`` (its judged summary: mean per-set AUROCs and NLL, the reference)."""
-    return wins_over_kept(_means(summary["auroc"]), summary["nll"]["mean"], kept, _means(sgld["auroc"]),
-                          sgld["nll"]["mean"])
+    return wins_over_kept(_means(summary["auroc"]), mean_of(summary["nll"]), kept, _means(sgld["auroc"]),
+                          mean_of(sgld["nll"]))
 
 
 def kept_row(ctx: RunContext, predictions: StoredPredictions, k: int, inputs: EvaluationInputs, reference: Reference,
@@ -318,7 +315,7 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
             return by_rank[r]
 
         limit = min(n, cfg.distill.fit_samples, dim)
-        one = dataclasses.replace(cfg.distill, per_chain=False)  # the APD row: one generator for the store
+        one = dataclasses.replace(cfg.distill, per_chain=False, mode_embedding=0)  # the APD row: one plain generator
         chains = len(chain_partition(store.chains)[0])
         steps = DistillerPlan(subspace_steps=plan.steps)
         for precision in plan.precisions:

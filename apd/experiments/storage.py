@@ -12,7 +12,7 @@ sets are reported as shares of SGLD's. The **break-even** number of each method 
 smallest k of evenly spaced kept samples whose value of a metric is at least as good as the method's:
 "<k₁" when even the fewest kept samples are better, ">K" when the most are worse. It is a study that
 compares settings, so everything is judged on validation images and the OOD *tuning* pool
-(:func:`apd.pipeline.evaluate.evaluation_inputs` with ``role="tuning"``), never on the test split or the
+(:func:`apd.pipeline.recipes.evaluation_inputs` with ``role="tuning"``), never on the test split or the
 OOD sets ``apd evaluate`` reports. Outputs: ``artifacts/NAME/experiments/storage.{json,md,png}``.
 """
 
@@ -36,11 +36,11 @@ from apd.evaluation.yardstick import SCORES, Reference, kept_curve, reference_pr
 from apd.experiments.distillers import train_generator
 from apd.experiments.outputs import run_study
 from apd.methods import label
+from apd.metrics import mean_of
 from apd.nets import ParamSpec
-from apd.pipeline.distill import codec_for, training_samples
-from apd.pipeline.evaluate import evaluation_inputs
 from apd.pipeline.figures import new_figure, plot_growth, plot_kept_curve, save_figure, storage_axes
 from apd.pipeline.methods import METHODS, Sources, fit_mixture
+from apd.pipeline.recipes import codec_for, evaluation_inputs, store_alignment, training_samples
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.stage import require_input
 from apd.pipeline.table_format import format_duration, format_number, format_sample_count, markdown_table
@@ -136,7 +136,8 @@ def methods(ctx: RunContext, store: SampleStore, plan: StoragePlan, stack: ExitS
     e = ctx.cfg.evaluate
     for k in plan.mog_components:
         started = time.perf_counter()
-        mixture = fit_mixture(store, k, e.mog_fit_samples, ctx.seed("evaluate", "mog", k), ctx.device)
+        mixture = fit_mixture(store, k, e.mog_fit_samples, ctx.seed("evaluate", "mog", k), ctx.device,
+                              store_alignment(ctx, store))
         yield f"MoG k={k}", {"family": "mog", "components": k}, mixture, e.networks, time.perf_counter() - started
     for name, fields, generator, seconds in apd_generators(ctx, store, plan):
         yield name, fields, generator, e.networks, seconds
@@ -154,8 +155,8 @@ def with_shares(row: dict, sgld: dict, kept: list[dict]) -> dict:
     """``row`` with each metric of :data:`METRICS` as a share of SGLD's (``shares``) and its break-even
     number of kept samples (``break_even``) against the evenly spaced ``kept`` curve."""
     quality = row["quality"]
-    value = {m: None if quality[m] is None else quality[m]["mean"] for m in METRICS}
-    shares = {m: None if value[m] is None or sgld[m] is None else value[m] / sgld[m]["mean"] for m in METRICS}
+    value = {m: mean_of(quality[m]) for m in METRICS}
+    shares = {m: None if value[m] is None or sgld[m] is None else value[m] / mean_of(sgld[m]) for m in METRICS}
     even = {m: [(r["k"], r["evenly_spaced"][m]) for r in kept] for m in METRICS}
     return {**row, "shares": shares, "break_even": {m: break_even(value[m], even[m], METRICS[m]) for m in METRICS}}
 
@@ -185,7 +186,7 @@ def study(ctx: RunContext, plan: StoragePlan) -> dict:
             log.info("%s: storage %.3g samples, built in %.1f s, mean BALD AUROC %s", name,
                      rows[-1]["in_sgld_samples"], seconds, rows[-1]["quality"]["mean_bald_auroc"])
         dim, size = store.spec.numel, len(store)
-    kept = [{**r, "shares": {m: None if r["evenly_spaced"][m] is None else r["evenly_spaced"][m] / sgld[m]["mean"]
+    kept = [{**r, "shares": {m: None if r["evenly_spaced"][m] is None else r["evenly_spaced"][m] / mean_of(sgld[m])
                              for m in METRICS}} for r in kept]
     return {"pipeline": ctx.cfg.name, "dataset": ctx.data.name, "dim": dim, "sgld_samples": size, "runs": e.runs,
             "networks": e.networks, "ood_sets": list(inputs.ood), "headline": "mean_bald_auroc",
@@ -233,7 +234,7 @@ def draw_figure(results: dict, path: Path) -> None:
     for ax, metric in zip(axes[0], METRICS, strict=True):
         if sgld[metric] is None:
             continue
-        plot_kept_curve(ax, results["kept"], metric, scale=100 / sgld[metric]["mean"])
+        plot_kept_curve(ax, results["kept"], metric, scale=100 / mean_of(sgld[metric]))
         mog = [r for r in rows if r["family"] == "mog" and r["shares"][metric] is not None]
         if mog:
             plot_growth(ax, [r["in_sgld_samples"] for r in mog], [100 * r["shares"][metric] for r in mog])

@@ -8,16 +8,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
-
 from apd.evaluation.yardstick import (
     FIXED,
     RANK_RULE,
-    mean_of,
     ranked,
     summary_standings,
     wins_over_kept,
 )
+from apd.metrics import Stat
+from apd.pipeline.results import accuracy, mean_auroc, set_aurocs
 from apd.pipeline.table_format import (
     MISSING,
     UNDEFINED,
@@ -31,15 +30,23 @@ from apd.pipeline.table_format import (
     methods_in_order,
     ordered,
     score_label,
+    win_mark,
 )
 
 ADVERSARIAL_SCORE_ORDER = ("entropy", "bald", "model_variance")  # the scores of the paper's adversarial study
 
 
-def _plain(value: float | dict | None, digits: int) -> str:
-    if value is None:
-        return UNDEFINED
-    return format_number(mean_of(value), digits)
+def _plain(value: float | dict | Stat | None, digits: int) -> str:
+    """The mean of a stored value (:meth:`~apd.metrics.Stat.of`); "n/a" where undefined."""
+    stat = Stat.of(value)
+    return UNDEFINED if stat is None else format_number(stat.mean, digits)
+
+
+
+def _mean_and_std(value: dict | None) -> tuple[float | None, float | None]:
+    """A stored summary's mean and std (:meth:`~apd.metrics.Stat.of`) as CSV fields; (None, None) where undefined."""
+    stat = Stat.of(value)
+    return (None, None) if stat is None else (stat.mean, stat.std)
 
 
 QUALITY_NOTE = ("Gaps to SGLD (the yardstick, `apd/evaluation/yardstick.py`): worst per-set AUROC gap = max over the "
@@ -52,6 +59,16 @@ TWO_SIDED_NOTE = ("Gaps to SGLD (the yardstick, `apd/evaluation/yardstick.py`), 
                   "KL(SGLD's predictive ‖ the method's), on the test inputs and (OOD) on each OOD set, averaged over "
                   "the sets; BALD per input = mean over the inputs of |the method's BALD − SGLD's| (nats), likewise; "
                   "SGLD's predictive and BALD over {samples} stored samples.")
+REPLICATED_NOTE = (" A method distilled with several generator seeds shows seed 0's values; its ✓ means that every "
+                   "seed wins, \"(k of K)\" that k of its K seeds do, and its wins are those every seed wins, then "
+                   "each seed's count (every seed: the table of generator seeds).")
+
+
+def replicated_note(results: dict) -> str:
+    """:data:`REPLICATED_NOTE` for results with several generator seeds, else nothing."""
+    return REPLICATED_NOTE if results.get("replicates") else ""
+
+
 GAP_LABELS = {"bald_gap": "worst BALD gap", "max_prob_gap": "worst max-prob gap", "nll_gap": "NLL gap", "kl": "KL",
               "kl_ood": "KL (OOD)", "input_bald_gap": "BALD per input", "input_bald_gap_ood": "BALD per input (OOD)"}
 GAP_DIGITS = {"bald_gap": 1, "max_prob_gap": 1, "nll_gap": 3, "kl": 4, "kl_ood": 4, "input_bald_gap": 4,
@@ -63,6 +80,13 @@ def quality_note(results: dict) -> str:
     samples = results.get("yardstick", {}).get("reference", {}).get("kl_samples", "?")
     two_sided = any("kl_ood" in row for row in (results.get("quality") or {}).values())
     return (TWO_SIDED_NOTE if two_sided else QUALITY_NOTE).format(samples=samples)
+
+
+def seeds_against(results: dict, method: str, size: str) -> tuple[dict | None, int]:
+    """A replicated method's comparisons with the kept samples of ``size`` across its generator seeds
+    (:func:`apd.pipeline.replicates.across_seeds`) and the number of seeds; (None, 1) for one generator."""
+    entry = (results.get("replicates") or {}).get(method)
+    return (None, 1) if entry is None else (entry["against"].get(size), entry["seeds"])
 
 
 def kept_comparisons(y: dict, method: str) -> list[tuple[str, float, dict]]:
@@ -85,19 +109,16 @@ def members_table(results: dict) -> Table | None:
     methods = methods_in_order(results, q)
     at = at or {}
     networks = next((row["members"] for row in at.values() if row), None)
-    acc = results.get("accuracy", {})
 
     def mean_bald(m: str) -> float | None:
-        values = [per_set["bald"][m]["auroc"]["mean"] for per_set in results.get("ood", {}).values()
-                  if per_set.get("bald", {}).get(m) is not None]
-        return float(np.mean(values)) if values and len(values) == len(results["ood"]) else None
+        return mean_auroc(results, m, "bald", every_set=True)
 
     extra = [key for key in ("kl_ood", "input_bald_gap", "input_bald_gap_ood") if key in q[methods[0]]]
     body, rows = [], []
     for m in methods:
         own = q[m]
         cells = [method_label(m), format_sample_count(own["in_sgld_samples"]), f"{own['members']:,}",
-                 _plain(acc[m]["acc"], 4), _plain(acc[m]["nll"], 3), _plain(mean_bald(m), 1),
+                 _plain(accuracy(results, m), 4), _plain(accuracy(results, m, "nll"), 3), _plain(mean_bald(m), 1),
                  format_gap(own["bald_gap"]), format_gap(own["max_prob_gap"]), format_gap(own["nll_gap"], 3),
                  _plain(own["kl"], 4), *(_plain(own[key], 4) for key in extra)]
         row = at.get(m)
@@ -105,12 +126,11 @@ def members_table(results: dict) -> Table | None:
                   [_plain(row["acc"], 4), _plain(row["nll"], 3), _plain(row["mean_bald_auroc"], 1),
                    format_gap(row.get("bald_gap"))])
         body.append(cells)
-        rows.append([m, own["in_sgld_samples"], own["members"], acc[m]["acc"]["mean"], acc[m]["nll"]["mean"],
-                     mean_bald(m), own["bald_gap"], own["max_prob_gap"], own["nll_gap"], own["kl"],
-                     *(own[key] for key in extra),
-                     None if row is None else row["acc"]["mean"], None if row is None else row["nll"]["mean"],
-                     None if row is None else row["mean_bald_auroc"]["mean"],
-                     None if row is None or row.get("bald_gap") is None else row["bald_gap"]["mean"]])
+        at_means = [None if row is None or (stat := Stat.of(row.get(key))) is None else stat.mean
+                    for key in ("acc", "nll", "mean_bald_auroc", "bald_gap")]
+        rows.append([m, own["in_sgld_samples"], own["members"], accuracy(results, m).mean,
+                     accuracy(results, m, "nll").mean, mean_bald(m), own["bald_gap"], own["max_prob_gap"],
+                     own["nll_gap"], own["kl"], *(own[key] for key in extra), *at_means])
     header = ["method", "storage (SGLD samples)", "members", "accuracy", "NLL", "mean BALD AUROC",
               "worst BALD gap", "worst max-prob gap", "NLL gap", "KL", *(GAP_LABELS[key] for key in extra),
               f"accuracy @{networks}", f"NLL @{networks}", f"mean BALD AUROC @{networks}",
@@ -143,11 +163,9 @@ def yardstick_table(results: dict) -> Table | None:
                          format_gap(own.get("nll_gap"), 3), format_gap(even["nll_gap"], 3),
                          format_gap(rand["nll_gap"], 3), _plain(own.get("kl"), 4), _plain(even["kl"], 4),
                          mean_std(rand["kl"], 4)])
-            rows.append([m, worth, size, own.get("bald_gap"), even["bald_gap"],
-                         None if rand["bald_gap"] is None else rand["bald_gap"]["mean"],
-                         None if rand["bald_gap"] is None else rand["bald_gap"]["std"], own.get("nll_gap"),
-                         even["nll_gap"], rand["nll_gap"]["mean"], rand["nll_gap"]["std"], own.get("kl"), even["kl"],
-                         rand["kl"]["mean"], rand["kl"]["std"]])
+            rows.append([m, worth, size, own.get("bald_gap"), even["bald_gap"], *_mean_and_std(rand["bald_gap"]),
+                         own.get("nll_gap"), even["nll_gap"], *_mean_and_std(rand["nll_gap"]), own.get("kl"),
+                         even["kl"], *_mean_and_std(rand["kl"])])
     if not body:
         return None
     subsets = next(iter(kept.values()))["subsets"] if kept else 0
@@ -168,52 +186,60 @@ def ranked_yardstick_table(results: dict) -> Table | None:
     """Each method of storage S against its ⌈S⌉ kept SGLD samples on every gap to SGLD
     (:func:`~apd.evaluation.yardstick.summary_standings`): the method's gap, the evenly spaced and the last
     samples' gaps, the random subsets' 5–95 % band, the method's percentile rank among the subsets, and ✓
-    where it wins."""
+    where it wins (a method with several generator seeds: seed 0's values, ✓ where every seed wins and "k of
+    K" where some do)."""
     y, q = results["yardstick"], results.get("quality") or {}
     body, rows = [], []
     for m in methods_in_order(results, y.get("equal_storage", {})):
         for size, worth, row in kept_comparisons(y, m):
+            seeds, count = seeds_against(results, m, size)
             for key, found in summary_standings(q.get(m, {}), row).items():
                 digits = GAP_DIGITS[key]
+                winning = None if seeds is None else seeds["beats"][key]
+                beats = found is not None and (found["beats"] if seeds is None else winning == count)
                 cells = ([UNDEFINED] * 5 if found is None else
                          [format_gap(found["gap"], digits), *(format_gap(g, digits) for g in found["fixed"]),
                           f"{format_gap(found['band'][0], digits)} … {format_gap(found['band'][1], digits)}",
-                          f"{found['percentile']:.1f}" + (" ✓" if found["beats"] else "")])
+                          f"{found['percentile']:.1f}" + win_mark(found["beats"], winning, count)])
                 body.append([method_label(m), format_sample_count(worth), size, GAP_LABELS[key], *cells])
                 rows.append([m, worth, size, key, *((None,) * 7 if found is None else
                                                     (found["gap"], *found["fixed"], *found["band"],
-                                                     found["percentile"], found["beats"]))])
+                                                     found["percentile"], beats))])
     if not body:
         return None
     subsets = next(iter(y["kept"].values()))["subsets"]
     note = (f"For each method of storage S, on each gap to SGLD: the method, ⌈S⌉ kept SGLD samples centred in equal "
             f"parts of each chain (evenly spaced) and the last samples of each chain, the 5–95 % band of {subsets} "
             "random subsets of ⌈S⌉ samples stratified by chain, and the method's percentile rank among those subsets. "
-            + RANK_RULE + " A method stored at a lower precision is also set against the samples that precision "
-            "buys with S (e.g. \"15 int8\": 15 samples, each stored at 8 bits). " + quality_note(results) + "\n\n")
+            + RANK_RULE + replicated_note(results) + " A method stored at a lower precision is also set against the "
+            "samples that precision buys with S (e.g. \"15 int8\": 15 samples, each stored at 8 bits). "
+            + quality_note(results) + "\n\n")
     header = ["method", "S", "⌈S⌉", "gap", "method", "evenly spaced", "last", "random 5–95 %", "percentile rank"]
     return Table("yardstick", "The kept-samples yardstick at equal storage", note + markdown_table(header, body),
                  ["method", "in_sgld_samples", "k", "gap", "value", *(f"{name}_value" for name in FIXED),
                   "random_p5", "random_p95", "percentile", "wins"], rows)
 
 
-def _margin_cell(margin: dict | None, digits: int = 1) -> str:
-    """A set-by-set comparison: the gap, its percentile rank and ✓ for a win; older results' margins over the
-    evenly spaced samples and the random subsets' mean ± their std."""
+def _margin_cell(margin: dict | None, digits: int = 1, winning: int | None = None, seeds: int = 1) -> str:
+    """A set-by-set comparison: the gap, its percentile rank and ✓ for a win (of every seed's, ``winning`` of
+    ``seeds`` for a replicated method: :func:`~apd.pipeline.table_format.win_mark`); older results' margins
+    over the evenly spaced samples and the random subsets' mean ± their std."""
     if margin is None:
         return UNDEFINED
     if "percentile" in margin:
-        return f"{margin['gap']:.{digits}f} ({margin['percentile']:.0f})" + (" ✓" if margin["beats"] else "")
+        return f"{margin['gap']:.{digits}f} ({margin['percentile']:.0f})" + win_mark(margin["beats"], winning, seeds)
     return (f"{margin['over_kept']:+.{digits}f} / {margin['over_random']:+.{digits}f} "
             f"±{format_number(margin['random_std'], digits)}" + (" ✓" if margin["beats"] else ""))
 
 
-def _margin_values(margin: dict | None) -> tuple:
-    """A comparison's CSV fields: gap, percentile rank, band and win; older results' margins, std and win."""
+def _margin_values(margin: dict | None, winning: int | None = None, seeds: int = 1) -> tuple:
+    """A comparison's CSV fields: gap, percentile rank, band and win (every seed's, ``winning`` of ``seeds``
+    for a replicated method); older results' margins, std and win."""
     if margin is None:
         return (None,) * 4
     if "percentile" in margin:
-        return margin["gap"], margin["percentile"], *margin["band"], margin["beats"]
+        return (margin["gap"], margin["percentile"], *margin["band"],
+                margin["beats"] if winning is None else winning == seeds)
     return margin["over_kept"], margin["over_random"], margin["random_std"], margin["beats"]
 
 
@@ -221,7 +247,7 @@ def kept_margins_table(results: dict) -> Table | None:
     """Each method of storage S against its ⌈S⌉ kept SGLD samples per OOD set, for BALD and max_prob, and on
     the NLL (:func:`apd.evaluation.yardstick.wins_over_kept`); None for results whose yardstick does not
     hold the kept samples' per-set AUROCs."""
-    y, ood, acc = results.get("yardstick") or {}, results.get("ood", {}), results.get("accuracy", {})
+    y, ood = results.get("yardstick") or {}, results.get("ood", {})
     kept, sets = y.get("kept", {}), sorted(ood)
     if not kept or "auroc" not in next(iter(kept.values()))["evenly_spaced"]:
         return None
@@ -229,15 +255,12 @@ def kept_margins_table(results: dict) -> Table | None:
     reference = y["reference"]
     sgld_auroc = {"bald": reference["bald_auroc"], "max_prob": reference["max_prob_auroc"]}
 
-    def aurocs(m: str) -> dict:
-        return {score: {name: None if (d := ood[name].get(score, {}).get(m)) is None else d["auroc"]["mean"]
-                        for name in sets} for score in ("bald", "max_prob")}
-
     def wins(m: str, row: dict) -> dict:
-        return wins_over_kept(aurocs(m), acc[m]["nll"]["mean"], row, sgld_auroc, reference["nll"])
+        aurocs = {score: set_aurocs(results, m, score) for score in ("bald", "max_prob")}
+        return wins_over_kept(aurocs, accuracy(results, m, "nll").mean, row, sgld_auroc, reference["nll"])
 
     def sgld_wins(row: dict) -> str:  # the reference itself against the same kept samples
-        if "sgld" not in acc:
+        if accuracy(results, "sgld", "nll") is None:
             return UNDEFINED
         found = wins("sgld", row)
         return f"{found['wins']}/{found['compared']}"
@@ -246,24 +269,34 @@ def kept_margins_table(results: dict) -> Table | None:
     for m in methods_in_order(results, y.get("equal_storage", {})):
         for size, worth, row in kept_comparisons(y, m):
             found = wins(m, row)
+            seeds, count = seeds_against(results, m, size)
+            by_set = None if seeds is None else seeds["set_by_set"]
+            won = (f"{found['wins']}/{found['compared']}" if seeds is None else
+                   f"{seeds['wins_every_seed']}/{seeds['compared']} (seeds: {', '.join(map(str, seeds['wins']))})")
             for score in ("bald", "max_prob"):
-                body.append([method_label(m), format_sample_count(worth), size,
-                             score_label(score), *(_margin_cell(found["auroc"][score][name]) for name in sets),
-                             _margin_cell(found["nll"], 3) if score == "bald" else "",
-                             f"{found['wins']}/{found['compared']}" if score == "bald" else "",
-                             sgld_wins(row) if score == "bald" else ""])
-                rows += [[m, worth, size, score, name, *_margin_values(found["auroc"][score][name])] for name in sets]
+                body.append([method_label(m), format_sample_count(worth), size, score_label(score),
+                             *(_margin_cell(found["auroc"][score][name], 1,
+                                            None if by_set is None else by_set["auroc"][score][name], count)
+                               for name in sets),
+                             _margin_cell(found["nll"], 3, None if by_set is None else by_set["nll"], count)
+                             if score == "bald" else "",
+                             won if score == "bald" else "", sgld_wins(row) if score == "bald" else ""])
+                rows += [[m, worth, size, score, name,
+                          *_margin_values(found["auroc"][score][name],
+                                          None if by_set is None else by_set["auroc"][score][name], count)]
+                         for name in sets]
             if found["nll"] is not None:
-                rows.append([m, worth, size, "nll", "test", *_margin_values(found["nll"])])
+                rows.append([m, worth, size, "nll", "test",
+                             *_margin_values(found["nll"], None if by_set is None else by_set["nll"], count)])
     if not body:
         return None
     if by_ranks:
         note = ("Each method of storage S against ⌈S⌉ SGLD samples simply kept (and, stored at a lower precision, "
                 "against the samples that precision buys): per OOD set, the method's absolute AUROC gap to SGLD "
                 "(percent points; NLL: its NLL gap, nats) and in brackets its percentile rank among the random "
-                "subsets; ✓ where it wins. " + RANK_RULE + " Wins: the comparisons won, of those defined. SGLD's "
-                "wins: the same count for SGLD's own ensemble against the same kept samples, the most a method that "
-                "matched SGLD could win.\n\n")
+                "subsets; ✓ where it wins. " + RANK_RULE + replicated_note(results) + " Wins: the comparisons won, of "
+                "those defined. SGLD's wins: the same count for SGLD's own ensemble against the same kept samples, "
+                "the most a method that matched SGLD could win.\n\n")
         fields = ["gap", "percentile", "random_p5", "random_p95", "wins"]
     else:
         note = ("Each method of storage S against ⌈S⌉ SGLD samples simply kept (and, stored at a lower precision, "
@@ -301,8 +334,8 @@ def kept_curve_table(results: dict) -> Table | None:
         rows.append([row["k"], even["acc"], even["nll"], even["mean_bald_auroc"], even["bald_gap"],
                      even["max_prob_gap"], even["nll_gap"], even["kl"], *(even[key] for key in extra),
                      *((row["last"][key] for key in ("bald_gap", "nll_gap", "kl")) if by_ranks else ()),
-                     *(None if rand[key] is None else rand[key][stat]
-                       for key in ("bald_gap", "max_prob_gap", "nll_gap", "kl") for stat in ("mean", "std"))])
+                     *(value for key in ("bald_gap", "max_prob_gap", "nll_gap", "kl")
+                       for value in _mean_and_std(rand[key]))])
     if by_ranks:
         note = ("k SGLD samples kept centred in equal parts of each chain (storage k), the last k of the chains (each "
                 "chain's share from its end), then the mean and 5–95 % band over random subsets of k stratified by "

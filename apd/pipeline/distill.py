@@ -8,10 +8,17 @@ mean KL between the predictives plus the mean per-input BALD gap); the step with
 kept (``selection = "last"`` keeps the last). The kept generator becomes ``generator.pt``, the last one
 ``generator-last.pt``, and ``generator.json`` records the criterion at every evaluation and the step
 kept. With ``per_chain`` one generator per chain of the store learns from that chain's samples
-(:mod:`apd.distillation.chain_generators`), all judged together as one generator. Both generators are
+(:mod:`apd.distillation.chain_generators`), all judged together as one generator; with ``mode_embedding``
+one generator learns every chain's samples, told the chain by a learned embedding
+(:mod:`apd.distillation.conditioned`). Both generators are
 stored at ``precision``, the generator networks at ``generators_at`` where given
 (:meth:`~apd.distillation.generator.DistilledGenerator.pack`). Files are built under temporary
 names and swapped in only when the run has finished.
+
+With ``[distill] seeds`` K > 1 the stage trains K generators, one after another, each from its own seed
+streams (:func:`~apd.pipeline.recipes.distill_seed`) into its own files (generator seed k:
+``generator-seedK.pt``; seed 0 is ``generator.pt``), each with its manifest, reused or resumed on its own; the
+samples are prepared (aligned) once for all of them.
 """
 
 from __future__ import annotations
@@ -21,17 +28,16 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from apd.config import DistillConfig, config_hash
-from apd.distillation.alignment import align_set, match_activations, permute
+from apd.config import config_hash
 from apd.distillation.chain_generators import ChainTrainers
 from apd.distillation.codec import WeightCodec
+from apd.distillation.conditioned import ConditionedTrainer
 from apd.distillation.gan import GANTrainer
 from apd.distillation.generator import DistilledGenerator, architecture
 from apd.distillation.precision import in_samples
@@ -40,32 +46,40 @@ from apd.distillation.training import (
     ValidationMonitor,
     evenly_spaced,
     make_chain_trainers,
-    make_codec,
+    make_conditioned_trainer,
     make_trainer,
-    store_permutations,
 )
 from apd.errors import ConfigError, DivergenceError
-from apd.io import nonfinite_tensor, save_torch_atomic
+from apd.io import nonfinite_tensor, read_json, save_torch_atomic
 from apd.nets import ParamSpec
 from apd.pipeline.layout import checkpoint_of, manifest_of, partial_of
 from apd.pipeline.manifests import load_checkpoint, manifest_record
+from apd.pipeline.recipes import REFERENCE_SAMPLES, codec_for, distill_seed, training_samples, validation_monitor
 from apd.pipeline.runtime import RunContext, machine
 from apd.pipeline.sample_chains import make_chains
 from apd.pipeline.stage import publish, require_input, reusable, weights_load
-from apd.posteriors.modes import chain_means
 from apd.samplers.store import SampleStore, chain_partition
 from apd.schedules import is_thinned_sample
 
 log = logging.getLogger(__name__)
 
-MONITOR_SIZE = 2000  # validation images the generator is judged on during training
-REFERENCE_SAMPLES = 200  # SGLD samples (evenly spaced over the store) the criterion compares with
-FISHER_INPUTS = 5000  # training images the Kronecker residual's factors are estimated on
-
 
 def run_distill(ctx: RunContext) -> Path:
-    """The whole stage: offline or online as configured; a complete generator is reused."""
-    return distill_online(ctx) if ctx.cfg.distill.mode == "online" else distill_offline(ctx)
+    """The whole stage: ``[distill] seeds`` generators, offline or online as configured; a complete one is
+    reused. Returns seed 0's generator."""
+    if ctx.cfg.distill.mode == "online":
+        for k in range(ctx.cfg.distill.seeds):
+            distill_online(ctx, k)
+        return ctx.layout.generator
+    return distill_offline(ctx)
+
+
+def seed_reusable(ctx: RunContext, k: int, inputs: dict) -> bool:
+    """Whether generator seed ``k`` is complete for this configuration and ``inputs``, loads, and is the seed
+    its manifest says (a generator file copied over another seed's is made again)."""
+    path = ctx.layout.generator_of(k)
+    return (reusable(ctx, path, "distill", inputs) and weights_load(path, ctx.layout.generator_last_of(k))
+            and read_json(manifest_of(path)).get("generator_seed", 0) == k)
 
 
 def _check_finite(trainer: GANTrainer, step: int) -> None:
@@ -78,168 +92,77 @@ def _check_finite(trainer: GANTrainer, step: int) -> None:
                                   "finite); try a smaller distill.lr; complete artifacts are unchanged")
 
 
-@dataclass(frozen=True)
-class LaplaceTerms:
-    """What a Kronecker-factored Laplace spread is fit with: training images for its Fisher factors, and
-    the tempered posterior's N/T data points and prior precision 1/(prior_var·T)."""
-
-    x_fisher: Tensor
-    data_size: float
-    prior_precision: float
-
-
-def training_images(ctx: RunContext, n: int, *stream: str) -> Tensor:
-    """n training images, a random subset drawn by the seed stream ``stream``."""
-    x = ctx.data.x_train
-    return x[torch.randperm(len(x), generator=torch.Generator().manual_seed(ctx.seed(*stream)))[:n]]
-
-
-def laplace_terms(ctx: RunContext, *stream: str) -> LaplaceTerms:
-    """:data:`FISHER_INPUTS` training images drawn by the seed stream ``stream``, and SGLD's N/T and 1/(σ²T)."""
-    s, n = ctx.cfg.sgld, len(ctx.data.x_train)
-    return LaplaceTerms(training_images(ctx, FISHER_INPUTS, *stream), n / s.temperature,
-                        1.0 / (s.prior_var * s.temperature))
-
-
-def codec_for(ctx: RunContext, samples: Tensor, d: DistillConfig | None = None) -> WeightCodec:
-    """The codec of ``d`` (the pipeline's distill section by default) fit to ``samples``; a Kronecker
-    residual with the terms of :func:`laplace_terms`."""
-    d, terms = d or ctx.cfg.distill, laplace_terms(ctx, "distill", "fisher")
-    try:
-        return make_codec(d, samples, ctx.net_sizes, terms.x_fisher, terms.data_size, terms.prior_precision,
-                          ctx.seed("distill", "codec"), ctx.device)
-    except ValueError as exc:  # e.g. a rank the samples cannot support
-        raise ConfigError(f"{ctx.cfg.source}: distill: {exc}") from None
-
-
-def validation_monitor(ctx: RunContext, spec: ParamSpec, reference_weights: Tensor) -> ValidationMonitor:
-    x = ctx.data.x_val[:MONITOR_SIZE].to(ctx.device)
-    y = ctx.data.y_val[:MONITOR_SIZE].to(ctx.device)
-    return ValidationMonitor(spec, x, y, reference_weights.to(ctx.device), ctx.cfg.distill.eval_networks,
-                             ctx.seed("distill", "monitor"))
-
-
 def distill_offline(ctx: RunContext) -> Path:
-    d = ctx.cfg.distill
-    path, source = ctx.layout.generator, ctx.layout.samples
+    """Every generator seed not complete yet, from the samples prepared once (:func:`training_samples`)."""
+    d, source = ctx.cfg.distill, ctx.layout.samples
     inputs = {"samples": require_input(ctx, source, "sample")}
-    if reusable(ctx, path, "distill", inputs) and weights_load(ctx.layout.generator, ctx.layout.generator_last):
-        return path
+    todo = [k for k in range(d.seeds) if not seed_reusable(ctx, k, inputs)]
+    if not todo:
+        return ctx.layout.generator
     spec = ParamSpec.from_module(ctx.network())
-    started = time.perf_counter()
     with SampleStore.open(source, expect_spec=spec) as store:
         if len(store) < 2:
             raise ConfigError(f"{source}: {len(store)} sample; distillation needs at least 2")
         data = training_samples(ctx, store, d)
-        codec = codec_for(ctx, data.fit)
-        real = data.batches(ctx, store, codec, d)
         # SGLD's predictive is the same aligned or not: the reference stays as stored
-        monitor = validation_monitor(ctx, spec, store.read(evenly_spaced(len(store), REFERENCE_SAMPLES)))
-        if d.per_chain:
-            trainer, by_chain = chain_trainers(ctx, codec, real, store.chains)
-            summary = _train(ctx, trainer, codec, by_chain, monitor, inputs, generators=tuple(b.rng for b in by_chain))
-        else:
-            trainer = make_trainer(d, codec.code_dim, ctx.seed("distill", "gan"), ctx.device)
-            summary = _train(ctx, trainer, codec, real, monitor, inputs, generators=(real.rng,))
-        summary["alignment"] = data.alignment
-        n_samples, chains, store_bytes = len(store), len(np.unique(store.chains)), store.file_bytes
-    summary["seconds"] = round(time.perf_counter() - started, 2)
-    _finish(ctx, spec, summary, inputs, n_samples, store_bytes, chains)
-    return path
+        reference = store.read(evenly_spaced(len(store), REFERENCE_SAMPLES))
+        for k in todo:
+            started = time.perf_counter()
+            codec = codec_for(ctx, data.fit, seed=k)
+            real = data.batches(ctx, store, codec, d, seed=k)
+            monitor = validation_monitor(ctx, spec, reference, seed=k)
+            if d.per_chain:
+                trainer, by_chain = chain_trainers(ctx, codec, real, store.chains, seed=k)
+                summary = _train(ctx, trainer, codec, by_chain, monitor, inputs,
+                                 generators=tuple(b.rng for b in by_chain), seed=k)
+            elif d.mode_embedding:
+                trainer, labelled = conditioned_trainer(ctx, codec, real, store.chains, seed=k)
+                summary = _train(ctx, trainer, codec, labelled, monitor, inputs, generators=(labelled.rng,), seed=k)
+            else:
+                trainer = make_trainer(d, codec.code_dim, distill_seed(ctx, k, "gan"), ctx.device)
+                summary = _train(ctx, trainer, codec, real, monitor, inputs, generators=(real.rng,), seed=k)
+            summary["alignment"] = data.alignment
+            summary["seconds"] = round(time.perf_counter() - started, 2)  # the seed's own: alignment has its own
+            _finish(ctx, spec, summary, inputs, len(store), store.file_bytes, len(np.unique(store.chains)), seed=k)
+    return ctx.layout.generator
 
 
 def chain_trainers(ctx: RunContext, codec: WeightCodec, batches: StoreBatches,
-                   chains: np.ndarray) -> tuple[ChainTrainers, list[StoreBatches]]:
-    """One GAN per chain of the store (seed stream ``distill/gan/chain/C``), weighted by the chain's share of
-    the store's rows, all trained as one (:func:`~apd.distillation.training.make_chain_trainers`), and each
-    chain's real batches (``batches`` restricted to its rows, stream ``distill/batches/chain/C``)."""
+                   chains: np.ndarray, seed: int = 0) -> tuple[ChainTrainers, list[StoreBatches]]:
+    """One GAN per chain of the store (seed stream ``distill/gan/chain/C`` of generator seed ``seed``), weighted
+    by the chain's share of the store's rows, all trained as one
+    (:func:`~apd.distillation.training.make_chain_trainers`), and each chain's real batches (``batches``
+    restricted to its rows, stream ``distill/batches/chain/C``)."""
     ids, rows, shares = chain_partition(chains)
-    seeds = [ctx.seed("distill", "gan", "chain", c) for c in ids]
+    seeds = [distill_seed(ctx, seed, "gan", "chain", c) for c in ids]
     log.info("one generator per chain: %d chains, shares %s", len(ids), [round(float(w), 4) for w in shares])
     return (make_chain_trainers(ctx.cfg.distill, codec.code_dim, seeds, shares, ctx.device),
-            [batches.restricted(r, ctx.seed("distill", "batches", "chain", c)) for c, r in zip(ids, rows, strict=True)])
+            [batches.restricted(r, distill_seed(ctx, seed, "batches", "chain", c))
+             for c, r in zip(ids, rows, strict=True)])
 
 
-@dataclass
-class TrainingSamples:
-    """What a generator learns from: the codec's fit samples as the codec sees them (aligned unless
-    ``[distill] align = "none"``), the permutations of every store row (None: unaligned) and the
-    alignment's record for the manifest."""
-
-    fit: Tensor
-    perms: Tensor | None
-    alignment: dict
-
-    def batches(self, ctx: RunContext, store: SampleStore, codec: WeightCodec, d: DistillConfig) -> StoreBatches:
-        """Random real batches of codes, each row permuted as the fit samples were."""
-        return StoreBatches(store, codec, d.batch_size, d.in_memory_gb, ctx.seed("distill", "batches"), ctx.device,
-                            self.perms, store.spec)
-
-
-def training_samples(ctx: RunContext, store: SampleStore, d: DistillConfig) -> TrainingSamples:
-    """``d.fit_samples`` rows evenly spaced over ``store``, aligned (with every other row) when ``d`` says so;
-    the one way the pipeline and the studies prepare a generator's training data."""
-    rows = evenly_spaced(len(store), d.fit_samples)
-    fit = store.read(rows)
-    if d.align == "none":
-        return TrainingSamples(fit, None, {"method": "none"})
-    perms, alignment = (_align(store, store.spec, rows, fit) if d.align == "permutation"
-                        else _align_chains(ctx, store, store.spec))
-    return TrainingSamples(permute(fit, store.spec, perms[rows]), perms, alignment)
-
-
-def aligned_chain_means(ctx: RunContext, store: SampleStore) -> Tensor | None:
-    """Each chain's mean [M, D] over its samples aligned as :func:`training_samples` aligns them for the
-    generator (:func:`~apd.posteriors.modes.chain_means` of the permuted rows), or None where ``[distill]
-    align = "none"``."""
-    if ctx.cfg.distill.align == "none":
-        return None
-    return chain_means(store, training_samples(ctx, store, ctx.cfg.distill).perms)[0]
-
-
-def _align_chains(ctx: RunContext, store: SampleStore, spec: ParamSpec) -> tuple[Tensor, dict]:
-    """Permutations [len(store), H]: every row of a chain takes its chain's, which matches the activations
-    of the chain's mean to those of the first chain's mean on :data:`FISHER_INPUTS` training images
-    (:func:`~apd.distillation.alignment.match_activations`); and what goes into the manifest."""
-    started = time.perf_counter()
-    means, _ = chain_means(store)
-    x = training_images(ctx, FISHER_INPUTS, "distill", "align")
-    by_chain = torch.stack([match_activations(mean, means[0], spec, x) for mean in means])
-    labels = np.unique(store.chains)
-    perms = by_chain[torch.from_numpy(np.searchsorted(labels, store.chains))]
-    aligned = permute(means, spec, by_chain)
-    distance = [round(float((m - means[0]).norm()), 4) for m in means[1:]]
-    distance_after = [round(float((m - aligned[0]).norm()), 4) for m in aligned[1:]]
-    seconds = time.perf_counter() - started
-    log.info("hidden units of %d chains matched to the first chain's by activations: distance of the chain means "
-             "to the first's %s → %s (%.0f s)", len(means), distance, distance_after, seconds)
-    return perms, {"method": "chains", "chains": [int(c) for c in labels], "inputs": len(x),
-                   "mean_distance_before": distance, "mean_distance_after": distance_after,
-                   "seconds": round(seconds, 2)}
-
-
-def _align(store: SampleStore, spec: ParamSpec, rows: list[int], fit: Tensor) -> tuple[Tensor, dict]:
-    """Permutations [len(store), H] aligning every sample's hidden units to the mean of the aligned ``fit``
-    samples (:func:`~apd.distillation.alignment.align_set`), and what goes into the manifest."""
-    started = time.perf_counter()
-    result = align_set(fit, spec)
-    perms = store_permutations(store, spec, rows, result)
-    seconds = time.perf_counter() - started
-    log.info("hidden units of %d samples aligned in %d rounds: mean distance to the samples' mean %.3f → %.3f "
-             "(%.0f s)", len(store), result.rounds, result.distance_before, result.distance_after, seconds)
-    return perms, {"method": "permutation", "fit_samples": len(rows), "rounds": result.rounds,
-                   "mean_distance_before": round(result.distance_before, 4),
-                   "mean_distance_after": round(result.distance_after, 4), "seconds": round(seconds, 2)}
+def conditioned_trainer(ctx: RunContext, codec: WeightCodec, batches: StoreBatches,
+                        chains: np.ndarray, seed: int = 0) -> tuple[ConditionedTrainer, StoreBatches]:
+    """One GAN conditioned on the store's chains (seed stream ``distill/gan`` of generator seed ``seed``; each
+    chain weighted by its share of the rows: :func:`~apd.distillation.training.make_conditioned_trainer`), and
+    its real batches: ``batches`` (rows uniform over the store, so chains by their shares) with each row's
+    chain, 0 … C − 1 in increasing order of the chain ids."""
+    ids, _, shares = chain_partition(chains)
+    log.info("one generator conditioned on %d chains by %d numbers each", len(ids), ctx.cfg.distill.mode_embedding)
+    labels = torch.from_numpy(np.searchsorted(np.asarray(ids), chains))
+    return (make_conditioned_trainer(ctx.cfg.distill, codec.code_dim, distill_seed(ctx, seed, "gan"), shares,
+                                     ctx.device), batches.with_labels(labels))
 
 
 def _train(ctx: RunContext, trainer: GANTrainer | ChainTrainers, codec: WeightCodec,
            real: Callable[[], Tensor] | Sequence[Callable[[], Tensor]], monitor: ValidationMonitor, inputs: dict,
-           between_steps: Callable[[int], None] | None = None, generators: tuple[torch.Generator, ...] = ()) -> dict:
+           between_steps: Callable[[int], None] | None = None, generators: tuple[torch.Generator, ...] = (),
+           seed: int = 0) -> dict:
     """The GAN loop shared by both modes: checkpoints, judging, keeping the best step, and at the end the
     residual's scale matched to SGLD's (:mod:`apd.distillation.residual`) when so configured. The kept
     and the last generator are written to their partial files, stored at ``[distill] precision`` (the
     generator networks at ``generators_at`` where given); stored below float32, the stored generator is
-    judged once more (``selection.stored``).
+    judged once more (``selection.stored``). The files are generator seed ``seed``'s.
 
     ``generators`` (e.g. the real-batch sampler's) are checkpointed with the trainer, so a resumed run
     repeats an uninterrupted one exactly."""
@@ -247,7 +170,8 @@ def _train(ctx: RunContext, trainer: GANTrainer | ChainTrainers, codec: WeightCo
     d = ctx.cfg.distill
     stage_hash = config_hash(ctx.cfg, "distill")
     model = DistilledGenerator(trainer.generator, codec, d.precision, d.generator_precision())
-    checkpoint = checkpoint_of(ctx.layout.generator)
+    path, last_path = ctx.layout.generator_of(seed), ctx.layout.generator_last_of(seed)
+    checkpoint = checkpoint_of(path)
     history: list[dict] = []
     best: dict = {"step": 0, "criterion": math.inf, "state": None}
     resumable = between_steps is None  # online runs hold SGLD chains and a buffer: they start afresh
@@ -290,9 +214,9 @@ def _train(ctx: RunContext, trainer: GANTrainer | ChainTrainers, codec: WeightCo
     model.load_state_dict(best["state"])
     residual = _match_residual(ctx, model, monitor) if codec.has_residual else {}
     last.update({f"codec.{name}": value.clone() for name, value in codec.state_dict().items()})
-    save_torch_atomic(partial_of(ctx.layout.generator_last), model.pack(last))
+    save_torch_atomic(partial_of(last_path), model.pack(last))
     stored = model.pack(model.state_dict())
-    save_torch_atomic(partial_of(ctx.layout.generator), stored)
+    save_torch_atomic(partial_of(path), stored)
     kept = next(entry for entry in history if entry["step"] == best["step"])
     selection = {"criterion": "mean KL(SGLD ‖ generated) + mean |BALD gap| on validation inputs (nats)",
                  "rule": d.selection, "inputs": len(monitor.x), "reference_samples": REFERENCE_SAMPLES,
@@ -316,37 +240,40 @@ def _match_residual(ctx: RunContext, model: DistilledGenerator, monitor: Validat
 
 
 def _finish(ctx: RunContext, spec: ParamSpec, summary: dict, inputs: dict, n_samples: int, store_bytes: int,
-            chains: int = 1) -> None:
-    d, layout = ctx.cfg.distill, ctx.layout
+            chains: int = 1, seed: int = 0) -> None:
+    d = ctx.cfg.distill
+    path, last_path = ctx.layout.generator_of(seed), ctx.layout.generator_last_of(seed)
     parameters = summary["generator_parameters"]
     worth = in_samples(summary.pop("stored_bytes"), spec.numel)
     record = manifest_record("distill", config_hash(ctx.cfg, "distill"), inputs, spec=spec.to_json(),
                              machine=machine(ctx.device),
                              architecture=architecture(d, spec.numel, spec.layer_sizes, chains), mode=d.mode,
+                             generator_seed=seed,
                              storage={"generator_parameters": parameters, "precision": d.precision,
                                       "generators_at": d.generator_precision(),
-                                      "generator_bytes": partial_of(layout.generator).stat().st_size,
+                                      "generator_bytes": partial_of(path).stat().st_size,
                                       "in_sgld_samples": round(worth, 2),
                                       "store_samples": n_samples, "store_bytes": store_bytes},
                              **summary)
-    publish({partial_of(layout.generator): layout.generator, partial_of(layout.generator_last): layout.generator_last},
-            manifest_of(layout.generator), record)
-    checkpoint_of(layout.generator).unlink(missing_ok=True)
+    publish({partial_of(path): path, partial_of(last_path): last_path}, manifest_of(path), record)
+    checkpoint_of(path).unlink(missing_ok=True)
     kept = summary["selection"]["kept"]
-    log.info("generator: step %d kept (criterion %.4f, KL %.4f, BALD gap %.4f; validation accuracy %.4f vs SGLD's "
-             "%.4f); %s parameters at %s (%.2f SGLD samples' worth); %.0f s → %s", kept["step"], kept["criterion"],
+    log.info("generator seed %d: step %d kept (criterion %.4f, KL %.4f, BALD gap %.4f; validation accuracy %.4f vs "
+             "SGLD's %.4f); %s parameters at %s (%.2f SGLD samples' worth); %.0f s → %s", seed, kept["step"],
+             kept["criterion"],
              kept["kl"], kept["bald_gap"], kept["accuracy"], summary["sgld_val_accuracy"], f"{parameters:,}",
              d.precision if d.generator_precision() == d.precision else
              f"{d.precision} (generator networks {d.generator_precision()})", worth, summary["seconds"],
-             layout.generator)
+             path)
 
 
-def distill_online(ctx: RunContext) -> Path:
-    """Alternate SGLD and GAN updates (no sample store): chains fill a FIFO buffer of thinned samples;
-    every ``t_sgld`` new samples the GAN takes ``t_gan`` generator steps on batches from the buffer."""
+def distill_online(ctx: RunContext, seed: int = 0) -> Path:
+    """Generator seed ``seed`` by alternating SGLD and GAN updates (no sample store): chains fill a FIFO
+    buffer of thinned samples; every ``t_sgld`` new samples the GAN takes ``t_gan`` generator steps on
+    batches from the buffer. The chains are the pipeline's, the same for every seed."""
     d, s = ctx.cfg.distill, ctx.cfg.sgld
-    path = ctx.layout.generator
-    if reusable(ctx, path, "distill", {}) and weights_load(ctx.layout.generator, ctx.layout.generator_last):
+    path = ctx.layout.generator_of(seed)
+    if seed_reusable(ctx, seed, {}):
         return path
     started = time.perf_counter()
     spec = ParamSpec.from_module(ctx.network())
@@ -370,16 +297,16 @@ def distill_online(ctx: RunContext) -> Path:
 
     log.info("online distillation: warming up the buffer with %d samples", d.buffer_size)
     add_samples(d.buffer_size)
-    codec = codec_for(ctx, buffer.cpu())
-    batch_rng = torch.Generator(device=ctx.device).manual_seed(ctx.seed("distill", "batches"))
+    codec = codec_for(ctx, buffer.cpu(), seed=seed)
+    batch_rng = torch.Generator(device=ctx.device).manual_seed(distill_seed(ctx, seed, "batches"))
 
     def real_batch() -> Tensor:
         index = torch.randint(min(position["count"], d.buffer_size), (d.batch_size,), generator=batch_rng,
                               device=ctx.device)
         return codec.encode(buffer[index])
 
-    monitor = validation_monitor(ctx, spec, buffer[evenly_spaced(d.buffer_size, REFERENCE_SAMPLES)].clone())
-    trainer = make_trainer(d, codec.code_dim, ctx.seed("distill", "gan"), ctx.device)
+    monitor = validation_monitor(ctx, spec, buffer[evenly_spaced(d.buffer_size, REFERENCE_SAMPLES)].clone(), seed)
+    trainer = make_trainer(d, codec.code_dim, distill_seed(ctx, seed, "gan"), ctx.device)
     model = DistilledGenerator(trainer.generator, codec)
 
     def between_steps(step: int) -> None:
@@ -390,8 +317,8 @@ def distill_online(ctx: RunContext) -> Path:
         if d.restart_every and position["round"] % d.restart_every == 0:
             chains.theta.copy_(model.sample_weights(len(chains)))
 
-    summary = _train(ctx, trainer, codec, real_batch, monitor, {}, between_steps)
+    summary = _train(ctx, trainer, codec, real_batch, monitor, {}, between_steps, seed=seed)
     summary["seconds"] = round(time.perf_counter() - started, 2)
     summary["sgld_samples_seen"] = position["count"]
-    _finish(ctx, spec, summary, {}, 0, 0)
+    _finish(ctx, spec, summary, {}, 0, 0, seed=seed)
     return path

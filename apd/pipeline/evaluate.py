@@ -6,7 +6,8 @@ ECE on the whole test set; detection (AUROC, AUPR-In, AUPR-Out, FPR95; OOD posit
 test images against as many images of each OOD set, for every uncertainty score (higher = more
 uncertain; scores a single network cannot have are null). Results are mean ± std over runs (population
 std, ddof 0). Beyond the paper's tables: storage per method, a mixture-of-Gaussians growth table, and
-the fidelity of each weight-space method to SGLD, which accuracy alone hides.
+the fidelity of each weight-space method to SGLD, which accuracy alone hides; with ``[distill] seeds`` > 1,
+every generator seed of APD judged alike (:mod:`apd.pipeline.replicates`; the main tables show seed 0).
 
 Everything is built in ``eval.partial/`` and swapped in for ``eval/`` when complete.
 """
@@ -21,8 +22,7 @@ import numpy as np
 import torch
 
 from apd.config import config_hash
-from apd.data import available_ood, ood_set
-from apd.errors import ArtifactError, DataError
+from apd.errors import ArtifactError
 from apd.evaluation.fidelity import fidelity
 from apd.evaluation.protocol import EvaluationInputs, Judgement, judge
 from apd.evaluation.stored import StoredPredictions
@@ -37,12 +37,15 @@ from apd.evaluation.yardstick import (
 )
 from apd.io import hdf5_atomic, read_json, remove_tree, replace_directory, restore_directory, write_json_atomic
 from apd.methods import MethodName
-from apd.metrics import mean_std
+from apd.metrics import mean_of, mean_std
 from apd.pipeline.adversarial import evaluate_adversarial
 from apd.pipeline.layout import manifest_of
 from apd.pipeline.manifests import file_digest, is_complete, manifest_record, write_manifest
-from apd.pipeline.methods import METHODS, fit_mixture, load_methods, method_inputs
+from apd.pipeline.methods import METHODS, ensemble_sizes, fit_mixture, load_methods, method_inputs
+from apd.pipeline.recipes import evaluation_inputs, store_alignment
+from apd.pipeline.replicates import replicate_apd
 from apd.pipeline.report import print_summary, report_again, write_report
+from apd.pipeline.results import accuracy, mean_auroc, set_aurocs
 from apd.pipeline.runtime import RunContext, machine, stopwatch, torch_threads
 from apd.pipeline.sample_publish import stored_burn_in
 from apd.posteriors import Posterior, SGLDSamples
@@ -54,27 +57,6 @@ HEADLINE_SCORE = "bald"
 RECORDED_FILES = ("results.json", "scores.h5")  # eval/ files whose digests the manifest records (the rest
 # are rendered from them)
 MIXTURE_DRAWS = 3  # fresh ensemble draws per row of the mixture-growth table, for its spread
-
-
-def evaluation_inputs(ctx: RunContext, role: str = "evaluate") -> EvaluationInputs:
-    """The test set, its in-distribution subset and each configured OOD set (scaled as configured).
-    ``role`` ``tuning`` gives the OOD tuning pool and validation images instead of test images: what
-    settings may be chosen on (:func:`apd.data.ood_set`)."""
-    cfg, data = ctx.cfg, ctx.data
-    e = cfg.evaluate
-    x_test, y_test = (data.x_test, data.y_test) if role == "evaluate" else (data.x_val, data.y_val)
-    n = min(e.ood_size, len(y_test))
-    keep = torch.randperm(len(y_test), generator=torch.Generator().manual_seed(ctx.seed(role, "ood-subset")))[:n]
-    available = available_ood(cfg.data, data)
-    sets = {}
-    for name in cfg.data.ood:
-        if name not in available:
-            log.warning("skipping OOD set %r: not available here (%s)", name, ", ".join(available))
-            continue
-        sets[name] = ood_set(name, data, n, cfg.seed, cfg.data.ood_dirs, role=role) * e.ood_scale
-    if not sets:
-        raise DataError(f"none of the configured OOD sets ({', '.join(cfg.data.ood)}) is available")
-    return EvaluationInputs(x_test, y_test, x_test[keep], sets)
 
 
 def run_evaluate(ctx: RunContext) -> dict:
@@ -116,11 +98,6 @@ def run_evaluate(ctx: RunContext) -> dict:
     replace_directory(built, layout.eval_dir)
     print_summary(ctx, results)
     return results
-
-
-def ensemble_sizes(ctx: RunContext, methods: dict[str, Posterior]) -> dict[str, int]:
-    """Members per run: the registry's number, capped by what each method can give."""
-    return {name: method.ensemble_size(METHODS[name].members(ctx.cfg.evaluate)) for name, method in methods.items()}
 
 
 def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: ExitStack, out) -> dict:
@@ -185,6 +162,11 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
             results["mog"], results["apd_share"] = mixture_growth(ctx, methods, inputs, results, reference)
     with stopwatch(results["timing"], "yardstick"):
         results["yardstick"] = yardstick(ctx, methods, inputs, reference, stored)
+    if MethodName.APD in methods and cfg.distill.seeds > 1:
+        with stopwatch(results["timing"], "replicates"):
+            results["replicates"] = {MethodName.APD: replicate_apd(
+                ctx, methods[MethodName.APD].spec, inputs, sizes[MethodName.APD], judgements[MethodName.APD],
+                reference, results["yardstick"])}
     return results
 
 
@@ -244,26 +226,8 @@ def _first_layer_images(store: SampleStore, shape: tuple[int, int], count: int =
     return first[:count].reshape(-1, *shape).numpy()
 
 
-def _share(value: float, reference: float) -> float:
-    return value / reference if reference else float("nan")
-
-
-def mean_auroc(detections: dict, score: str = HEADLINE_SCORE) -> float:
-    """Mean AUROC (percent) over OOD sets of ``{set: {score: metrics}}`` with a ``mean`` entry or a plain
-    value per metric."""
-    values = []
-    for by_score in detections.values():
-        metrics = by_score.get(score)
-        if metrics is not None:
-            auroc = metrics["auroc"]
-            values.append(auroc["mean"] if isinstance(auroc, dict) else 100.0 * auroc)
-    return float(np.mean(values)) if values else float("nan")
-
-
-def method_detections(results: dict, method: str) -> dict:
-    """``{set: {score: summary}}`` of one method out of results.json's ``ood`` part."""
-    return {s: {sc: by_method.get(method) for sc, by_method in by_score.items()}
-            for s, by_score in results["ood"].items()}
+def _share(value: float | None, reference: float | None) -> float:
+    return value / reference if value is not None and reference else float("nan")
 
 
 def mixture_growth(ctx: RunContext, methods: dict[str, Posterior], inputs: EvaluationInputs,
@@ -274,26 +238,27 @@ def mixture_growth(ctx: RunContext, methods: dict[str, Posterior], inputs: Evalu
     With ``reference``, each row also has the yardstick's quality (:mod:`apd.evaluation.yardstick`: worst
     per-set BALD and max-prob AUROC gaps, NLL gap, KL to SGLD's predictive), mean and std over the draws."""
     e, device = ctx.cfg.evaluate, ctx.device
-    sgld_acc = results["accuracy"]["sgld"]["acc"]["mean"]
-    sgld_auroc = mean_auroc(method_detections(results, "sgld"))
+    sgld_acc = accuracy(results, "sgld").mean
+    sgld_auroc = mean_auroc(results, "sgld", HEADLINE_SCORE)
     rows = []
     with SampleStore.open(ctx.layout.samples) as store:
         for k in ctx.progress(e.mog_components, desc="MoG growth", unit="fit"):
             mixture = methods.get("mog") if k == max(e.mog_components) else None
-            mixture = mixture or fit_mixture(store, k, e.mog_fit_samples, ctx.seed("evaluate", "mog", k), device)
+            mixture = mixture or fit_mixture(store, k, e.mog_fit_samples, ctx.seed("evaluate", "mog", k), device,
+                                             store_alignment(ctx, store))
             generator = torch.Generator().manual_seed(ctx.seed("evaluate", "mog-draws", k))
             accuracies, aurocs, qualities = [], [], []
             for _ in range(MIXTURE_DRAWS):
                 judged = judge(mixture, inputs, e.networks, generator, [HEADLINE_SCORE, "max_prob"])
                 accuracies.append(judged.accuracy["acc"])
-                aurocs.append(mean_auroc({s: {HEADLINE_SCORE: d[HEADLINE_SCORE]} for s, d in judged.detection.items()}))
+                aurocs.append(judged.mean_auroc(HEADLINE_SCORE))
                 if reference is not None:
                     qualities.append(_judgement_quality(judged, reference))
             acc, auroc = mean_std(accuracies), mean_std(aurocs)
             rows.append({"components": k, "parameters": mixture.stored_parameters(),
                          "in_sgld_samples": round(mixture.storage_in_samples(), 3), "draws": MIXTURE_DRAWS,
-                         "accuracy": acc, "accuracy_share": _share(acc["mean"], sgld_acc), "bald_auroc": auroc,
-                         "bald_auroc_share": _share(auroc["mean"], sgld_auroc), "em_converged": mixture.converged})
+                         "accuracy": acc, "accuracy_share": _share(mean_of(acc), sgld_acc), "bald_auroc": auroc,
+                         "bald_auroc_share": _share(mean_of(auroc), sgld_auroc), "em_converged": mixture.converged})
             if qualities:
                 rows[-1]["quality"] = {key: mean_std([q[key] for q in qualities]) for key in qualities[0]
                                        if all(q[key] is not None for q in qualities)}
@@ -301,8 +266,8 @@ def mixture_growth(ctx: RunContext, methods: dict[str, Posterior], inputs: Evalu
     if "apd" in methods:
         apd = methods["apd"]
         apd_share = {"parameters": apd.stored_parameters(), "in_sgld_samples": round(apd.storage_in_samples(), 3),
-                     "accuracy_share": _share(results["accuracy"]["apd"]["acc"]["mean"], sgld_acc),
-                     "bald_auroc_share": _share(mean_auroc(method_detections(results, "apd")), sgld_auroc)}
+                     "accuracy_share": _share(accuracy(results, "apd").mean, sgld_acc),
+                     "bald_auroc_share": _share(mean_auroc(results, "apd", HEADLINE_SCORE), sgld_auroc)}
     return rows, apd_share
 
 
@@ -313,11 +278,10 @@ def sgld_reference(results: dict, inputs: EvaluationInputs, stored: StoredPredic
     """SGLD's side of the yardstick: its evaluated per-set BALD and max_prob AUROC and test NLL (means over
     runs), and the predictive and per-input BALD of up to ``limit`` (``yardstick_reference``) stored samples on
     the test inputs and the OOD sets, their predictions from ``stored``."""
-    ood = results["ood"]
-    per_set = {score: {name: ood[name][score]["sgld"]["auroc"]["mean"] for name in ood
-                       if ood[name].get(score, {}).get("sgld") is not None} for score in ("bald", "max_prob")}
+    per_set = {score: {name: value for name, value in set_aurocs(results, "sgld", score).items() if value is not None}
+               for score in ("bald", "max_prob")}
     predictive, information, samples = reference_predictive(stored, inputs, limit)
-    return Reference(per_set["bald"], per_set["max_prob"], results["accuracy"]["sgld"]["nll"]["mean"], predictive,
+    return Reference(per_set["bald"], per_set["max_prob"], accuracy(results, "sgld", "nll").mean, predictive,
                      information, samples)
 
 
@@ -331,15 +295,13 @@ def _judgement_quality(judged: Judgement, reference: Reference) -> dict:
 def method_quality(results: dict, method: str, runs: list[Judgement], reference: Reference) -> dict:
     """The yardstick's quality of one evaluated method (:func:`apd.evaluation.yardstick.quality`): per-set
     AUROCs and NLL as reported (means over runs), the function-space gaps averaged over the runs."""
-    ood = results["ood"]
-    aurocs = {score: {name: None if (d := ood[name].get(score, {}).get(method)) is None else d["auroc"]["mean"]
-                      for name in ood} for score in ("bald", "max_prob")}
+    aurocs = {score: set_aurocs(results, method, score) for score in ("bald", "max_prob")}
     gaps = [function_gaps(j.predictive, j.information, reference) for j in runs]
     function = {key: None if None in (values := [g[key] for g in gaps]) else float(np.mean(values))
                 for key in gaps[0]}
     return {"in_sgld_samples": results["storage"][method]["in_sgld_samples"],
             "members": results["ensemble"][method],
-            **quality(aurocs["bald"], aurocs["max_prob"], results["accuracy"][method]["nll"]["mean"], function,
+            **quality(aurocs["bald"], aurocs["max_prob"], accuracy(results, method, "nll").mean, function,
                       reference)}
 
 
@@ -361,7 +323,7 @@ def at_networks(ctx: RunContext, methods: dict[str, Posterior], inputs: Evaluati
             generator = torch.Generator().manual_seed(ctx.seed("evaluate", "at-networks", name))
             runs = [judge(method, inputs, e.networks, generator, ["bald", "max_prob"], stored) for _ in range(e.runs)]
         qualities = [_judgement_quality(j, reference) for j in runs]
-        aurocs = [mean_auroc({s: {"bald": d.get("bald")} for s, d in j.detection.items()}) for j in runs]
+        aurocs = [j.mean_auroc("bald") for j in runs]
         out[name] = {"members": e.networks,
                      "acc": mean_std([j.accuracy["acc"] for j in runs]),
                      "nll": mean_std([j.accuracy["nll"] for j in runs]),

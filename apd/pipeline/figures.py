@@ -27,8 +27,9 @@ import numpy as np
 from apd.errors import ArtifactError
 from apd.io import read_json, write_bytes_atomic
 from apd.methods import colour
+from apd.metrics import Stat
+from apd.pipeline.results import accuracy, mean_auroc
 from apd.pipeline.table_format import HISTOGRAM_SCORES, method_label, methods_in_order, ordered, score_label
-from apd.pipeline.tables import mean_auroc
 
 if TYPE_CHECKING:
     from matplotlib.axis import Axis
@@ -100,10 +101,10 @@ def plot_kept_curve(ax: Any, curve: list[dict], key: str, scale: float = 1.0) ->
     even = [(r["k"], scale * r["evenly_spaced"][key]) for r in curve if r["evenly_spaced"][key] is not None]
     if even:
         ax.plot(*zip(*even, strict=True), "-", color="black", label="kept SGLD, evenly spaced")
-    rand = [(r["k"], r["random"][key]) for r in curve if r["random"][key] is not None]
+    rand = [(r["k"], stat) for r in curve if (stat := Stat.of(r["random"][key])) is not None]
     if rand:
-        ax.errorbar([k for k, _ in rand], [scale * v["mean"] for _, v in rand],
-                    yerr=[scale * v["std"] for _, v in rand], fmt="--", color="grey", capsize=2,
+        ax.errorbar([k for k, _ in rand], [scale * stat.mean for _, stat in rand],
+                    yerr=[scale * stat.std for _, stat in rand], fmt="--", color="grey", capsize=2,
                     label="kept SGLD, random subsets")
 
 
@@ -238,20 +239,20 @@ def storage_share_figure(results: dict) -> Figure | None:
     mog, apd = results.get("mog") or [], results.get("apd_share")
     if not mog and not apd:
         return None
-    accuracy, ood = results.get("accuracy", {}), results.get("ood", {})
 
     def accuracy_of(method: str) -> float | None:
-        return 100 * accuracy[method]["acc"]["mean"] if method in accuracy else None
+        return None if (acc := accuracy(results, method)) is None else 100 * acc.mean
 
     panels = (("accuracy", 100.0, "test accuracy (%)", accuracy_of, None, "Accuracy against storage"),
-              ("bald_auroc", 1.0, "BALD AUROC, mean over OOD sets (%)", lambda m: mean_auroc(ood, "bald", m),
+              ("bald_auroc", 1.0, "BALD AUROC, mean over OOD sets (%)", lambda m: mean_auroc(results, m, "bald"),
                CHANCE_AUROC, "OOD detection against storage"))
     figure, axes = new_figure(1, 2, panel=(4.4, 3.8))
     for ax, (key, scale, ylabel, value_of, chance, title) in zip(axes[0], panels, strict=True):
         if mog:
             worth = [r["in_sgld_samples"] for r in mog]
-            means = [scale * r[key]["mean"] for r in mog]
-            ax.errorbar(worth, means, yerr=[scale * r[key]["std"] for r in mog], fmt="o-", color="C0", capsize=2,
+            stats = [Stat.of(r[key]) for r in mog]
+            means = [scale * stat.mean for stat in stats]
+            ax.errorbar(worth, means, yerr=[scale * stat.std for stat in stats], fmt="o-", color="C0", capsize=2,
                         label="MoG, k components (mean ± std over draws)")
             for r, mean in zip(mog, means, strict=True):
                 ax.annotate(f"k={r['components']}", (r["in_sgld_samples"], mean), textcoords="offset points",
@@ -286,7 +287,7 @@ def storage_quality_figure(results: dict) -> Figure | None:
     methods = [m for m in methods_in_order(results, quality) if m != "sgld"]
     for ax, (key, ylabel) in zip(axes[0], panels, strict=True):
         plot_kept_curve(ax, curve, key)
-        growth = [(r["in_sgld_samples"], r["quality"][key]["mean"]) for r in mog if key in r.get("quality", {})]
+        growth = [(r["in_sgld_samples"], Stat.of(r["quality"][key]).mean) for r in mog if key in r.get("quality", {})]
         if growth:
             plot_growth(ax, *zip(*growth, strict=True))
         points = {m: (quality[m]["in_sgld_samples"], quality[m][key]) for m in methods

@@ -56,11 +56,20 @@ class Layout:
 
     @property
     def generator(self) -> Path:
-        return self.root / "generator.pt"
+        return self.generator_of(0)
 
     @property
     def generator_last(self) -> Path:
-        return self.root / "generator-last.pt"
+        return self.generator_last_of(0)
+
+    def generator_of(self, seed: int) -> Path:
+        """Generator seed ``seed``'s kept generator (``[distill] seeds``): ``generator.pt`` for seed 0, the
+        pipeline's generator, ``generator-seedK.pt`` for seed K ≥ 1; its manifest beside it."""
+        return self.root / ("generator.pt" if seed == 0 else f"generator-seed{seed}.pt")
+
+    def generator_last_of(self, seed: int) -> Path:
+        """Generator seed ``seed``'s last generator: ``generator-last.pt``, ``generator-seedK-last.pt``."""
+        return self.root / ("generator-last.pt" if seed == 0 else f"generator-seed{seed}-last.pt")
 
     @property
     def eval_dir(self) -> Path:

@@ -20,14 +20,21 @@ from typing import Any
 import torch
 
 from apd.config import EvaluateConfig
+from apd.distillation.alignment import permute
 from apd.distillation.generator import load_generator
 from apd.distillation.training import evenly_spaced
 from apd.errors import ArtifactError, ConfigError
 from apd.io import load_torch, read_json
 from apd.methods import MethodName
 from apd.nets import ParamSpec
-from apd.pipeline.distill import REFERENCE_SAMPLES, aligned_chain_means, laplace_terms, validation_monitor
 from apd.pipeline.layout import Layout, manifest_of
+from apd.pipeline.recipes import (
+    REFERENCE_SAMPLES,
+    aligned_chain_means,
+    laplace_terms,
+    store_alignment,
+    validation_monitor,
+)
 from apd.pipeline.runtime import RunContext, stopwatch
 from apd.pipeline.stage import require_input
 from apd.posteriors import (
@@ -132,14 +139,20 @@ def _load_sgld(sources: Sources) -> Posterior:
     return SGLDSamples(sources.sgld_store, sources.ctx.device)
 
 
-def _load_apd(sources: Sources) -> Posterior:
-    def make() -> APDGenerator:
-        layout = sources.ctx.layout
-        model, spec = load_generator(layout.generator, read_json(manifest_of(layout.generator)), sources.spec,
-                                     sources.ctx.device)
-        return APDGenerator(model, spec)
+def apd_generator(ctx: RunContext, spec: ParamSpec, seed: int = 0) -> APDGenerator:
+    """Generator seed ``seed``'s kept generator (``[distill] seeds``; 0: the pipeline's ``generator.pt``) as a
+    posterior; a manifest that records another seed is an :class:`ArtifactError`."""
+    path = ctx.layout.generator_of(seed)
+    record = read_json(manifest_of(path))
+    if record.get("generator_seed", 0) != seed:
+        raise ArtifactError(f"{path}: its manifest records generator seed {record.get('generator_seed', 0)}, not "
+                            f"{seed}; run `apd distill --config {ctx.cfg.source} --force`")
+    model, spec = load_generator(path, record, spec, ctx.device)
+    return APDGenerator(model, spec)
 
-    return sources.shared("apd", make)
+
+def _load_apd(sources: Sources) -> Posterior:
+    return sources.shared("apd", lambda: apd_generator(sources.ctx, sources.spec))
 
 
 def equal_storage(sources: Sources) -> int:
@@ -246,18 +259,23 @@ def _load_laplace_glm(sources: Sources) -> Posterior:
     return LaplaceGLM(post)
 
 
-def fit_mixture(store: SampleStore, components: int, fit_samples: int, seed: int,
-                device: torch.device) -> GaussianMixture:
+def fit_mixture(store: SampleStore, components: int, fit_samples: int, seed: int, device: torch.device,
+                perms: torch.Tensor | None) -> GaussianMixture:
     """MoG with ``components`` diagonal components fit to ``fit_samples`` samples spaced evenly over the
-    whole store (every chain)."""
+    whole store (every chain), each permuted by its row of ``perms`` [len(store), H] first: the alignment APD's
+    generator is trained on (:func:`~apd.pipeline.recipes.store_alignment`; None: as stored), so that the
+    mixture is fit to the same samples, not to permuted copies of the modes."""
     rows = evenly_spaced(len(store), fit_samples)
     if components > len(rows):
         raise ArtifactError(f"a {components}-component mixture needs at least as many samples, the store has "
                             f"{len(store)}")
     # EM prints nothing while it runs, and on fcNN2 it runs for minutes: say what is being fitted
-    log.info("MoG: fitting %d diagonal components to %d samples of %d weights (EM, at most %d iterations)",
-             components, len(rows), store.spec.numel, MAX_EM_ITERATIONS)
-    return GaussianMixture(store.read(rows), components, store.spec, seed=seed, device=device)
+    log.info("MoG: fitting %d diagonal components to %d %s samples of %d weights (EM, at most %d iterations)",
+             components, len(rows), "unaligned" if perms is None else "aligned", store.spec.numel, MAX_EM_ITERATIONS)
+    samples = store.read(rows)
+    if perms is not None:
+        samples = permute(samples, store.spec, perms[rows])
+    return GaussianMixture(samples, components, store.spec, seed=seed, device=device)
 
 
 def _load_modes(sources: Sources) -> Posterior:
@@ -290,7 +308,8 @@ def _load_modes(sources: Sources) -> Posterior:
 def _load_mog(sources: Sources) -> Posterior:
     ctx, e = sources.ctx, sources.ctx.cfg.evaluate
     k = max(e.mog_components)
-    return fit_mixture(sources.store, k, e.mog_fit_samples, ctx.seed("evaluate", "mog", k), ctx.device)
+    return fit_mixture(sources.store, k, e.mog_fit_samples, ctx.seed("evaluate", "mog", k), ctx.device,
+                       store_alignment(ctx, sources.store))
 
 
 METHODS: dict[MethodName, MethodLoader] = {m.name: m for m in (
@@ -329,14 +348,17 @@ def check_methods(names: list[str], where: str) -> None:
 
 
 def method_inputs(ctx: RunContext) -> dict[str, str]:
-    """The manifest digests of the artifacts the configured methods come from, each checked for provenance
-    first (made under this config, unchanged since)."""
+    """The manifest digests of the artifacts the configured methods come from (APD's every generator seed),
+    each checked for provenance first (made under this config, unchanged since)."""
     names = ctx.cfg.evaluate.methods
     check_methods(names, ctx.cfg.source)
     inputs = {}
     for name in names:
         method = METHODS[name]
         inputs[name] = require_input(ctx, method.artifact(ctx.layout), method.stage)
+    if MethodName.APD in names:  # every generator seed is judged (apd.pipeline.replicates)
+        for k in range(1, ctx.cfg.distill.seeds):
+            inputs[f"apd-seed{k}"] = require_input(ctx, ctx.layout.generator_of(k), "distill")
     return inputs
 
 
@@ -359,3 +381,8 @@ def load_methods(ctx: RunContext, stack: ExitStack, details: dict[str, dict] | N
     if details is not None:
         details.update(sources.details)
     return methods, inputs
+
+
+def ensemble_sizes(ctx: RunContext, methods: dict[str, Posterior]) -> dict[str, int]:
+    """Members per run: the registry's number, capped by what each method can give."""
+    return {name: method.ensemble_size(METHODS[name].members(ctx.cfg.evaluate)) for name, method in methods.items()}

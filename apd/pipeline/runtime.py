@@ -9,9 +9,10 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -26,6 +27,7 @@ from apd.pipeline import seeds
 from apd.pipeline.layout import Layout
 
 log = logging.getLogger("apd")
+T = TypeVar("T")
 
 
 class InterruptibleBar(tqdm):
@@ -91,6 +93,7 @@ class RunContext:
     force: bool = False
     quiet: bool = False
     _data: Dataset | None = field(default=None, repr=False)
+    _once: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.device  # noqa: B018 (a bad device name fails here, before any stage work or reuse)
@@ -111,6 +114,13 @@ class RunContext:
     def seed(self, *names: str | int) -> int:
         """The seed of the named random stream (:mod:`apd.pipeline.seeds`)."""
         return seeds.seed(self.cfg.seed, *names)
+
+    def once(self, key: tuple, make: Callable[[], T]) -> T:
+        """``make()``, computed once per run for ``key``: what several parts of a stage prepare alike (the
+        samples' alignment, which the generators, the MoG and the mode mixture are all fit to)."""
+        if key not in self._once:
+            self._once[key] = make()
+        return self._once[key]
 
     @property
     def net_sizes(self) -> list[int]:

@@ -8,7 +8,10 @@ initialisation can never equal a baseline's) and adding a choice moves no other.
 
 Streams in use: ``("chain", c, "init" | "batches" | "noise")``, ``("baseline", name, "init" |
 "batches" | "dropout")``, ``("distill", "codec" | "fisher" | "gan" | "batches" | "monitor")``,
-``("evaluate", …)``, ``("attack", …)``, ``("experiment", name, …)``.
+``("evaluate", …)``, ``("attack", …)``, ``("experiment", name, …)``. Generator seed k ≥ 1 of
+``[distill] seeds`` draws from its own copies of the streams that make and judge a generator,
+:func:`replicated`: ``("distill", "seed", k, "gan")``, ``("evaluate", "seed", k, "draws", "apd")``; seed 0 from
+the streams as named above, so that a pipeline's one generator is its seed 0.
 """
 
 from __future__ import annotations
@@ -29,3 +32,10 @@ def generator(base: int, *names: str | int, device: torch.device | str = "cpu") 
     """A torch generator on ``device`` seeded with :func:`seed` (draws into a device tensor need a
     generator on that device)."""
     return torch.Generator(device=device).manual_seed(seed(base, *names))
+
+
+def replicated(k: int, *names: str | int) -> tuple[str | int, ...]:
+    """The names of stream ``names`` for generator seed ``k``: as they are for seed 0, with ``"seed", k`` after
+    the first (the stage's) otherwise, so that seed k's streams depend on k alone and not on how many
+    seeds are trained."""
+    return names if k == 0 else (names[0], "seed", k, *names[1:])

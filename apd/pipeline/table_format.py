@@ -9,13 +9,14 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from apd.io import write_text_atomic
 from apd.methods import ALL_METHODS, label
+from apd.metrics import Stat
 
 SCORE_ORDER = ("variation_ratio", "bald", "entropy", "max_prob", "model_variance")
 SCORE_LABELS = {"variation_ratio": "variation ratio", "bald": "BALD", "entropy": "predictive entropy",
@@ -67,26 +68,39 @@ def format_number(value: float | None, digits: int) -> str:
     return f"{value:.{digits}f}"
 
 
-def format_gap(value: float | dict | None, digits: int = 1) -> str:
-    """A signed gap (plain, ``{"mean", "std"}``, or random subsets' with their 5–95 % band ``p5``, ``p95``:
-    the mean and the band); "n/a" where undefined (one network has no BALD)."""
-    if value is None:
+def format_gap(value: float | Mapping | Stat | None, digits: int = 1) -> str:
+    """A signed gap (a stored value, :meth:`~apd.metrics.Stat.of`: plain, mean ± std, or random subsets' mean
+    and 5–95 % band); "n/a" where undefined (one network has no BALD)."""
+    stat = Stat.of(value)
+    if stat is None:
         return UNDEFINED
-    if isinstance(value, dict) and "p5" in value:
-        return f"{value['mean']:+.{digits}f} [{value['p5']:+.{digits}f}, {value['p95']:+.{digits}f}]"
-    if isinstance(value, dict):
-        return f"{value['mean']:+.{digits}f} ±{format_number(value['std'], digits)}"
-    return f"{value:+.{digits}f}" if math.isfinite(value) else MISSING
+    if stat.band is not None:
+        return f"{stat.mean:+.{digits}f} [{stat.band[0]:+.{digits}f}, {stat.band[1]:+.{digits}f}]"
+    if stat.std is not None:
+        return f"{stat.mean:+.{digits}f} ±{format_number(stat.std, digits)}"
+    return f"{stat.mean:+.{digits}f}" if math.isfinite(stat.mean) else MISSING
 
 
-def mean_std(stat: dict | None, digits: int) -> str:
-    """``mean ± std``, or for random subsets with a 5–95 % band (``p5``, ``p95``) the mean and the band."""
+def mean_std(value: Mapping | Stat | None, digits: int) -> str:
+    """``mean ± std`` of a stored summary (:meth:`~apd.metrics.Stat.of`), or for random subsets with a 5–95 %
+    band the mean and the band."""
+    stat = Stat.of(value)
     if stat is None:
         return MISSING
-    if "p5" in stat:
-        return f"{format_number(stat['mean'], digits)} [{format_number(stat['p5'], digits)}, " \
-               f"{format_number(stat['p95'], digits)}]"
-    return f"{format_number(stat.get('mean'), digits)} ± {format_number(stat.get('std'), digits)}"
+    if stat.band is not None:
+        return f"{format_number(stat.mean, digits)} [{format_number(stat.band[0], digits)}, " \
+               f"{format_number(stat.band[1], digits)}]"
+    return f"{format_number(stat.mean, digits)} ± {format_number(stat.std, digits)}"
+
+
+def win_mark(beats: bool, winning: int | None = None, seeds: int = 1) -> str:
+    """A comparison's mark: " ✓" for a win; for a method replicated over ``seeds`` generator seeds of which
+    ``winning`` win, " ✓" only where every seed wins and " (k of K)" where only some do."""
+    if winning is None:
+        return " ✓" if beats else ""
+    if winning == seeds:
+        return " ✓"
+    return f" ({winning} of {seeds})" if winning else ""
 
 
 def percent_of(share: float | None) -> str:

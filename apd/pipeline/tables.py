@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
+from apd.metrics import Stat
 from apd.pipeline.comparison_tables import (
     adversarial_table,
     kept_curve_table,
@@ -21,6 +20,9 @@ from apd.pipeline.comparison_tables import (
     peers_table,
     yardstick_table,
 )
+from apd.pipeline.replicate_tables import replicates_table
+from apd.pipeline.results import accuracy as stored_accuracy
+from apd.pipeline.results import detection, mean_auroc
 from apd.pipeline.table_format import (
     MISSING,
     SCORE_ORDER,
@@ -76,12 +78,12 @@ def accuracy_table(results: dict) -> Table | None:
     if not accuracy:
         return None
     methods = methods_in_order(results, accuracy)
-    body = [[method_label(m), *(mean_std(accuracy[m].get(key), 4) for key, _ in ACCURACY_COLUMNS)]
+    body = [[method_label(m), *(mean_std(stored_accuracy(results, m, key), 4) for key, _ in ACCURACY_COLUMNS)]
             for m in methods]
     note = ("Ensemble predictive on the test set, mean ± std over runs; accuracy as a fraction, NLL in nats, "
             "Brier summed over classes, ECE over equal-width confidence bins.\n\n")
-    rows = [[m, key, stat["mean"], stat["std"]] for m in methods for key, _ in ACCURACY_COLUMNS
-            if (stat := accuracy[m].get(key)) is not None]
+    rows = [[m, key, stat.mean, stat.std] for m in methods for key, _ in ACCURACY_COLUMNS
+            if (stat := stored_accuracy(results, m, key)) is not None]
     header = ["method", *(label for _, label in ACCURACY_COLUMNS)]
     return Table("accuracy", "Accuracy and calibration", note + markdown_table(header, body),
                  ["method", "metric", "mean", "std"], rows)
@@ -91,15 +93,15 @@ def _ood_scores(ood: dict) -> list[str]:
     return ordered((score for per_set in ood.values() for score in per_set), SCORE_ORDER)
 
 
-def _detection_cell(metrics: dict | None, show_std: bool) -> str:
+def _detection_cell(metrics: dict[str, Stat] | None, show_std: bool) -> str:
     """``AUROC / AUPR-Out / AUPR-In`` in percent (the paper's AUROC / AUPR+ / AUPR−), ± std on AUROC;
     "n/a" for a score the method cannot have."""
     if metrics is None:
         return UNDEFINED
-    auroc = format_number(metrics["auroc"]["mean"], 1)
+    auroc = format_number(metrics["auroc"].mean, 1)
     if show_std:
-        auroc += f" ±{format_number(metrics['auroc']['std'], 1)}"
-    return " / ".join([auroc, *(format_number(metrics[key]["mean"], 1) for key in ("aupr_out", "aupr_in"))])
+        auroc += f" ±{format_number(metrics['auroc'].std, 1)}"
+    return " / ".join([auroc, *(format_number(metrics[key].mean, 1) for key in ("aupr_out", "aupr_in"))])
 
 
 def ood_table(results: dict) -> Table | None:
@@ -116,23 +118,15 @@ def ood_table(results: dict) -> Table | None:
     for score in _ood_scores(ood):
         sets = [name for name, per_set in ood.items() if score in per_set]
         methods = methods_in_order(results, (m for name in sets for m in ood[name][score]))
-        body = [[name, *(_detection_cell(ood[name][score][m], show_std) if m in ood[name][score] else MISSING
-                         for m in methods)] for name in sets]
+        body = [[name, *(_detection_cell(detection(results, name, score, m), show_std) if m in ood[name][score]
+                         else MISSING for m in methods)] for name in sets]
         blocks.append(f"### Score: {score_label(score)}\n\n"
                       + markdown_table(["OOD set", *map(method_label, methods)], body))
-        rows += [[name, score, m, metric, stat["mean"], stat["std"]] for name in sets for m in methods
-                 if ood[name][score].get(m) is not None for metric in DETECTION_METRICS
-                 if (stat := ood[name][score][m].get(metric)) is not None]
+        rows += [[name, score, m, metric, stat.mean, stat.std] for name in sets for m in methods
+                 if (found := detection(results, name, score, m)) is not None for metric in DETECTION_METRICS
+                 if (stat := found.get(metric)) is not None]
     return Table("ood", "Out-of-distribution detection", "\n\n".join(blocks),
                  ["ood_set", "score", "method", "metric", "mean", "std"], rows)
-
-
-def mean_auroc(ood: dict, score: str, method: str) -> float | None:
-    """``method``'s AUROC of ``score`` averaged over the OOD sets of results.json's ``ood`` part that have
-    it (percent), or None where no set has it (one network has no BALD)."""
-    values = [per_set[score][method]["auroc"]["mean"] for per_set in ood.values()
-              if per_set.get(score, {}).get(method) is not None]
-    return float(np.mean(values)) if values else None
 
 
 def mean_auroc_table(results: dict) -> Table | None:
@@ -145,7 +139,7 @@ def mean_auroc_table(results: dict) -> Table | None:
     methods = methods_in_order(results, (m for per_set in ood.values() for per_score in per_set.values()
                                  for m in per_score))
     means = {(score, m): value for score in scores for m in methods
-             if (value := mean_auroc(ood, score, m)) is not None}
+             if (value := mean_auroc(results, m, score)) is not None}
     body = [[score_label(score), *(format_number(means[(score, m)], 1) if (score, m) in means else UNDEFINED
                                    for m in methods)] for score in scores]
     note = f"AUROC in percent, averaged over the {len(ood)} OOD sets ({', '.join(ood)}).\n\n"
@@ -185,8 +179,8 @@ def mog_table(results: dict) -> Table | None:
     if not mog and not apd:
         return None
     rows = [[f"MoG-{r['components']}", r["components"], r["parameters"], r["in_sgld_samples"],
-             r["accuracy"]["mean"], r["accuracy"]["std"], r["accuracy_share"], r["bald_auroc"]["mean"],
-             r["bald_auroc"]["std"], r["bald_auroc_share"]] for r in mog]
+             acc.mean, acc.std, r["accuracy_share"], bald.mean, bald.std, r["bald_auroc_share"]]
+            for r in mog for acc, bald in [(Stat.of(r["accuracy"]), Stat.of(r["bald_auroc"]))]]
     if apd:
         rows.append(["APD", None, apd["parameters"], apd["in_sgld_samples"], None, None, apd["accuracy_share"],
                      None, None, apd["bald_auroc_share"]])
@@ -243,8 +237,8 @@ def timing_table(results: dict) -> Table | None:
 
 
 TABLE_BUILDERS = (accuracy_table, ood_table, mean_auroc_table, storage_table, members_table, yardstick_table,
-                  kept_margins_table, kept_curve_table, mog_table, fidelity_table, peers_table, adversarial_table,
-                  timing_table)
+                  kept_margins_table, replicates_table, kept_curve_table, mog_table, fidelity_table, peers_table,
+                  adversarial_table, timing_table)
 
 
 def build_tables(results: dict) -> list[Table]:
@@ -269,14 +263,14 @@ def summary(results: dict, tables_md: object) -> str:
     """What ``apd evaluate`` prints at its end instead of ``tables.md``: SGLD's and APD's accuracy and mean OOD
     AUROC per score (those results.json holds), and where every table is (``tables_md``)."""
     lines = []
-    accuracy = results.get("accuracy") or {}
-    shown = [f"{method_label(m)} {accuracy[m]['acc']['mean']:.4f}" for m in SUMMARY_METHODS if m in accuracy]
+    shown = [f"{method_label(m)} {acc.mean:.4f}" for m in SUMMARY_METHODS
+             if (acc := stored_accuracy(results, m)) is not None]
     if shown:
         lines.append("accuracy: " + ", ".join(shown))
     ood = results.get("ood") or {}
     for score in _ood_scores(ood):
         shown = [f"{method_label(m)} {value:.1f}" for m in SUMMARY_METHODS
-                 if (value := mean_auroc(ood, score, m)) is not None]
+                 if (value := mean_auroc(results, m, score)) is not None]
         if shown:
             lines.append(f"mean OOD AUROC, {score_label(score)}: " + ", ".join(shown))
     lines.append(f"every table: {tables_md}")

@@ -31,11 +31,10 @@ from apd.config import config_hash
 from apd.errors import ArtifactError, DataError
 from apd.io import read_json
 from apd.methods import MethodName, label
-from apd.pipeline.evaluate import ensemble_sizes
 from apd.pipeline.figures import save_figure
 from apd.pipeline.layout import manifest_of, partial_of
 from apd.pipeline.manifests import is_complete, manifest_record
-from apd.pipeline.methods import load_methods
+from apd.pipeline.methods import ensemble_sizes, load_methods
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.stage import publish
 from apd.posteriors import Posterior

@@ -3,8 +3,9 @@ initialisation, minibatch order and Langevin noise come from streams of its own 
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -15,9 +16,11 @@ from apd.config import SGLDConfig
 from apd.data import MinibatchOrders
 from apd.errors import DivergenceError
 from apd.nets import ParamSpec, network, per_network_logits
-from apd.samplers.langevin_kernel import fused_update_available, keyed_langevin_update_
-from apd.samplers.sgld import GaussianNoise, langevin_update_
+from apd.samplers.langevin_kernel import fused_update_available, keyed_langevin_update_, step_keys
+from apd.samplers.sgld import GaussianNoise, langevin_coefficients, langevin_update_
 from apd.schedules import make_schedule
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -56,11 +59,16 @@ class SGLDChains:
     j's trajectory does not depend on the other chains of the batch or their number (up to the float
     rounding of batched products), so C chains stepped together give the samples that C processes of one
     chain each would.
+
+    With the fused update every input of an iteration lives in tensors on the card (minibatch indices, step
+    keys, step coefficients), so the iteration — gather, forward, backward, update — is recorded once as a
+    CUDA graph and replayed (``cuda_graph``, on by default with the fused update): a replay launches its few
+    dozen kernels in one call, where a step of few chains is otherwise bound by launching them one by one.
     """
 
     def __init__(self, sizes: list[int], cfg: SGLDConfig, indices: Sequence[int], x_train: Tensor, y_train: Tensor,
                  seeds: Sequence[ChainSeeds], prefetch_noise: bool = False, conv: Sequence[int] = (),
-                 fused_update: bool | None = None) -> None:
+                 fused_update: bool | None = None, cuda_graph: bool | None = None) -> None:
         if len(indices) != len(seeds) or not indices:
             raise ValueError(f"{len(indices)} chain ids for {len(seeds)} seed sets")
         self.indices, self.x_train, self.y_train = list(indices), x_train, y_train
@@ -75,8 +83,16 @@ class SGLDChains:
         if fused_update and not available:
             raise ValueError(f"the fused SGLD update needs CUDA and Triton; the chains are on {device}")
         self.fused = available if fused_update is None else fused_update
+        if cuda_graph and not self.fused:
+            raise ValueError("a CUDA graph of the SGLD step needs the fused update (CUDA and Triton)")
+        self.graphed = self.fused if cuda_graph is None else cuda_graph
+        self._graph: _Recorded | None = None
         if self.fused:
             self.keys = torch.tensor([s.noise for s in seeds], dtype=torch.int64, device=device)
+            self._step_keys = torch.empty_like(self.keys)
+            self._coefficients = torch.empty(3, device=device)  # a, b, c of langevin_coefficients
+            self._coefficients_set: tuple[float, float, float] | None = None
+            self._batch_indices = torch.empty(len(seeds), cfg.batch_size, dtype=torch.int64, device=device)
         else:
             generators = [torch.Generator(device=device).manual_seed(s.noise) for s in seeds]
             self.noise = GaussianNoise(generators, self.spec.numel, self.theta, prefetch_noise)
@@ -95,28 +111,76 @@ class SGLDChains:
         finite, so each loss describes exactly the weights kept."""
         lr = self.schedule.lr(t)
         temperature = self.temperature if self.schedule.noise_on(t) else 0.0
-        idx = self.orders.indices(t)
+        kept = self.theta.clone() if keep else None
+        if self.fused:
+            self._set_step_inputs(t, lr, temperature)
+            loss = self._recorded_step() if self.graphed else self._fused_step()
+        else:
+            loss = self._generator_step(self.orders.indices(t), lr, temperature)
+        if kept is not None:
+            self._check_finite(t, kept, loss)
+        return loss, kept
+
+    def _loss_and_gradient(self, idx: Tensor) -> tuple[Tensor, Tensor]:
+        """Each chain's minibatch mean NLL at θ [C] and its gradient [C, D], chain j on rows ``idx[j]``."""
         theta = self.theta.detach().requires_grad_(True)
         logits = per_network_logits(self.spec, theta, self.x_train[idx])
         nll = F.cross_entropy(logits.flatten(0, 1), self.y_train[idx].flatten(), reduction="none")
         loss = nll.view(idx.shape).mean(1)
         (grad,) = torch.autograd.grad(loss.sum(), theta)
-        loss = loss.detach()
-        kept = self.checked_weights(t, loss) if keep else None
-        with torch.no_grad():
-            if self.fused:
-                keyed_langevin_update_(self.theta, grad, self.keys, t, lr, self.num_data, self.prior_std, temperature)
-            else:
-                xi = self.noise.buffers[self.noise.next()] if temperature > 0 else None
-                langevin_update_([self.theta], [grad], [xi], lr, self.num_data, self.prior_std, temperature)
-                if temperature > 0:
-                    self.noise.prefetch()
-        return loss, kept
+        return loss.detach(), grad
 
-    def checked_weights(self, t: int, loss: Tensor | None = None) -> Tensor:
-        """A copy of θ [C, D], or a :class:`DivergenceError` naming the first chain whose θ (or minibatch
-        loss, when given) is not finite."""
-        finite = torch.isfinite(self.theta).all(1)
+    def _generator_step(self, idx: Tensor, lr: float, temperature: float) -> Tensor:
+        loss, grad = self._loss_and_gradient(idx)
+        with torch.no_grad():
+            xi = self.noise.buffers[self.noise.next()] if temperature > 0 else None
+            langevin_update_([self.theta], [grad], [xi], lr, self.num_data, self.prior_std, temperature)
+            if temperature > 0:
+                self.noise.prefetch()
+        return loss
+
+    def _set_step_inputs(self, t: int, lr: float, temperature: float) -> None:
+        """Iteration t's minibatch indices, keys and coefficients into the tensors the fused step reads
+        (device-side writes only: no host synchronisation)."""
+        self._batch_indices.copy_(self.orders.indices(t))
+        step_keys(self.keys, t, out=self._step_keys)
+        coefficients = langevin_coefficients(lr, self.num_data, self.prior_std, temperature)
+        if coefficients != self._coefficients_set:
+            for slot, value in zip(self._coefficients, coefficients, strict=True):
+                slot.fill_(value)
+            self._coefficients_set = coefficients
+
+    def _fused_step(self) -> Tensor:
+        loss, grad = self._loss_and_gradient(self._batch_indices)
+        with torch.no_grad():
+            keyed_langevin_update_(self.theta, grad, self._step_keys, self._coefficients)
+        return loss
+
+    def _recorded_step(self) -> Tensor:
+        """:meth:`_fused_step` replayed from its CUDA graph, recorded at the first call (the warm-up steps
+        that precede the recording leave θ as it was)."""
+        if self._graph is None:
+            before = self.theta.clone()
+            try:
+                self._graph = _Recorded(self._fused_step)
+            except RuntimeError as err:  # a capture the CUDA runtime refuses: step kernel by kernel instead
+                log.warning("SGLD chains step without a CUDA graph: recording failed (%s)",
+                            str(err).strip().splitlines()[0])
+                self.graphed = False
+            self.theta.copy_(before)
+            return self._fused_step()
+        return self._graph.replay().clone()
+
+    def checked_weights(self, t: int) -> Tensor:
+        """A copy of θ [C, D], or a :class:`DivergenceError` naming the first chain whose θ is not finite."""
+        weights = self.theta.clone()
+        self._check_finite(t, weights)
+        return weights
+
+    def _check_finite(self, t: int, weights: Tensor, loss: Tensor | None = None) -> None:
+        """A :class:`DivergenceError` naming the first chain whose ``weights`` (or minibatch loss, when given)
+        are not finite."""
+        finite = torch.isfinite(weights).all(1)
         if loss is not None:
             finite &= torch.isfinite(loss)
         if not bool(finite.all()):
@@ -124,7 +188,6 @@ class SGLDChains:
             what = f"minibatch loss {loss[bad].item()}" if loss is not None else "weights not finite"
             raise DivergenceError(f"SGLD diverged at iteration {t} of chain {self.indices[bad]} ({what}); try a "
                                   f"smaller sgld.lr (now {self.lr}); complete artifacts are unchanged")
-        return self.theta.clone()
 
     def state_dict(self) -> dict:
         """θ and, for torch generators, each chain's noise generator state as of its last consumed draw (the
@@ -142,3 +205,26 @@ class SGLDChains:
         self.theta.copy_(state["theta"])
         if not self.fused:
             self.noise.rewind(state["noise_states"])
+
+
+class _Recorded:
+    """``function()`` recorded as a CUDA graph: ``warmup`` eager calls, then the recording, both on one side
+    stream of their own (so that cuBLAS sets up its workspace for that stream before the recording, as
+    capture requires); :meth:`replay` reruns its kernels on what its input tensors hold now and returns the
+    recorded call's outputs, the same tensors at every replay."""
+
+    def __init__(self, function: Callable[[], Tensor], warmup: int = 3) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                function()
+        side.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, stream=side):
+            self.output = function()
+        torch.cuda.current_stream().wait_stream(side)
+
+    def replay(self) -> Tensor:
+        self.graph.replay()
+        return self.output

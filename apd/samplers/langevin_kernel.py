@@ -15,8 +15,6 @@ reads θ and g and writes θ once, where a torch generator per chain would launc
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
@@ -35,31 +33,40 @@ def fused_update_available(device: torch.device) -> bool:
     return triton is not None and device.type == "cuda"
 
 
-def step_keys(chain_keys: Tensor, t: int) -> Tensor:
-    """k_c,t = key_c XOR (t + 1)·φ mod 2⁶⁴ for every chain (int64 [C], on the chains' device)."""
+def step_mix(t: int) -> int:
+    """(t + 1)·φ mod 2⁶⁴ as a signed 64-bit integer: what iteration t XORs into every chain's key."""
     mix = ((t + 1) * _GOLDEN) % 2**64
-    return chain_keys ^ (mix - 2**64 if mix >= 2**63 else mix)
+    return mix - 2**64 if mix >= 2**63 else mix
 
 
-def keyed_langevin_update_(theta: Tensor, grad: Tensor, chain_keys: Tensor, t: int, lr: float, num_data: int,
-                           prior_std: float, temperature: float) -> None:
-    """The module docstring's step for θ [C, D] (contiguous float32, updated in place) with gradients g [C, D]
-    and keys [C] (int64) at iteration t."""
+def step_keys(chain_keys: Tensor, t: int, out: Tensor | None = None) -> Tensor:
+    """k_c,t = key_c XOR (t + 1)·φ mod 2⁶⁴ for every chain (int64 [C], on the chains' device; into ``out``
+    where given, with no host synchronisation)."""
+    return torch.bitwise_xor(chain_keys, step_mix(t), out=out)
+
+
+def keyed_langevin_update_(theta: Tensor, grad: Tensor, keys: Tensor, coefficients: Tensor) -> None:
+    """The module docstring's step for θ [C, D] (contiguous float32, updated in place) with gradients g [C, D],
+    the iteration's keys k_c,t [C] (int64, :func:`step_keys`) and ``coefficients`` (float32 [3] on the
+    device: a, b, c of :func:`apd.samplers.sgld.langevin_coefficients`, θ ← a·θ − b·g + c·ξ). Every input
+    is read on the device, so the launch can be captured in a CUDA graph and replayed with new keys and
+    coefficients written into the same tensors."""
     chains, dim = theta.shape
     grid = (chains, triton.cdiv(dim, _BLOCK))
-    _update_kernel[grid](theta, grad.contiguous(), step_keys(chain_keys, t), dim,
-                         1.0 - lr / (2.0 * num_data * prior_std**2), lr / 2.0,
-                         math.sqrt(lr * temperature / num_data), BLOCK=_BLOCK)
+    _update_kernel[grid](theta, grad.contiguous(), keys, coefficients, dim, BLOCK=_BLOCK)
 
 
 if triton is not None:
 
     @triton.jit
-    def _update_kernel(theta_ptr, grad_ptr, keys_ptr, dim, decay, half_lr, noise_scale, BLOCK: tl.constexpr):
+    def _update_kernel(theta_ptr, grad_ptr, keys_ptr, coefficients_ptr, dim, BLOCK: tl.constexpr):
         chain = tl.program_id(0)
         offsets = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         inside = offsets < dim
         row = chain.to(tl.int64) * dim
+        decay = tl.load(coefficients_ptr)
+        half_lr = tl.load(coefficients_ptr + 1)
+        noise_scale = tl.load(coefficients_ptr + 2)
         theta = tl.load(theta_ptr + row + offsets, mask=inside)
         grad = tl.load(grad_ptr + row + offsets, mask=inside)
         xi = tl.randn(tl.load(keys_ptr + chain), offsets)

@@ -69,15 +69,22 @@ def _check_hyperparameters(group: dict[str, Any]) -> None:
         raise ValueError(f"SGLD temperature must be non-negative, got {temperature!r}")
 
 
+def langevin_coefficients(lr: float, num_data: int, prior_std: float, temperature: float) -> tuple[float, float, float]:
+    """The three numbers of one SGLD step (module docstring), θ ← a·θ − b·∇mean_nll(θ) + c·ξ:
+    a = 1 − lr/(2·N·prior_std²), b = lr/2, c = √(lr·T/N)."""
+    return 1.0 - lr / (2.0 * num_data * prior_std**2), lr / 2.0, math.sqrt(lr * temperature / num_data)
+
+
 def langevin_update_(params: list[Tensor], grads: list[Tensor], noise: list[Tensor] | None, lr: float,
                      num_data: int, prior_std: float, temperature: float) -> None:
     """One SGLD step in place (module docstring): θ ← θ·(1 − lr/(2·N·prior_std²)) − (lr/2)·∇mean_nll(θ)
     + √(lr·T/N)·ξ, for each θ of ``params`` with its gradient in ``grads`` and its ξ ~ 𝒩(0, I) in ``noise``
     (unused, and may be None, when T = 0)."""
-    torch._foreach_mul_(params, 1.0 - lr / (2.0 * num_data * prior_std**2))
-    torch._foreach_add_(params, grads, alpha=-lr / 2.0)
+    decay, half_lr, noise_scale = langevin_coefficients(lr, num_data, prior_std, temperature)
+    torch._foreach_mul_(params, decay)
+    torch._foreach_add_(params, grads, alpha=-half_lr)
     if temperature > 0:
-        torch._foreach_add_(params, noise, alpha=math.sqrt(lr * temperature / num_data))
+        torch._foreach_add_(params, noise, alpha=noise_scale)
 
 
 def _group_views(flat: Tensor, shapes: list[list[torch.Size]]) -> list[list[Tensor]]:

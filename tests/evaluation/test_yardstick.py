@@ -20,18 +20,17 @@ from apd.evaluation.yardstick import (
     kept_samples,
     kl_to_reference,
     margins_over_kept,
-    mean_of,
     percentile_rank,
     quality,
     ranks_over_kept,
     reference_predictive,
     spread,
     standing,
-    std_of,
     summarise,
     wins_over_kept,
     worst_gap,
 )
+from apd.metrics import mean_of, std_of
 from apd.nets import ParamSpec, mlp, predict_probs
 from apd.samplers.store import SampleStore
 from apd.uncertainty import bald
@@ -110,6 +109,8 @@ def test_quality_and_summary_of_a_hand_made_judgement():
                                                   for name in detection}, torch.tensor([[0.5, 0.5]]), {}, {}, half,
                        none)
     assert summarise(single, ref)["bald_gap"] is None and summarise(single, ref)["mean_bald_auroc"] is None
+    assert judged.set_aurocs("bald") == pytest.approx({"noise": 97.0, "photos": 89.5})
+    assert judged.mean_auroc("bald") == pytest.approx(93.25) and math.isnan(single.mean_auroc("bald"))
 
 
 def test_ranks_over_kept_samples_by_hand():

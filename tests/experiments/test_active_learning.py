@@ -123,7 +123,7 @@ def test_two_rounds_write_json_csv_and_figure(uninterrupted):
     assert len(rows) == 14 * 3 and {"model", "acquisition", "labelled", "test_accuracy_mean"} <= set(rows[0])
     assert (out / "active_learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Labels needed to reach 90 % test accuracy" in (out / "active_learning.md").read_text()
-    table = render_table(results)  # what `apd docs` renders for "active-learning"
+    table = render_table(results)  # the labels-to-target table of the report `apd docs` renders for "active-learning"
     assert table.count("\n| ") == 4 and "| deterministic |" in table
     assert table in (out / "active_learning.md").read_text()
     summary = render_summary(results)  # the whole report below its title, for a document's own section

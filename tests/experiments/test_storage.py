@@ -17,7 +17,7 @@ from apd.docs import render_table
 from apd.errors import ConfigError
 from apd.experiments.options import plan_from_options
 from apd.experiments.storage import METRICS, StoragePlan, break_even
-from apd.pipeline.evaluate import evaluation_inputs
+from apd.pipeline.recipes import evaluation_inputs
 from tests.tiny_pipeline import tiny_context
 
 D = 64 * 32 + 32 + 32 * 10 + 10  # weights of the tiny 64-32-10 network: 2,410

@@ -102,16 +102,15 @@ def test_evaluate_without_generator_names_the_stage(tmp_path, capsys):
     assert "run `apd sample" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("per_chain", [False, True])
-def test_interrupted_distillation_resumes_to_the_same_generator(pipeline, tmp_path, monkeypatch, per_chain):
-    """Interrupted after 100 GAN trainer steps (per chain: steps of the chains trained as one), the resumed
-    run ends with the generator an uninterrupted run gives."""
+@pytest.mark.parametrize("settings", [{}, {"per_chain": True}, {"mode_embedding": 2}])
+def test_interrupted_distillation_resumes_to_the_same_generator(pipeline, tmp_path, monkeypatch, settings):
+    """Interrupted after 100 GAN trainer steps (per chain: steps of the chains trained as one; conditioned on
+    the chain: of the one generator), the resumed run ends with the generator an uninterrupted run gives."""
     from apd.distillation.gan import GANTrainer
     from apd.pipeline import distill
 
     root, _ = pipeline
-    settings = {"per_chain": True} if per_chain else {}
-    if per_chain:
+    if settings:  # both read the store's chains: two of them
         copy_samples_as_two_chains(root, tmp_path / "straight")
         distill.run_distill(tiny_context(tmp_path / "straight", distill=settings))
         reference = torch.load(tiny_context(tmp_path / "straight").layout.generator_last, weights_only=True)
@@ -181,6 +180,33 @@ def test_one_generator_per_chain_stored_at_int8_is_what_evaluate_loads(pipeline,
     assert storage["in_sgld_samples"] < 0.3 * model.stored_parameters() / spec.numel
     assert set(manifest["selection"]["stored"]) >= {"criterion", "kl", "bald_gap"}
     assert APDGenerator(model, spec).storage_in_samples() == pytest.approx(storage["in_sgld_samples"], abs=0.005)
+
+
+def test_a_generator_conditioned_on_the_chains_runs_from_the_cli_and_loads_as_evaluate_loads_it(pipeline, tmp_path):
+    """``apd distill --set distill.mode_embedding=3`` on a store of two chains: the one generator reads each
+    chain's embedding, its manifest counts the embeddings and shares in its storage, and ``apd.load`` gives
+    the posterior evaluate judges, whose draws split between the chains by share."""
+    import apd
+    from apd.distillation.conditioned import ConditionedGenerator
+    from apd.distillation.precision import in_samples, module_bytes
+
+    root, config = pipeline
+    copy_samples_as_two_chains(root, tmp_path)
+    assert main(["distill", "--config", str(config), "--artifacts", str(tmp_path), "--quiet",
+                 "--set", "distill.mode_embedding=3", "--set", "distill.steps=40"]) == 0
+    path = tmp_path / "tiny" / "generator.pt"
+    manifest = json.loads(path.with_suffix(".json").read_text())
+    model, spec = load_generator(path, manifest)
+    assert isinstance(model.generator, ConditionedGenerator) and model.generator.embedding.shape == (2, 3)
+    assert (manifest["architecture"]["chains"], manifest["architecture"]["mode_embedding"]) == (2, 3)
+    torch.testing.assert_close(model.generator.shares, torch.tensor([0.5, 0.5]))
+    network = sum(t.numel() for t in model.generator.net.parameters())
+    assert manifest["storage"]["generator_parameters"] == network + 2 * 3 + 2 + model.codec.stored_parameters()
+    assert manifest["storage"]["in_sgld_samples"] == round(in_samples(module_bytes(model, "float32"), spec.numel), 2)
+    post = apd.load(tmp_path / "tiny", "apd")
+    assert post.storage_in_samples() == pytest.approx(manifest["storage"]["in_sgld_samples"], abs=0.005)
+    assert post.predict_probs(torch.zeros(3, 64), 4).shape == (4, 3, 10)
+    assert torch.bincount(post.model.generator.draw_chains(6), minlength=2).tolist() == [3, 3]
 
 
 def test_a_generator_stored_at_int4_holds_two_codes_a_byte_and_is_read_back_from_them(pipeline, tmp_path):
@@ -287,7 +313,7 @@ def test_chains_in_other_unit_orders_are_aligned_chain_by_chain(tmp_path):
     one permutation for all its rows, which puts its mean back on the first chain's; functions unchanged."""
     from apd.config import DistillConfig
     from apd.distillation.alignment import hidden_activations, hidden_widths, permute
-    from apd.pipeline.distill import training_samples
+    from apd.pipeline.recipes import training_samples
 
     ctx = tiny_context(tmp_path)
     spec = ParamSpec.from_module(mlp(ctx.net_sizes))
@@ -349,8 +375,39 @@ def test_mixture_is_fit_to_samples_spread_over_the_whole_store(pipeline):
     with SampleStore.open(root / "tiny" / "samples.h5") as store:
         rows = evenly_spaced(len(store), 50)
         assert rows[0] == 0 and rows[-1] == len(store) - 1 and len(rows) == 50
-        mixture = fit_mixture(store, 1, 50, seed=0, device=torch.device("cpu"))
+        mixture = fit_mixture(store, 1, 50, seed=0, device=torch.device("cpu"), perms=None)
         torch.testing.assert_close(mixture.means[0], store.read(rows).mean(0), atol=1e-5, rtol=0)
+
+
+def test_mixture_is_fit_to_the_samples_aligned_as_apd_sees_them(tmp_path):
+    """A store of one network in 16 hidden-unit orders: the MoG `apd evaluate` fits (its loader) sees the samples
+    aligned as the generator does, one network, so its spread is near zero and its members compute the network's
+    function; fit to the rows as stored, it spreads over the copies."""
+    from contextlib import ExitStack
+
+    from apd.distillation.alignment import hidden_widths, permute
+    from apd.methods import MethodName
+    from apd.pipeline.methods import METHODS, Sources
+    from apd.pipeline.recipes import store_alignment
+
+    ctx = tiny_context(tmp_path, distill={"align": "permutation", "fit_samples": 16},
+                       evaluate={"mog_components": [1], "mog_fit_samples": 16})
+    spec = ParamSpec.from_module(mlp(ctx.net_sizes))
+    g = torch.Generator().manual_seed(0)
+    theta = spec.flatten(mlp(ctx.net_sizes))
+    rows = torch.stack([permute(theta, spec, torch.cat([torch.randperm(w, generator=g) for w in hidden_widths(spec)]))
+                        for _ in range(16)])
+    with SampleStore.create(ctx.layout.samples, spec, {"test": True}) as s:
+        s.append_many(rows, steps=np.arange(16), chains=0)
+    with ExitStack() as stack:
+        sources = Sources(ctx, stack, spec)
+        aligned = METHODS[MethodName.MOG].load(sources)
+        as_stored = fit_mixture(sources.store, 1, 16, 0, torch.device("cpu"), perms=None)
+        assert store_alignment(ctx, sources.store) is store_alignment(ctx, sources.store)  # prepared once a run
+    assert float(aligned.stds.max()) < 1e-3 < 0.05 < float(as_stored.stds.mean())
+    x = torch.randn(20, ctx.net_sizes[0], generator=g)
+    torch.testing.assert_close(aligned.predict_probs(x, 3, torch.Generator().manual_seed(1)),
+                               predict_probs(spec, theta[None], x).expand(3, -1, -1), atol=1e-3, rtol=0)
 
 
 def test_generator_choice_is_recorded_with_its_criterion(pipeline):
@@ -500,7 +557,8 @@ def test_a_method_stored_at_int8_meets_float32_kept_samples_and_the_int8_ones_it
     ⌈S / s_int8⌉ samples that int8 buys (each stored at int8); both show in the tables."""
     from apd.distillation.precision import in_samples, stored_bytes
     from apd.pipeline.comparison_tables import kept_comparisons, yardstick_table
-    from apd.pipeline.evaluate import evaluation_inputs, sgld_reference, yardstick
+    from apd.pipeline.evaluate import sgld_reference, yardstick
+    from apd.pipeline.recipes import evaluation_inputs
 
     root, _ = pipeline
     ctx = tiny_context(root)
@@ -554,3 +612,56 @@ def test_the_mode_mixture_weighs_each_chains_aligned_mean_against_its_plain_one(
     tables = (out / "tiny" / "eval" / "tables.md").read_text()
     assert "| mode mixture | each chain's mean |" in tables
     assert f"chain 0: {as_stored:.3f} as stored, {aligned:.3f} aligned" in tables
+
+
+def test_generator_seeds_are_trained_and_judged_each_on_its_own(pipeline, tmp_path):
+    """``[distill] seeds = 2`` on the tiny pipeline's artifacts: seed 0 is the generator already there (reused),
+    seed 1 is trained into generator-seed1.pt from its own streams, and each seed is the same whether 2 or 3
+    are trained; `apd evaluate` judges both, seed 0 as the main tables judge APD, with the spread across seeds
+    a sample std (ddof 1) and a win counted only where both seeds win; `apd.load` gives either seed."""
+    import shutil
+
+    import apd
+    from apd.pipeline import distill
+    from apd.pipeline.evaluate import run_evaluate
+    from apd.pipeline.manifests import file_digest
+
+    root = pipeline[0] / "tiny"
+    two, three = tmp_path / "two", tmp_path / "three"
+    for target in (two, three):
+        shutil.copytree(root, target / "tiny", ignore=shutil.ignore_patterns("eval", "experiments"))
+    ctx = tiny_context(two, distill={"seeds": 2}, evaluate={"methods": ["sgld", "apd"]})
+    distill.run_distill(ctx)
+    distill.run_distill(tiny_context(three, distill={"seeds": 3}))
+    for target in (two, three):  # seed 0, the pipeline's one generator, is reused
+        assert file_digest(target / "tiny" / "generator.pt") == file_digest(root / "generator.pt")
+    assert not (two / "tiny" / "generator-seed2.pt").exists()
+    ours, theirs = (torch.load(d / "tiny" / "generator-seed1.pt", weights_only=True) for d in (two, three))
+    assert all(torch.equal(ours[key], theirs[key]) for key in ours)
+    seeds = [json.loads((three / "tiny" / f"generator{s}.json").read_text()) for s in ("", "-seed1", "-seed2")]
+    assert [m["generator_seed"] for m in seeds] == [0, 1, 2] and len({m["files"]["generator.pt" if i == 0 else
+                                                                           f"generator-seed{i}.pt"]
+                                                                          for i, m in enumerate(seeds)}) == 3
+
+    results = run_evaluate(ctx)
+    entry = results["replicates"]["apd"]
+    assert entry["seeds"] == 2 and [s["generator"] for s in entry["per_seed"]] == ["generator.pt", "generator-seed1.pt"]
+    first, second = entry["per_seed"]
+    for key in ("bald_gap", "nll_gap", "kl", "kl_ood"):
+        assert first[key] == pytest.approx(results["quality"]["apd"][key])
+        assert entry["values"][key]["std"] == pytest.approx(np.std([first[key], second[key]], ddof=1))
+    size = str(results["yardstick"]["equal_storage"]["apd"]["k"])
+    found = entry["against"][size]
+    for key, count in found["beats"].items():
+        per_seed = [s["against"][size]["standings"][key] for s in (first, second)]
+        assert count == sum(p["beats"] for p in per_seed)
+    assert found["wins"] == [s["against"][size]["set_by_set"]["wins"] for s in (first, second)]
+    tables = (two / "tiny" / "eval" / "tables.md").read_text()
+    assert "## Generator seeds" in tables and "Across its 2 generator seeds, APD" in tables
+
+    x = 2 * torch.rand(5, 64) - 1
+    draws = [apd.load(two / "tiny", "apd", seed=k).predict_probs(x, 2, torch.Generator().manual_seed(0))
+             for k in (0, 1)]
+    assert not torch.allclose(draws[0], draws[1])
+    with pytest.raises(ValueError, match="generator seeds"):
+        apd.load(two / "tiny", "sgld", seed=1)

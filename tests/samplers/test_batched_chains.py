@@ -122,10 +122,11 @@ def test_minibatch_orders_are_each_chains_own_order_across_epochs():
 
 
 def _keyed_noise(device: str, chains: int, dim: int, t: int, keys: torch.Tensor) -> torch.Tensor:
-    """ξ of the fused update: θ = 0, g = 0, lr·T/N = 1 leaves θ = ξ."""
+    """ξ of the fused update: θ = 0, g = 0 and θ ← 1·θ − 0·g + 1·ξ leave θ = ξ."""
     theta = torch.zeros(chains, dim, device=device)
-    langevin_kernel.keyed_langevin_update_(theta, torch.zeros_like(theta), keys.to(device), t, lr=1.0, num_data=1,
-                                           prior_std=1e30, temperature=1.0)
+    coefficients = torch.tensor([1.0, 0.0, 1.0], device=device)
+    step_keys = langevin_kernel.step_keys(keys.to(device), t)
+    langevin_kernel.keyed_langevin_update_(theta, torch.zeros_like(theta), step_keys, coefficients)
     return theta.cpu()
 
 
@@ -169,3 +170,38 @@ def test_batched_chains_on_cuda_follow_their_own_trajectories_and_resume_exactly
         first.step(t)
         resumed.step(t)
     assert torch.equal(first.theta, resumed.theta)
+
+
+@pytest.mark.cuda
+def test_the_recorded_cuda_graph_steps_the_chains_as_the_eager_fused_update_does():
+    if not torch.cuda.is_available() or langevin_kernel.triton is None:
+        pytest.skip("needs CUDA and Triton")
+    for ids in ([0], [0, 1, 2]):
+        _check_recorded_steps([16, 12, 3], ids)
+    _check_recorded_steps([784, 100, 10], [4])
+
+
+def _check_recorded_steps(sizes: list[int], ids: list[int]) -> None:
+    x, y = net_data(sizes, device="cuda")
+
+    def chains(graph: bool) -> SGLDChains:
+        batch = SGLDChains(sizes, CONFIG, ids, x, y, [seeds(i) for i in ids], cuda_graph=graph)
+        assert batch.graphed == graph
+        return batch
+
+    eager, graphed = chains(False), chains(True)
+    for t in range(40):
+        keep = t % 7 == 3
+        eager_loss, eager_kept = eager.step(t, keep)
+        graphed_loss, graphed_kept = graphed.step(t, keep)
+        torch.testing.assert_close(graphed_loss, eager_loss, rtol=1e-5, atol=1e-6)
+        if keep:
+            torch.testing.assert_close(graphed_kept, eager_kept, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(graphed.theta, eager.theta, rtol=1e-4, atol=1e-5)
+    resumed = chains(True)
+    resumed.load_state_dict(graphed.state_dict())
+    for t in range(40, 60):
+        graphed.step(t)
+        resumed.step(t)
+    assert torch.equal(graphed.theta, resumed.theta)
+    assert graphed.graphed and graphed._graph is not None  # recorded, not fallen back to eager steps

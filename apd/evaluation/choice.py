@@ -1,0 +1,59 @@
+"""The one rule a distiller is chosen by (docs/design.md, "Choosing a distiller"), applied to candidates judged
+on validation images and the OOD tuning pool only.
+
+**Criterion**, per run r of fresh draws: c_r = KL + BALD per input + KL (OOD) + BALD per input (OOD), the four
+function-space gaps to SGLD of :func:`apd.evaluation.yardstick.function_gaps` (nats; smaller is better); a
+candidate's criterion is their mean over runs, c̄. **Tie-break**: the candidates with c̄ ≤ c̄* + s*, where c̄*
+is the lowest mean and s* the population std over runs of that candidate's c_r, are tied; among them the one
+with the least storage wins, then the one listed first. Only candidates within the storage budget compete.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from apd.evaluation.yardstick import FUNCTION_KEYS
+
+
+def run_criterion(summary: dict) -> float:
+    """c_r of one run's yardstick summary (:func:`apd.evaluation.yardstick.summarise`): the sum of its
+    function-space gaps; a summary without OOD sets has no criterion (``ValueError``)."""
+    missing = [key for key in FUNCTION_KEYS if summary.get(key) is None]
+    if missing:
+        raise ValueError(f"the criterion needs every function-space gap; {missing[0]} is undefined")
+    return float(sum(summary[key] for key in FUNCTION_KEYS))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A distiller judged: its name, its storage (SGLD samples' worth) and its criterion c_r in each run."""
+
+    name: str
+    storage: float
+    criteria: tuple[float, ...]
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.criteria))
+
+    @property
+    def std(self) -> float:
+        return float(np.std(self.criteria))
+
+
+def choose(candidates: Sequence[Candidate], budget: float = math.inf) -> dict:
+    """The rule (module docstring) among ``candidates`` of at most ``budget`` storage: ``chosen`` (its name),
+    ``lowest`` (the lowest mean criterion's), ``tied`` (the names within one std of it, in the order given)
+    and ``threshold`` (c̄* + s*). No candidate within the budget is a ``ValueError``."""
+    within = [c for c in candidates if c.storage <= budget]
+    if not within:
+        raise ValueError(f"no candidate within the budget of {budget:g} samples' worth")
+    lowest = min(within, key=lambda c: c.mean)  # the first listed among equal means
+    threshold = lowest.mean + lowest.std
+    tied = [c for c in within if c.mean <= threshold]
+    chosen = min(tied, key=lambda c: c.storage)  # the first listed among equal storage
+    return {"chosen": chosen.name, "lowest": lowest.name, "tied": [c.name for c in tied], "threshold": threshold}

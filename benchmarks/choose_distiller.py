@@ -1,0 +1,98 @@
+"""Choose among distilled generators by the one rule of docs/design.md ("Choosing a distiller"), on
+validation images and the OOD tuning pool only (apd.evaluation.choice).
+
+Each candidate is a pipeline's artifact folder holding a generator distilled from one and the same sample
+store (made with ``apd distill --artifacts ROOT --set …`` on a copy or hard link of the store); each is
+loaded as ``apd.load(folder, "apd")`` loads it (checked as the command line checks it) and judged in the
+pipeline's ``[evaluate] runs`` draws of ``networks`` members against SGLD's predictive (up to
+``yardstick_reference`` stored samples) on the validation images and the OOD tuning pool. Prints, per
+candidate, its storage, the criterion (mean ± std over runs) and, for the record only, the yardstick's
+AUROC and NLL gaps and the four function-space gaps; then the choice. Run from the repository root:
+
+    python benchmarks/choose_distiller.py --config pipelines/digits.toml --budget 25 \\
+        shipped=artifacts/digits embedding-4=artifacts/e4/digits
+
+``--json FILE`` also writes the rows and the choice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import apd
+from apd.config_load import load_config
+from apd.evaluation.choice import Candidate, choose, run_criterion
+from apd.evaluation.protocol import judge
+from apd.evaluation.stored import StoredPredictions
+from apd.evaluation.yardstick import FUNCTION_KEYS, SCORES, summarise
+from apd.experiments.storage import sgld_reference
+from apd.pipeline.manifests import manifest_digest
+from apd.pipeline.recipes import evaluation_inputs
+from apd.pipeline.runtime import RunContext
+from apd.samplers.store import SampleStore
+
+RECORDED = ("bald_gap", "max_prob_gap", "nll_gap", *FUNCTION_KEYS)  # reported, deciding nothing
+
+
+def candidate(text: str) -> tuple[str, Path]:
+    name, sep, folder = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=FOLDER")
+    return name, Path(folder)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="the pipeline the candidates were distilled for")
+    parser.add_argument("--budget", type=float, default=math.inf, help="storage budget, SGLD samples' worth")
+    parser.add_argument("--json", type=Path, help="also write the rows and the choice here")
+    parser.add_argument("candidates", nargs="+", type=candidate, help="NAME=FOLDER, e.g. shipped=artifacts/digits")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    cfg = load_config(args.config)
+    first = args.candidates[0][1]
+    if first.name != cfg.name:
+        parser.error(f"{first}: the pipeline's artifact folder is named after it, {cfg.name!r}")
+    stores = {manifest_digest(folder / "samples.json") for _, folder in args.candidates}
+    if len(stores) != 1:
+        parser.error("the candidates were distilled from different sample stores")
+    ctx = RunContext(cfg=cfg, artifacts_root=first.parent, quiet=True)
+    e, inputs = cfg.evaluate, evaluation_inputs(ctx, role="tuning")
+    with SampleStore.open(ctx.layout.samples) as store:
+        _, reference = sgld_reference(ctx, StoredPredictions(store, inputs.stacked(ctx.device), ctx.device), inputs)
+    rows, judged = [], []
+    for name, folder in args.candidates:
+        post = apd.load(folder, "apd")
+        draws = torch.Generator().manual_seed(ctx.seed("experiment", "choice"))
+        summaries = [summarise(judge(post, inputs, e.networks, draws, SCORES), reference) for _ in range(e.runs)]
+        judged.append(Candidate(name, post.storage_in_samples(), tuple(run_criterion(s) for s in summaries)))
+        rows.append({"name": name, "storage": judged[-1].storage, "criterion": judged[-1].mean,
+                     "criterion_std": judged[-1].std,
+                     **{key: float(np.mean([s[key] for s in summaries])) for key in RECORDED}})
+        print(f"{name}: storage {judged[-1].storage:.2f}, criterion {judged[-1].mean:.4f} ± {judged[-1].std:.4f}",
+              file=sys.stderr)
+    found = choose(judged, args.budget)
+    print(f"{len(rows)} candidates, {e.runs} runs × {e.networks} networks, judged on validation images and the OOD "
+          f"tuning pool ({', '.join(inputs.ood)}); criterion = {' + '.join(FUNCTION_KEYS)} (nats)\n")
+    print("| candidate | storage | criterion | " + " | ".join(RECORDED) + " |")
+    print("|---|---|---|" + "---|" * len(RECORDED))
+    for row in rows:
+        print(f"| {row['name']} | {row['storage']:.2f} | {row['criterion']:.4f} ± {row['criterion_std']:.4f} | "
+              + " | ".join(f"{row[key]:.4f}" for key in RECORDED) + " |")
+    print(f"\nlowest: {found['lowest']}; tied (within {found['threshold']:.4f}): {', '.join(found['tied'])}; "
+          f"chosen: {found['chosen']}")
+    if args.json:
+        budget = None if math.isinf(args.budget) else args.budget
+        args.json.write_text(json.dumps({"budget": budget, "rows": rows, **found}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

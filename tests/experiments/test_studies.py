@@ -1,0 +1,71 @@
+"""The study registry: the command line, ``apd report --docs`` and the list of studies in the docs iterate the
+same rows, every function a row names exists, and every study module is in it."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+
+from apd.cli import build_parser, main
+from apd.docs import render_study, render_table, study_regions
+from apd.experiments.studies import BY_NAME, STUDIES, resolve
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _experiment_parser() -> argparse.ArgumentParser:
+    action = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices["experiment"]
+
+
+def test_the_command_line_offers_every_study_with_its_help():
+    parser = _experiment_parser()
+    assert parser.description.endswith(": " + ", ".join(study.name for study in STUDIES))
+    name = next(a for a in parser._actions if a.dest == "name")
+    assert name.help == "; ".join(f"{study.name}: {study.help}" for study in STUDIES)
+
+
+def test_an_unknown_study_is_one_line_and_exit_2(capsys):
+    assert main(["experiment", "bogus", "--config", "digits"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"apd experiment: error: unknown study 'bogus' (known: {', '.join(BY_NAME)})\n"
+
+
+@pytest.mark.parametrize("study", STUDIES, ids=[study.name for study in STUDIES])
+def test_every_function_a_row_names_exists(study):
+    assert list(inspect.signature(resolve(study.run)).parameters) == ["ctx", "options"]
+    assert len(inspect.signature(resolve(study.render)).parameters) == 1
+    if study.summary is not None:
+        assert len(inspect.signature(resolve(study.summary[1])).parameters) == 1
+
+
+def test_every_study_module_is_registered():
+    """A ``run_*(ctx, options)`` function of ``apd/experiments`` runs a study, and each is a row's."""
+    runs = set()
+    for path in (ROOT / "apd" / "experiments").glob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("run_") and [
+                    arg.arg for arg in node.args.args] == ["ctx", "options"]:
+                runs.add(f"apd.experiments.{path.stem}:{node.name}")
+    assert runs == {study.run for study in STUDIES}
+
+
+@pytest.mark.parametrize("study", STUDIES, ids=[study.name for study in STUDIES])
+def test_the_docs_render_each_study_region_through_its_row(study):
+    """Region TABLE of a study is its renderer on the published STEM.json; the docs' list names every study."""
+    published = sorted((ROOT / "docs" / "results").glob(f"*/{study.stem}.json"))
+    assert published, f"no published {study.stem}.json"
+    pipeline = published[0].parent.name
+    expected = resolve(study.render)(json.loads(published[0].read_text())).strip()
+    assert render_study(pipeline, study.region, ROOT) == expected
+    assert study.region in study_regions() and f"`apd experiment {study.name}`" in render_table("code", "studies", ROOT)
+
+
+def test_region_names_that_are_no_study_are_left_to_the_other_tables():
+    assert render_study("digits", "storage", ROOT) is None  # evaluate's storage table, not the study's
+    assert render_study("digits", "modes-int4", ROOT) is None  # only a study with variants has them
