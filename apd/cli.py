@@ -119,6 +119,7 @@ def info(ctx: RunContext) -> None:
         print(f"           {path.relative_to(ctx.out_dir)}  ({path.stat().st_size:,} bytes)")
     _print_leftovers(ctx, [path.relative_to(ctx.out_dir) for path in present])
     _print_sgld_diagnostics(ctx)
+    _print_reference_stability(ctx)
     print("config     " + json.dumps(cfg.to_dict(), indent=2).replace("\n", "\n           "))
 
 
@@ -185,6 +186,22 @@ def _print_sgld_diagnostics(ctx: RunContext) -> None:
     print(f"sgld       {record.get('chains', 1)} chain(s) on {record.get('workers', 1)} worker(s); " + lines[0])
     for line in lines[1:]:
         print("           " + line.strip())
+
+
+def _print_reference_stability(ctx: RunContext) -> None:
+    """Whether the reference's numbers are settled, from the evaluation's results, when there are some."""
+    from apd.io import read_json
+    from apd.pipeline.tables import stability_verdict
+
+    if not ctx.layout.results.is_file():
+        return
+    try:
+        stability = read_json(ctx.layout.results).get("reference_stability")
+    except ArtifactError as exc:
+        print(f"reference  {exc}")
+        return
+    if stability:
+        print(f"reference  {stability_verdict(stability)}")
 
 
 def _takes_lock(command: str) -> bool:

@@ -40,6 +40,13 @@ class EvaluationInputs:
         """Every input in one tensor: test, in-distribution subset, then the OOD sets in order."""
         return torch.cat([self.x_test, self.x_in, *self.ood.values()]).to(device)
 
+    def parts(self) -> dict[str, slice]:
+        """Where each input set lies in :meth:`stacked`: ``"test"``, ``"in"`` (the in-distribution side), then
+        each OOD set by name."""
+        named = {"test": self.x_test, "in": self.x_in, **self.ood}
+        bounds = np.cumsum([0, *(len(x) for x in named.values())])
+        return {name: slice(int(a), int(b)) for name, a, b in zip(named, bounds[:-1], bounds[1:], strict=True)}
+
     @property
     def n_test(self) -> int:
         return len(self.y_test)

@@ -32,7 +32,6 @@ import torch
 from torch import Tensor
 
 from apd.metrics import auroc, nll
-from apd.nets import ParamSpec, predict_probs
 from apd.uncertainty import predictive_entropy
 
 STABILITY_TARGET = {"auroc_points": 0.5, "nll_nats": 0.005}  # the largest half-to-half gaps allowed
@@ -67,32 +66,31 @@ class ChainSums:
         return predictive, information
 
 
-def chain_sums(spec: ParamSpec, read: Callable[[np.ndarray], Tensor], rows: np.ndarray, chains: np.ndarray,
-               named: Mapping[str, Tensor], device: torch.device | str = "cpu", chunk: int = 200) -> ChainSums:
-    """:class:`ChainSums` of the networks at ``rows`` (their chain ids ``chains``, read with ``read``, e.g. a
-    :class:`~apd.samplers.store.SampleStore`'s ``read``) on each input set of ``named``, ``chunk`` networks
-    predicted at a time."""
+def chain_sums(predict: Callable[[np.ndarray], Tensor], rows: np.ndarray, chains: np.ndarray,
+               parts: Mapping[str, slice], chunk: int = 200) -> ChainSums:
+    """:class:`ChainSums` of the networks at ``rows`` (their chain ids ``chains``), whose member predictions
+    p_s(y | x) [k, N, K] on one stack of inputs ``predict`` gives (e.g.
+    :meth:`~apd.evaluation.stored.StoredPredictions.probs`), ``chunk`` rows at a time; ``parts`` names where
+    each input set lies in the stack."""
     rows, chains = np.asarray(rows), np.asarray(chains)
     if rows.shape != chains.shape or rows.size == 0:
         raise ValueError(f"{rows.size} rows with {chains.size} chain ids")
     ids = [int(c) for c in np.unique(chains)]
     position = torch.from_numpy(np.searchsorted(ids, chains))
-    x = torch.cat(list(named.values())).to(device)
     probs: Tensor | None = None
-    entropy = torch.zeros(len(ids), len(x), dtype=torch.float64)
+    entropy: Tensor | None = None
     for start in range(0, rows.size, chunk):
         part = slice(start, start + chunk)
-        predicted = predict_probs(spec, read(rows[part]).to(device), x).double()
+        predicted = predict(rows[part]).double().cpu()
         entropies = predictive_entropy(predicted.flatten(0, 1)[None]).view(len(predicted), -1)
         if probs is None:
             probs = torch.zeros(len(ids), *predicted.shape[1:], dtype=torch.float64)
-        probs.index_add_(0, position[part], predicted.cpu())
-        entropy.index_add_(0, position[part], entropies.cpu())
-    bounds = np.cumsum([0, *(len(v) for v in named.values())])
-    parts = {name: slice(a, b) for name, a, b in zip(named, bounds[:-1], bounds[1:], strict=True)}
+            entropy = torch.zeros(len(ids), predicted.shape[1], dtype=torch.float64)
+        probs.index_add_(0, position[part], predicted)
+        entropy.index_add_(0, position[part], entropies)
     counts = torch.bincount(position, minlength=len(ids))
-    return ChainSums(ids, {name: probs[:, part] for name, part in parts.items()},
-                     {name: entropy[:, part] for name, part in parts.items()}, counts)
+    return ChainSums(ids, {name: probs[:, where] for name, where in parts.items()},
+                     {name: entropy[:, where] for name, where in parts.items()}, counts)
 
 
 def reference_numbers(sums: ChainSums, chains: Tensor | list[int], y_test: Tensor) -> dict:

@@ -44,10 +44,10 @@ from torch import Tensor
 from apd.distillation.precision import in_samples, stored_bytes
 from apd.distillation.selection import PROBABILITY_FLOOR
 from apd.evaluation.protocol import EvaluationInputs, Judgement, judge_probs
+from apd.evaluation.stability import IN_SET, ChainSums, chain_sums
 from apd.evaluation.stored import StoredPredictions
 from apd.metrics import Stat, auroc, mean_of
 from apd.posteriors.kept import evenly_spaced_rows, last_rows, random_rows
-from apd.uncertainty import predictive_entropy
 
 SCORES = ["bald", "max_prob"]  # the scores whose AUROC gaps define quality
 FUNCTION_KEYS = ("kl", "kl_ood", "input_bald_gap", "input_bald_gap_ood")  # the function-space gaps
@@ -75,28 +75,22 @@ class Reference:
     samples: int
 
 
-def reference_predictive(stored: StoredPredictions, inputs: EvaluationInputs, limit: int,
-                         chunk: int = 200) -> tuple[dict, dict, int]:
-    """p̄_SGLD and I_SGLD = H[p̄_SGLD] − (1/K) Σ_k H[p_k] on the test inputs (``"test"``) and each OOD set of
-    ``inputs`` (float64, CPU), over the K = min(limit, len(store)) samples of
-    :func:`~apd.posteriors.kept.evenly_spaced_rows` (all of them when the store is no larger), taken ``chunk``
-    at a time from ``stored`` (the store's predictions on ``inputs.stacked()``); and K."""
+def reference_sums(stored: StoredPredictions, inputs: EvaluationInputs, limit: int, chunk: int = 200) -> ChainSums:
+    """Per-chain sums (:class:`~apd.evaluation.stability.ChainSums`) on every set of ``inputs`` of the
+    K = min(limit, len(store)) samples of :func:`~apd.posteriors.kept.evenly_spaced_rows` (all of them when the
+    store is no larger), taken ``chunk`` at a time from ``stored`` (the store's predictions on
+    ``inputs.stacked()``): SGLD's reference, and the split-half stability of its numbers."""
     rows = evenly_spaced_rows(len(stored), min(limit, len(stored)))
-    named = {"test": inputs.x_test, **inputs.ood}
-    n_test, n_in = inputs.n_test, len(inputs.x_in)
-    total = member_entropy = 0.0
-    for start in range(0, len(rows), chunk):
-        probs = stored.probs(rows[start:start + chunk])
-        probs = torch.cat([probs[:, :n_test], probs[:, n_test + n_in:]], 1).double()  # the in-distribution side out
-        total = total + probs.sum(0).cpu()
-        entropies = predictive_entropy(probs.flatten(0, 1)[None]).view(len(probs), -1)  # H[p_k], [chunk, N]
-        member_entropy = member_entropy + entropies.sum(0).cpu()
-    mean_probs = total / len(rows)
-    information = (predictive_entropy(mean_probs[None]) - member_entropy / len(rows)).clamp_min(0.0)
-    bounds = np.cumsum([0, *(len(v) for v in named.values())])
-    parts = {name: slice(a, b) for name, a, b in zip(named, bounds[:-1], bounds[1:], strict=True)}
-    return ({name: mean_probs[part] for name, part in parts.items()},
-            {name: information[part] for name, part in parts.items()}, len(rows))
+    return chain_sums(stored.probs, rows, stored.store.chains[rows], inputs.parts(), chunk)
+
+
+def reference_predictive(sums: ChainSums) -> tuple[dict, dict, int]:
+    """p̄_SGLD and I_SGLD = H[p̄_SGLD] − (1/K) Σ_k H[p_k] of every chain's samples in ``sums`` pooled, on the
+    test inputs (``"test"``) and each OOD set (float64, CPU; the in-distribution side left out); and K."""
+    predictive, information = sums.pooled(list(range(len(sums.ids))))
+    named = [name for name in predictive if name != IN_SET]
+    return ({name: predictive[name] for name in named}, {name: information[name] for name in named},
+            int(sums.counts.sum()))
 
 
 def kl_to_reference(probs: Tensor, reference: Tensor) -> float:

@@ -32,7 +32,15 @@ import torch
 from apd.config import bounded
 from apd.evaluation.protocol import EvaluationInputs, judge
 from apd.evaluation.stored import StoredPredictions
-from apd.evaluation.yardstick import SCORES, Reference, kept_curve, reference_predictive, spread, summarise
+from apd.evaluation.yardstick import (
+    SCORES,
+    Reference,
+    kept_curve,
+    reference_predictive,
+    reference_sums,
+    spread,
+    summarise,
+)
 from apd.experiments.distillers import train_generator
 from apd.experiments.outputs import run_study
 from apd.methods import label
@@ -106,7 +114,7 @@ def sgld_reference(ctx: RunContext, predictions: StoredPredictions, inputs: Eval
     draws = [judge(sgld, inputs, e.sgld_samples, generator, SCORES, predictions) for _ in range(e.runs)]
     auroc = {score: {name: float(np.mean([100.0 * d.detection[name][score]["auroc"] for d in draws]))
                      for name in inputs.ood} for score in SCORES}
-    predictive, information, samples = reference_predictive(predictions, inputs, e.yardstick_reference)
+    predictive, information, samples = reference_predictive(reference_sums(predictions, inputs, e.yardstick_reference))
     reference = Reference(auroc["bald"], auroc["max_prob"], float(np.mean([d.accuracy["nll"] for d in draws])),
                           predictive, information, samples)
     return spread([summarise(d, reference) for d in draws]), reference

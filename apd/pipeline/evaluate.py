@@ -25,6 +25,7 @@ from apd.config import config_hash
 from apd.errors import ArtifactError
 from apd.evaluation.fidelity import fidelity
 from apd.evaluation.protocol import EvaluationInputs, Judgement, judge
+from apd.evaluation.stability import ChainSums, reference_stability
 from apd.evaluation.stored import StoredPredictions
 from apd.evaluation.yardstick import (
     Reference,
@@ -34,6 +35,7 @@ from apd.evaluation.yardstick import (
     kept_samples,
     quality,
     reference_predictive,
+    reference_sums,
 )
 from apd.io import hdf5_atomic, read_json, remove_tree, replace_directory, restore_directory, write_json_atomic
 from apd.methods import MethodName
@@ -154,7 +156,9 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
                                            torch.Generator().manual_seed(ctx.seed("evaluate", "fidelity", m)), stored)
                                for m in drawn}
     with stopwatch(results["timing"], "reference_and_quality"):
-        reference = sgld_reference(results, inputs, stored, e.yardstick_reference)
+        sums = reference_sums(stored, inputs, e.yardstick_reference)
+        reference = sgld_reference(results, sums)
+        results["reference_stability"] = reference_stability(sums, inputs.y_test, ctx.seed("evaluate", "stability"))
         results["quality"] = {m: method_quality(results, m, runs, reference) for m, runs in judgements.items()}
         results["at_networks"] = at_networks(ctx, methods, inputs, sizes, judgements, results, reference, stored)
     if "mog" in methods:
@@ -274,13 +278,13 @@ def mixture_growth(ctx: RunContext, methods: dict[str, Posterior], inputs: Evalu
 # ------------------------------------------------------------------------------- the kept-samples yardstick
 
 
-def sgld_reference(results: dict, inputs: EvaluationInputs, stored: StoredPredictions, limit: int) -> Reference:
+def sgld_reference(results: dict, sums: ChainSums) -> Reference:
     """SGLD's side of the yardstick: its evaluated per-set BALD and max_prob AUROC and test NLL (means over
-    runs), and the predictive and per-input BALD of up to ``limit`` (``yardstick_reference``) stored samples on
-    the test inputs and the OOD sets, their predictions from ``stored``."""
+    runs), and the predictive and per-input BALD on the test inputs and the OOD sets of the stored samples
+    whose per-chain sums are ``sums`` (:func:`~apd.evaluation.yardstick.reference_sums`)."""
     per_set = {score: {name: value for name, value in set_aurocs(results, "sgld", score).items() if value is not None}
                for score in ("bald", "max_prob")}
-    predictive, information, samples = reference_predictive(stored, inputs, limit)
+    predictive, information, samples = reference_predictive(sums)
     return Reference(per_set["bald"], per_set["max_prob"], accuracy(results, "sgld", "nll").mean, predictive,
                      information, samples)
 

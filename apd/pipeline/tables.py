@@ -217,6 +217,37 @@ def fidelity_table(results: dict) -> Table | None:
         ["method", *(key for key, _ in FIDELITY_COLUMNS)], rows)
 
 
+def stability_verdict(stability: dict) -> str:
+    """One line on whether the reference's numbers are settled: its chains and samples, the largest gap between
+    the two halves of its chains over every AUROC and the NLL gap, against the target."""
+    half, target = stability["split_half"], stability["split_half"]["target"]
+    return (f"{stability['chains']} chains, {stability['samples']:,} samples: halves of the chains "
+            f"{half['max_auroc_gap']:.2f} AUROC points and {half['nll_gap']:.4f} nats apart at most (target "
+            f"{target['auroc_points']} and {target['nll_nats']}: {'met' if half['meets'] else 'not met'})")
+
+
+def stability_table(results: dict) -> Table | None:
+    """Whether SGLD's reference numbers are settled (:mod:`apd.evaluation.stability`): each number from all
+    chains of the yardstick's reference, from either half of them, the halves' gap and the delete-one-chain
+    jackknife standard error."""
+    stability = results.get("reference_stability")
+    if not stability:
+        return None
+    numbers, halves = stability["numbers"], stability["split_half"]["numbers"]
+    gaps, errors = stability["split_half"]["gaps"], stability["jackknife_se"]
+    rows = [["nll", None, None, numbers["nll"], *(h["nll"] for h in halves), gaps["nll"], errors["nll"]]]
+    rows += [["auroc", name, score, value, *(h["auroc"][name][score] for h in halves), gaps["auroc"][name][score],
+              errors["auroc"][name][score]]
+             for name, scores in numbers["auroc"].items() for score, value in scores.items()]
+    body = [["test NLL (nats)" if kind == "nll" else f"{score_label(score)} AUROC, {name}",
+             *(format_number(v, 4 if kind == "nll" else 2) for v in values)] for kind, name, score, *values in rows]
+    note = (f"The yardstick's SGLD reference: {stability_verdict(stability)}. Halves: the chains in a seeded "
+            "random order, cut in two; SE: delete-one-chain jackknife.\n\n")
+    return Table("stability", "Is the reference settled?", note + markdown_table(
+        ["number", "all chains", "half A", "half B", "gap", "SE"], body),
+        ["quantity", "set", "score", "all_chains", "half_a", "half_b", "gap", "jackknife_se"], rows)
+
+
 def timing_table(results: dict) -> Table | None:
     """Wall-clock seconds of each evaluation step: per method, loading (or fitting) it and judging its
     draws; then the steps over all methods; the total last."""
@@ -236,9 +267,9 @@ def timing_table(results: dict) -> Table | None:
                  [[step, load, judged if step in methods else None, total] for step, load, judged, total in rows])
 
 
-TABLE_BUILDERS = (accuracy_table, ood_table, mean_auroc_table, storage_table, members_table, yardstick_table,
-                  kept_margins_table, replicates_table, kept_curve_table, mog_table, fidelity_table, peers_table,
-                  adversarial_table, timing_table)
+TABLE_BUILDERS = (accuracy_table, ood_table, mean_auroc_table, storage_table, stability_table, members_table,
+                  yardstick_table, kept_margins_table, replicates_table, kept_curve_table, mog_table, fidelity_table,
+                  peers_table, adversarial_table, timing_table)
 
 
 def build_tables(results: dict) -> list[Table]:

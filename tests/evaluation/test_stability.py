@@ -36,11 +36,19 @@ def _networks(rows: int = 7):
     return spec, weights, named
 
 
+def _sums(spec, weights, named, rows, chains, chunk=200) -> ChainSums:
+    """chain_sums of the networks ``weights[rows]`` predicted on the sets of ``named`` stacked."""
+    stacked = torch.cat(list(named.values()))
+    bounds = np.cumsum([0, *(len(x) for x in named.values())])
+    parts = {name: slice(a, b) for name, a, b in zip(named, bounds[:-1], bounds[1:], strict=True)}
+    return chain_sums(lambda r: predict_probs(spec, weights[torch.as_tensor(r)], stacked), rows, chains, parts, chunk)
+
+
 def test_chain_sums_add_each_chains_predictions_and_pool_to_the_direct_predictive():
     spec, weights, named = _networks()
     chains = np.array([5, 5, 2, 9, 2, 9, 9])
     rows = np.array([6, 0, 1, 2, 3, 4, 5])  # read out of order: each row keeps its own chain id
-    sums = chain_sums(spec, lambda r: weights[torch.as_tensor(r)], rows, chains, named, chunk=3)
+    sums = _sums(spec, weights, named, rows, chains, chunk=3)
     assert sums.ids == [2, 5, 9] and sums.counts.tolist() == [2, 2, 3]
     direct = predict_probs(spec, weights[torch.as_tensor(rows)], named["far"]).double()
     chain_of_row = torch.as_tensor(np.searchsorted([2, 5, 9], chains))
@@ -54,7 +62,7 @@ def test_chain_sums_add_each_chains_predictions_and_pool_to_the_direct_predictiv
 def test_reference_numbers_are_the_pooled_ensembles_nll_and_aurocs():
     spec, weights, named = _networks()
     chains = np.array([0, 0, 1, 1, 2, 2, 2])
-    sums = chain_sums(spec, lambda r: weights[torch.as_tensor(r)], np.arange(7), chains, named)
+    sums = _sums(spec, weights, named, np.arange(7), chains)
     y = torch.randint(0, 3, (20,), generator=torch.Generator().manual_seed(2))
     numbers = reference_numbers(sums, [0, 2], y)
     chosen = weights[torch.as_tensor(np.flatnonzero(chains != 1))]

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from apd.evaluation.protocol import EvaluationInputs, Judgement
+from apd.evaluation.stability import reference_stability
 from apd.evaluation.stored import StoredPredictions
 from apd.evaluation.yardstick import (
     WIN_PERCENTILE,
@@ -24,13 +25,14 @@ from apd.evaluation.yardstick import (
     quality,
     ranks_over_kept,
     reference_predictive,
+    reference_sums,
     spread,
     standing,
     summarise,
     wins_over_kept,
     worst_gap,
 )
-from apd.metrics import mean_of, std_of
+from apd.metrics import mean_of, nll, std_of
 from apd.nets import ParamSpec, mlp, predict_probs
 from apd.samplers.store import SampleStore
 from apd.uncertainty import bald
@@ -170,7 +172,7 @@ def test_every_sample_kept_is_the_reference_itself(store):
     inputs = EvaluationInputs(torch.randn(20, 3, generator=g), torch.randint(2, (20,), generator=g),
                               torch.randn(15, 3, generator=g), {"far": 4 * torch.randn(15, 3, generator=g)})
     stored = StoredPredictions(store, inputs.stacked("cpu"), "cpu")
-    predictive, information, n = reference_predictive(stored, inputs, limit=100, chunk=5)
+    predictive, information, n = reference_predictive(reference_sums(stored, inputs, limit=100, chunk=5))
     assert n == 12 and set(predictive) == set(information) == {"test", "far"}
     for name, x in (("test", inputs.x_test), ("far", inputs.ood["far"])):
         probs = predict_probs(SPEC, store.read_all(), x).double()
@@ -222,3 +224,25 @@ def test_a_values_mean_and_std_are_its_spreads_or_itself_and_zero():
 ])
 def test_a_method_is_set_against_the_fewest_samples_at_its_precision_that_take_its_storage(worth, precision, expected):
     assert kept_for(worth, 6_400, precision, available=50) == expected
+
+
+def test_the_references_chain_sums_split_its_chains_into_halves_whose_numbers_are_their_own(store):
+    """The yardstick's reference of a two-chain store: its predictive pools both chains' sums, and the
+    stability's halves are one chain each, each half's NLL that of its own chain's samples."""
+    g = torch.Generator().manual_seed(3)
+    inputs = EvaluationInputs(torch.randn(20, 3, generator=g), torch.randint(2, (20,), generator=g),
+                              torch.randn(15, 3, generator=g), {"far": 4 * torch.randn(15, 3, generator=g)})
+    stored = StoredPredictions(store, inputs.stacked("cpu"), "cpu")
+    sums = reference_sums(stored, inputs, limit=100)
+    assert sums.ids == [0, 1] and sums.counts.tolist() == [6, 6]
+    assert {name: (where.start, where.stop) for name, where in inputs.parts().items()} == {
+        "test": (0, 20), "in": (20, 35), "far": (35, 50)}
+    stability = reference_stability(sums, inputs.y_test, seed=0)
+    weights, chains = store.read_all(), store.chains
+    for half, (chain,) in zip(stability["split_half"]["numbers"], stability["split_half"]["halves"], strict=True):
+        probs = predict_probs(SPEC, weights[torch.as_tensor(chains == chain)], inputs.x_test).double().mean(0)
+        assert half["nll"] == pytest.approx(nll(probs, inputs.y_test), rel=1e-12)
+    whole = predict_probs(SPEC, weights, inputs.x_test).double().mean(0)
+    assert stability["numbers"]["nll"] == pytest.approx(nll(whole, inputs.y_test), rel=1e-12)
+    assert stability["split_half"]["nll_gap"] == pytest.approx(
+        abs(stability["split_half"]["numbers"][0]["nll"] - stability["split_half"]["numbers"][1]["nll"]))

@@ -556,6 +556,7 @@ def test_a_method_stored_at_int8_meets_float32_kept_samples_and_the_int8_ones_it
     """The yardstick sets a generator stored at int8 (storage S) against ⌈S⌉ float32 samples and against the
     ⌈S / s_int8⌉ samples that int8 buys (each stored at int8); both show in the tables."""
     from apd.distillation.precision import in_samples, stored_bytes
+    from apd.evaluation.yardstick import reference_sums
     from apd.pipeline.comparison_tables import kept_comparisons, yardstick_table
     from apd.pipeline.evaluate import sgld_reference, yardstick
     from apd.pipeline.recipes import evaluation_inputs
@@ -571,7 +572,7 @@ def test_a_method_stored_at_int8_meets_float32_kept_samples_and_the_int8_ones_it
     inputs = evaluation_inputs(ctx)
     with SampleStore.open(root / "tiny" / "samples.h5") as store:
         stored = StoredPredictions(store, inputs.stacked("cpu"), "cpu")
-        reference = sgld_reference(results, inputs, stored, ctx.cfg.evaluate.yardstick_reference)
+        reference = sgld_reference(results, reference_sums(stored, inputs, ctx.cfg.evaluate.yardstick_reference))
         y = yardstick(ctx, {"apd": method}, inputs, reference, stored)
     entry = y["equal_storage"]["apd"]
     k_int8 = math.ceil(worth / in_samples(stored_bytes(dim, "int8"), dim) - 1e-9)

@@ -310,3 +310,24 @@ def test_run_report_on_malformed_results_is_an_artifact_error(tmp_path):
 ])
 def test_durations_are_rounded_to_what_they_show(seconds, shown):
     assert format_duration(seconds) == shown
+
+
+def test_stability_table_gives_each_number_its_halves_and_says_whether_the_target_is_met():
+    results = full_results()
+    results["reference_stability"] = {
+        "chains": 64, "samples": 2000,
+        "numbers": {"nll": 0.3555, "auroc": {"gaussian": {"bald": 91.0, "max_prob": 80.0}}},
+        "split_half": {"halves": [[0], [1]], "max_auroc_gap": 1.31, "nll_gap": 0.00013, "meets": False,
+                       "target": {"auroc_points": 0.5, "nll_nats": 0.005},
+                       "numbers": [{"nll": 0.35545, "auroc": {"gaussian": {"bald": 91.1, "max_prob": 80.655}}},
+                                   {"nll": 0.35558, "auroc": {"gaussian": {"bald": 91.0, "max_prob": 79.345}}}],
+                       "gaps": {"nll": 0.00013, "auroc": {"gaussian": {"bald": 0.1, "max_prob": 1.31}}}},
+        "jackknife_se": {"nll": 0.0004, "auroc": {"gaussian": {"bald": 0.24, "max_prob": 0.35}}}}
+    stability = section(render_tables(results), "## Is the reference settled?")
+    assert ("64 chains, 2,000 samples: halves of the chains 1.31 AUROC points and 0.0001 nats apart at most "
+            "(target 0.5 and 0.005: not met)") in stability
+    assert table_line(stability, "max probability AUROC, gaussian") == (
+        "| max probability AUROC, gaussian | 80.00 | 80.66 | 79.34 | 1.31 | 0.35 |")
+    assert table_line(stability, "test NLL (nats)") == (
+        "| test NLL (nats) | 0.3555 | 0.3554 | 0.3556 | 0.0001 | 0.0004 |")
+    assert "## Is the reference settled?" not in render_tables(full_results())
