@@ -48,7 +48,7 @@ def experiment(tiny_pipeline, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(protocol, "judge_probs", spy(protocol.judge_probs, judged))
         patch.setattr(yardstick, "judge_probs", spy(yardstick.judge_probs, judged))
-        patch.setattr(storage, "reference_predictive", spy(storage.reference_predictive, references))
+        patch.setattr(storage, "reference_sums", spy(storage.reference_sums, references))
         assert main(args) == 0
     out = target / "tiny" / "experiments"
     return json.loads((out / "storage.json").read_text()), out, judged, references

@@ -262,3 +262,6 @@ def test_joined_store_works_unchanged_in_distill_and_evaluate(joined_pipeline, c
     out = capsys.readouterr().out
     assert "sgld       2 chain(s) on 2 worker(s); convergence diagnostics, 2 chains" in out
     assert "function-space inputs (300)" in out
+    stability = results["reference_stability"]  # one chain in each half
+    assert stability["chains"] == 2 and sorted(sum(stability["split_half"]["halves"], [])) == [0, 1]
+    assert f"reference  2 chains, {stability['samples']:,} samples: halves of the chains" in out
