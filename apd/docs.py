@@ -10,7 +10,8 @@ and the region's body is replaced by TABLE rendered from ``docs/results/PIPELINE
 from ``apd evaluate``, the stage manifests, the experiments' JSON) or, for PIPELINE ``paper``, from
 ``docs/paper-numbers.json``. TABLE names one of :data:`RESULT_TABLES` (a table of ``tables.md``),
 ``ood-SCORE`` (one score's OOD block), ``machine`` (what the numbers were measured on), ``diagnostics``
-(SGLD's convergence, from the sample manifest), ``end-to-end`` (the stages timed by
+(SGLD's convergence, from the sample manifest), ``choice`` (a distiller chosen by the rule of docs/design.md, the
+record of ``benchmarks/choose_distiller.py --json``), ``end-to-end`` (the stages timed by
 ``benchmarks/time_pipeline.py``), ``nothing-lost`` (the scenario matrix of ``benchmarks/nothing_lost.py``: its last
 run's counts per group), ``pipelines`` (the settings of shipped pipelines, PIPELINE a comma-separated
 list, from their files), ``performance`` (every benchmark record in ``docs/results/PIPELINE/``,
@@ -33,6 +34,7 @@ from typing import Any
 
 from apd.config import PipelineConfig
 from apd.errors import ArtifactError
+from apd.evaluation.choice import choice_markdown
 from apd.experiments.studies import STUDIES, resolve
 from apd.io import read_json, write_text_atomic, written_together
 from apd.pipeline.layout import PIPELINE_STAGES, Layout, manifest_of
@@ -66,6 +68,8 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
         return render_end_to_end(_read(results_dir / "end_to_end.json"))
     if table == "nothing-lost":  # benchmarks/nothing_lost.py's record
         return render_nothing_lost(_read(results_dir / "nothing_lost.json"))
+    if table == "choice":  # benchmarks/choose_distiller.py's record: the rule applied to the candidates
+        return choice_markdown(_read(results_dir / "choice.json"))
     if table == "performance":  # the benchmark scripts' records
         return render_performance([_read(path) for path in sorted(results_dir.glob("*.json"))])
     if table == "pipelines":  # PIPELINE is a comma-separated list of shipped pipelines: their settings
@@ -86,8 +90,8 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
         built = RESULT_TABLES[table](results)
     else:
         raise ArtifactError(f"unknown results table {table!r} (known: {', '.join(RESULT_TABLES)}, ood-SCORE, "
-                            f"machine, diagnostics, samplers, end-to-end, nothing-lost, performance, pipelines, "
-                            f"toy2d, {', '.join(study_regions())})")
+                            f"machine, diagnostics, choice, samplers, end-to-end, nothing-lost, performance, "
+                            f"pipelines, toy2d, {', '.join(study_regions())})")
     if built is None:
         raise ArtifactError(f"{results_dir}: has no data for table {table!r}")
     return built.markdown.strip()

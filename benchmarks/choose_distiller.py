@@ -28,7 +28,7 @@ import torch
 
 import apd
 from apd.config_load import load_config
-from apd.evaluation.choice import Candidate, choose, run_criterion
+from apd.evaluation.choice import Candidate, choice_markdown, choose, run_criterion
 from apd.evaluation.protocol import judge
 from apd.evaluation.stored import StoredPredictions
 from apd.evaluation.yardstick import FUNCTION_KEYS, SCORES, summarise
@@ -78,19 +78,12 @@ def main() -> int:
                      **{key: float(np.mean([s[key] for s in summaries])) for key in RECORDED}})
         print(f"{name}: storage {judged[-1].storage:.2f}, criterion {judged[-1].mean:.4f} ± {judged[-1].std:.4f}",
               file=sys.stderr)
-    found = choose(judged, args.budget)
-    print(f"{len(rows)} candidates, {e.runs} runs × {e.networks} networks, judged on validation images and the OOD "
-          f"tuning pool ({', '.join(inputs.ood)}); criterion = {' + '.join(FUNCTION_KEYS)} (nats)\n")
-    print("| candidate | storage | criterion | " + " | ".join(RECORDED) + " |")
-    print("|---|---|---|" + "---|" * len(RECORDED))
-    for row in rows:
-        print(f"| {row['name']} | {row['storage']:.2f} | {row['criterion']:.4f} ± {row['criterion_std']:.4f} | "
-              + " | ".join(f"{row[key]:.4f}" for key in RECORDED) + " |")
-    print(f"\nlowest: {found['lowest']}; tied (within {found['threshold']:.4f}): {', '.join(found['tied'])}; "
-          f"chosen: {found['chosen']}")
+    budget = None if math.isinf(args.budget) else args.budget
+    record = {"budget": budget, "runs": e.runs, "networks": e.networks, "ood": list(inputs.ood),
+              "recorded": list(RECORDED), "rows": rows, **choose(judged, args.budget)}
+    print(choice_markdown(record))
     if args.json:
-        budget = None if math.isinf(args.budget) else args.budget
-        args.json.write_text(json.dumps({"budget": budget, "rows": rows, **found}, indent=1) + "\n")
+        args.json.write_text(json.dumps(record, indent=1) + "\n")
     return 0
 
 

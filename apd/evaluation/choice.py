@@ -57,3 +57,21 @@ def choose(candidates: Sequence[Candidate], budget: float = math.inf) -> dict:
     tied = [c for c in within if c.mean <= threshold]
     chosen = min(tied, key=lambda c: c.storage)  # the first listed among equal storage
     return {"chosen": chosen.name, "lowest": lowest.name, "tied": [c.name for c in tied], "threshold": threshold}
+
+
+def choice_markdown(record: dict) -> str:
+    """A choice as ``benchmarks/choose_distiller.py`` records it (``rows`` of name, storage, criterion and its
+    std, and the recorded gaps ``recorded``; the judging ``runs``, ``networks`` and OOD tuning sets ``ood``; and
+    :func:`choose`'s answer): one line on how the candidates were judged, their table, and the choice."""
+    keys = record["recorded"]
+    budget = "no budget" if record["budget"] is None else f"budget {record['budget']:g} samples' worth"
+    lines = [f"{len(record['rows'])} candidates ({budget}), {record['runs']} runs × {record['networks']} networks, "
+             f"judged on validation images and the OOD tuning pool ({', '.join(record['ood'])}); criterion = "
+             f"{' + '.join(FUNCTION_KEYS)} (nats)", "",
+             "| candidate | storage | criterion | " + " | ".join(keys) + " |",
+             "|---|---|---|" + "---|" * len(keys)]
+    lines += [f"| {row['name']} | {row['storage']:.2f} | {row['criterion']:.4f} ± {row['criterion_std']:.4f} | "
+              + " | ".join(f"{row[key]:.4f}" for key in keys) + " |" for row in record["rows"]]
+    lines += ["", f"lowest: {record['lowest']}; tied (within {record['threshold']:.4f}): {', '.join(record['tied'])}; "
+                  f"chosen: {record['chosen']}"]
+    return "\n".join(lines)

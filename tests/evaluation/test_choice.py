@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from apd.evaluation.choice import Candidate, choose, run_criterion
+from apd.evaluation.choice import Candidate, choice_markdown, choose, run_criterion
 
 
 def test_a_runs_criterion_is_the_sum_of_the_four_function_space_gaps():
@@ -32,3 +32,16 @@ def test_the_first_listed_wins_a_tie_in_storage_and_the_budget_leaves_larger_sto
     assert choose([over, a], budget=25)["chosen"] == "a"
     with pytest.raises(ValueError, match="budget of 25"):
         choose([over], budget=25)
+
+
+def test_a_choice_renders_its_candidates_and_the_rule_applied_to_them():
+    candidates = [Candidate("shared", 3.79, (1.0, 1.2)), Candidate("embedding-4", 3.80, (0.5, 0.7))]
+    rows = [{"name": c.name, "storage": c.storage, "criterion": c.mean, "criterion_std": c.std, "bald_gap": 2.0}
+            for c in candidates]
+    record = {"budget": 4.0, "runs": 2, "networks": 100, "ood": ["gaussian", "photos"], "recorded": ["bald_gap"],
+              "rows": rows, **choose(candidates, 4.0)}
+    markdown = choice_markdown(record)
+    assert markdown.startswith("2 candidates (budget 4 samples' worth), 2 runs × 100 networks, judged on "
+                               "validation images and the OOD tuning pool (gaussian, photos)")
+    assert "| embedding-4 | 3.80 | 0.6000 ± 0.1000 | 2.0000 |" in markdown
+    assert markdown.endswith("lowest: embedding-4; tied (within 0.7000): embedding-4; chosen: embedding-4")
