@@ -11,7 +11,8 @@ from ``apd evaluate``, the stage manifests, the experiments' JSON) or, for PIPEL
 ``docs/paper-numbers.json``. TABLE names one of :data:`RESULT_TABLES` (a table of ``tables.md``),
 ``ood-SCORE`` (one score's OOD block), ``machine`` (what the numbers were measured on), ``diagnostics``
 (SGLD's convergence, from the sample manifest), ``choice`` (a distiller chosen by the rule of docs/design.md, the
-record of ``benchmarks/choose_distiller.py --json``), ``end-to-end`` (the stages timed by
+record of ``benchmarks/choose_distiller.py --json``), ``standing`` (where APD stands on several pipelines,
+PIPELINE a comma-separated list), ``end-to-end`` (the stages timed by
 ``benchmarks/time_pipeline.py``), ``nothing-lost`` (the scenario matrix of ``benchmarks/nothing_lost.py``: its last
 run's counts per group), ``pipelines`` (the settings of shipped pipelines, PIPELINE a comma-separated
 list, from their files), ``performance`` (every benchmark record in ``docs/results/PIPELINE/``,
@@ -38,7 +39,7 @@ from apd.evaluation.choice import choice_markdown
 from apd.experiments.studies import STUDIES, resolve
 from apd.io import read_json, write_text_atomic, written_together
 from apd.pipeline.layout import PIPELINE_STAGES, Layout, manifest_of
-from apd.pipeline.table_format import format_duration, markdown_table, method_label
+from apd.pipeline.table_format import format_duration, format_sample_count, markdown_table, method_label
 from apd.pipeline.tables import TABLE_BUILDERS, ood_table
 from apd.schedules import thinned_count
 
@@ -77,6 +78,10 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
 
         return render_pipelines({name: load_config(name) for name in pipeline.split(",")},
                                 {name: root / RESULTS_DIR / name / "samples.json" for name in pipeline.split(",")})
+    if table == "standing":  # PIPELINE is a comma-separated list: where APD stands on each
+        names = pipeline.split(",")
+        return render_standing({name: _read(root / RESULTS_DIR / name / "results.json") for name in names},
+                               {name: _read(root / RESULTS_DIR / name / "samples.json") for name in names})
     if table == "samplers":  # PIPELINE is a comma-separated list: one row per pipeline's sample manifest
         return render_samplers({name: _read(root / RESULTS_DIR / name / "samples.json")
                                 for name in pipeline.split(",")})
@@ -90,7 +95,7 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
         built = RESULT_TABLES[table](results)
     else:
         raise ArtifactError(f"unknown results table {table!r} (known: {', '.join(RESULT_TABLES)}, ood-SCORE, "
-                            f"machine, diagnostics, choice, samplers, end-to-end, nothing-lost, performance, "
+                            f"machine, diagnostics, choice, standing, samplers, end-to-end, nothing-lost, performance, "
                             f"pipelines, toy2d, {', '.join(study_regions())})")
     if built is None:
         raise ArtifactError(f"{results_dir}: has no data for table {table!r}")
@@ -265,6 +270,36 @@ def render_samplers(manifests: dict[str, dict]) -> str:
     header = ["pipeline", "chains × draws", "samples", "sampling", r"p(y \| x) R-hat median / max", "% > 1.01",
               "% > 1.05", "bulk ESS median", "tail ESS median", "log-lik R-hat, ESS", "weight PCs R-hat, ESS",
               "ensemble val. accuracy"]
+    return markdown_table(header, body)
+
+
+STANDING = (("bald_gap", "worst BALD gap"), ("max_prob_gap", "worst max-prob gap"), ("nll_gap", "NLL gap"),
+            ("kl", "KL"))  # the summaries a distiller's standing is read on
+
+
+def render_standing(results: dict[str, dict], manifests: dict[str, dict]) -> str:
+    """Where APD stands on several pipelines, one row each: the reference (its chains, the median
+    function-space bulk ESS, the largest gaps between two halves of its chains where measured), APD's storage
+    and seeds, the kept samples it is set against (those its storage buys at its own precision where it is
+    stored below float32), and each seed's percentile rank among the random subsets on the four summaries of
+    :data:`STANDING`."""
+    body = []
+    for name, result in results.items():
+        function = manifests[name]["diagnostics"]["families"]["function"]
+        stability = result.get("reference_stability")
+        halves = ("—" if not stability else f"{stability['split_half']['max_auroc_gap']:.2f} points, "
+                  f"{stability['split_half']['nll_gap']:.4f} nats")
+        replicated = result["replicates"]["apd"]
+        equal = result["yardstick"]["equal_storage"]["apd"]
+        kept = equal["at_precision"]["key"] if "at_precision" in equal else str(equal["k"])
+        ranks = replicated["against"][kept]["percentile"]
+        body.append([f"`{name}`", f"{manifests[name]['diagnostics']['chains_used']}",
+                     f"{function['ess_bulk_median']:,.0f}", halves,
+                     format_sample_count(result["storage"]["apd"]["in_sgld_samples"]), kept,
+                     f"{replicated['seeds']}",
+                     *(" / ".join(f"{value:.1f}" for value in ranks[key]["values"]) for key, _ in STANDING)])
+    header = ["pipeline", "chains", r"p(y \| x) bulk ESS median", "reference halves apart (AUROC, NLL)",
+              "APD storage", "against kept", "seeds", *(f"percentile: {label}" for _, label in STANDING)]
     return markdown_table(header, body)
 
 

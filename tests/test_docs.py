@@ -157,6 +157,35 @@ def test_samplers_put_several_pipelines_sample_manifests_side_by_side(project):
         r"| 0.9000 |"]
 
 
+def test_standing_sets_each_pipelines_reference_beside_apds_percentile_ranks(project):
+    """One row per pipeline: its chains, ESS and split halves beside each seed's percentile ranks against the
+    samples APD's storage buys at its own precision (or at float32 where it has none)."""
+    def pipeline(name: str, chains: int, ess: float, at_precision: bool, stability: bool) -> None:
+        family = {"ess_bulk_median": ess}
+        ranks, other = ({key: {"values": values} for key in ("bald_gap", "max_prob_gap", "nll_gap", "kl")}
+                        for values in ([0.0, 4.5, 100.0], [1.0, 1.0, 1.0]))
+        equal = {"k": 4, **({"at_precision": {"key": "15 int8"}} if at_precision else {})}
+        against = {"4": {"percentile": other if at_precision else ranks}, "15 int8": {"percentile": other}}
+        if at_precision:
+            against["15 int8"]["percentile"] = ranks
+        results = {"storage": {"apd": {"in_sgld_samples": 3.796}}, "yardstick": {"equal_storage": {"apd": equal}},
+                   "replicates": {"apd": {"seeds": 3, "against": against}}}
+        if stability:
+            results["reference_stability"] = {"split_half": {"max_auroc_gap": 0.509, "nll_gap": 0.00074}}
+        folder = project / "docs" / "results" / name
+        folder.mkdir(parents=True)
+        (folder / "results.json").write_text(json.dumps(results))
+        (folder / "samples.json").write_text(json.dumps(
+            {"diagnostics": {"chains_used": chains, "families": {"function": family}}}))
+    pipeline("many", 64, 111.2, at_precision=True, stability=True)
+    pipeline("few", 4, 897.6, at_precision=False, stability=False)
+    document = "<!-- results:many,few:standing -->\nold\n<!-- end -->\n"
+    rows = [line for line in render_document(document, project).splitlines() if line.startswith("| `")]
+    ranks = " | 0.0 / 4.5 / 100.0" * 4
+    assert rows == [f"| `many` | 64 | 111 | 0.51 points, 0.0007 nats | 3.8 | 15 int8 | 3{ranks} |",
+                    f"| `few` | 4 | 898 | — | 3.8 | 4 | 3{ranks} |"]
+
+
 def test_performance_table_is_rendered_from_the_benchmark_records(project):
     """docs/performance.md's rows come from the bench scripts' JSON records (benchmarks/record.py), in the
     pipeline's stage order (file order within a stage), followed by where and when each script ran."""
