@@ -12,7 +12,9 @@ AUROC and NLL gaps and the four function-space gaps; then the choice. Run from t
     python benchmarks/choose_distiller.py --config pipelines/digits.toml --budget 25 \\
         shipped=artifacts/digits embedding-4=artifacts/e4/digits
 
-``--json FILE`` also writes the rows and the choice.
+``--json FILE`` also writes the rows and the choice. ``--ceiling`` also judges every stored sample's own
+coordinates in the pipeline's subspace at its rank and precision (:func:`apd.experiments.precision.sgld_coordinates`):
+the best any generator in that subspace can do, recorded beside the candidates, never chosen.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ from apd.evaluation.choice import Candidate, choice_markdown, choose, run_criter
 from apd.evaluation.protocol import judge
 from apd.evaluation.stored import StoredPredictions
 from apd.evaluation.yardstick import FUNCTION_KEYS, SCORES, summarise
+from apd.experiments.precision import sgld_coordinates
 from apd.experiments.storage import sgld_reference
 from apd.pipeline.manifests import manifest_digest
-from apd.pipeline.recipes import evaluation_inputs
+from apd.pipeline.recipes import evaluation_inputs, training_samples
 from apd.pipeline.runtime import RunContext
 from apd.samplers.store import SampleStore
 
@@ -48,11 +51,25 @@ def candidate(text: str) -> tuple[str, Path]:
     return name, Path(folder)
 
 
+def judged_row(ctx: RunContext, name: str, method, inputs, reference) -> dict:
+    """``method`` judged in ``[evaluate] runs`` draws of ``networks`` members against ``reference``: its name,
+    storage, per-run criteria, their mean and std, and the recorded gaps averaged over the runs."""
+    e = ctx.cfg.evaluate
+    draws = torch.Generator().manual_seed(ctx.seed("experiment", "choice"))
+    summaries = [summarise(judge(method, inputs, e.networks, draws, SCORES), reference) for _ in range(e.runs)]
+    criteria = [run_criterion(s) for s in summaries]
+    return {"name": name, "storage": method.storage_in_samples(), "criteria": criteria,
+            "criterion": float(np.mean(criteria)), "criterion_std": float(np.std(criteria)),
+            **{key: float(np.mean([s[key] for s in summaries])) for key in RECORDED}}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="the pipeline the candidates were distilled for")
     parser.add_argument("--budget", type=float, default=math.inf, help="storage budget, SGLD samples' worth")
     parser.add_argument("--json", type=Path, help="also write the rows and the choice here")
+    parser.add_argument("--ceiling", action="store_true",
+                        help="also judge every SGLD sample's coordinates in the pipeline's subspace (not a candidate)")
     parser.add_argument("candidates", nargs="+", type=candidate, help="NAME=FOLDER, e.g. shipped=artifacts/digits")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -70,17 +87,22 @@ def main() -> int:
     rows, judged = [], []
     for name, folder in args.candidates:
         post = apd.load(folder, "apd")
-        draws = torch.Generator().manual_seed(ctx.seed("experiment", "choice"))
-        summaries = [summarise(judge(post, inputs, e.networks, draws, SCORES), reference) for _ in range(e.runs)]
-        judged.append(Candidate(name, post.storage_in_samples(), tuple(run_criterion(s) for s in summaries)))
-        rows.append({"name": name, "storage": judged[-1].storage, "criterion": judged[-1].mean,
-                     "criterion_std": judged[-1].std,
-                     **{key: float(np.mean([s[key] for s in summaries])) for key in RECORDED}})
+        rows.append(judged_row(ctx, name, post, inputs, reference))
+        judged.append(Candidate(name, rows[-1]["storage"], tuple(rows[-1].pop("criteria"))))
         print(f"{name}: storage {judged[-1].storage:.2f}, criterion {judged[-1].mean:.4f} ± {judged[-1].std:.4f}",
               file=sys.stderr)
+    ceiling = None
+    if args.ceiling:
+        with SampleStore.open(ctx.layout.samples) as store:
+            coordinates = sgld_coordinates(ctx, store, training_samples(ctx, store, cfg.distill),
+                                           cfg.distill.subspace_rank).stored_at(cfg.distill.precision)
+            ceiling = judged_row(ctx, f"ceiling: SGLD coordinates r={cfg.distill.subspace_rank}, "
+                                      f"{cfg.distill.precision}", coordinates, inputs, reference)
+        ceiling.pop("criteria")
     budget = None if math.isinf(args.budget) else args.budget
     record = {"budget": budget, "runs": e.runs, "networks": e.networks, "ood": list(inputs.ood),
-              "recorded": list(RECORDED), "rows": rows, **choose(judged, args.budget)}
+              "recorded": list(RECORDED), "rows": rows, **({"ceiling": ceiling} if ceiling else {}),
+              **choose(judged, args.budget)}
     print(choice_markdown(record))
     if args.json:
         args.json.write_text(json.dumps(record, indent=1) + "\n")

@@ -61,8 +61,9 @@ def choose(candidates: Sequence[Candidate], budget: float = math.inf) -> dict:
 
 def choice_markdown(record: dict) -> str:
     """A choice as ``benchmarks/choose_distiller.py`` records it (``rows`` of name, storage, criterion and its
-    std, and the recorded gaps ``recorded``; the judging ``runs``, ``networks`` and OOD tuning sets ``ood``; and
-    :func:`choose`'s answer): one line on how the candidates were judged, their table, and the choice."""
+    std, and the recorded gaps ``recorded``; the judging ``runs``, ``networks`` and OOD tuning sets ``ood``;
+    optionally a ``ceiling`` row, judged alike but no candidate; and :func:`choose`'s answer): one line on how
+    the candidates were judged, their table, and the choice."""
     keys = record["recorded"]
     budget = "no budget" if record["budget"] is None else f"budget {record['budget']:g} samples' worth"
     lines = [f"{len(record['rows'])} candidates ({budget}), {record['runs']} runs × {record['networks']} networks, "
@@ -70,8 +71,10 @@ def choice_markdown(record: dict) -> str:
              f"{' + '.join(FUNCTION_KEYS)} (nats)", "",
              "| candidate | storage | criterion | " + " | ".join(keys) + " |",
              "|---|---|---|" + "---|" * len(keys)]
+    ceiling = [{**record["ceiling"], "name": record["ceiling"]["name"] + " (not a candidate)"}] if record.get(
+        "ceiling") else []
     lines += [f"| {row['name']} | {row['storage']:.2f} | {row['criterion']:.4f} ± {row['criterion_std']:.4f} | "
-              + " | ".join(f"{row[key]:.4f}" for key in keys) + " |" for row in record["rows"]]
+              + " | ".join(f"{row[key]:.4f}" for key in keys) + " |" for row in [*record["rows"], *ceiling]]
     lines += ["", f"lowest: {record['lowest']}; tied (within {record['threshold']:.4f}): {', '.join(record['tied'])}; "
                   f"chosen: {record['chosen']}"]
     return "\n".join(lines)
