@@ -7,7 +7,9 @@ test images against as many images of each OOD set, for every uncertainty score 
 uncertain; scores a single network cannot have are null). Results are mean ± std over runs (population
 std, ddof 0). Beyond the paper's tables: storage per method, a mixture-of-Gaussians growth table, and
 the fidelity of each weight-space method to SGLD, which accuracy alone hides; with ``[distill] seeds`` > 1,
-every generator seed of APD judged alike (:mod:`apd.pipeline.replicates`; the main tables show seed 0).
+every generator seed of APD judged alike (:mod:`apd.pipeline.replicates`; the main tables show seed 0);
+with two chains or more, whether SGLD's reference numbers are settled (``reference_stability``: split halves
+of its chains and jackknife errors, :mod:`apd.evaluation.stability`).
 
 Everything is built in ``eval.partial/`` and swapped in for ``eval/`` when complete.
 """
