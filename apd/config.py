@@ -175,7 +175,9 @@ class DistillConfig:
     streams (generator seed k: :func:`apd.pipeline.seeds.replicated`) into its own files
     (:meth:`apd.pipeline.layout.Layout.generator_of`); seed k's generator does not depend on how many are
     trained, so ``seeds`` is not part of the stage's hash, and ``apd evaluate`` judges every one
-    (:mod:`apd.pipeline.replicates`)."""
+    (:mod:`apd.pipeline.replicates`). ``workers`` processes on this machine share the seeds (seed k on worker
+    k mod workers, each on the pipeline's ``threads``: :mod:`apd.pipeline.parallel`); a seed's generator does
+    not depend on it, so it is not hashed either."""
 
     mode: Literal["offline", "online"] = "offline"
     generator: Literal["dense", "subspace"] = "dense"
@@ -210,6 +212,7 @@ class DistillConfig:
     precision: Literal["float32", "float16", "int8", "int4"] = "float32"
     generators_at: Literal["", "float32", "float16", "int8", "int4"] = ""  # "": at ``precision``
     seeds: int = bounded(1, ge=1)
+    workers: int = bounded(1, ge=1)
 
     def generator_precision(self) -> str:
         """What the generator networks are stored at: ``generators_at``, or ``precision``."""
@@ -262,6 +265,12 @@ class EvaluateConfig:
     burn-in read from its log-likelihood trace (:mod:`apd.samplers.burn_in`); the evaluation records that
     burn-in either way.
 
+    ``mog_growth`` adds the table of mixtures with each number of components of ``mog_components`` (one EM
+    fit and :data:`~apd.pipeline.evaluate.MIXTURE_DRAWS` judged draws each) beside APD; off, only the mixture
+    with the most components is fit and compared, as a method. The growth is a storage question, which
+    ``apd experiment storage`` answers at more sizes on validation and tuning inputs; in the evaluation it
+    was fcNN1's costliest step.
+
     ``threads``: torch's CPU threads while evaluating (0: the pipeline's ``threads``). Evaluation multiplies
     large batches (K networks × thousands of inputs) and gains from every core, where a sampler's or a
     trainer's small steps do not; a compute setting, it is not part of the stage's hash."""
@@ -282,6 +291,7 @@ class EvaluateConfig:
     yardstick_subsets: int = bounded(YARDSTICK_SUBSETS, ge=YARDSTICK_SUBSETS)
     yardstick_reference: int = bounded(2000, ge=1)
     burn_in_from_trace: bool = False
+    mog_growth: bool = False
     threads: int = bounded(0, ge=0)
     adversarial: AdversarialConfig = field(default_factory=AdversarialConfig)
 
@@ -323,15 +333,19 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
 
 
 # Fields that say how a stage runs, not what it makes: left out of the config hash. ``distill.seeds`` says how
-# many generators the stage makes, none of which depends on it (the evaluation's inputs name every one).
-UNHASHED: tuple[tuple[str, str], ...] = (("sgld", "workers"), ("evaluate", "threads"), ("distill", "seeds"))
+# many generators the stage makes, none of which depends on it (the evaluation's inputs name every one), and
+# ``distill.workers`` how many processes make them.
+UNHASHED: tuple[tuple[str, str], ...] = (("sgld", "workers"), ("evaluate", "threads"), ("distill", "seeds"),
+                                         ("distill", "workers"))
 # Fields left out of the hash while they hold this value (what the pipelines made before the field existed),
 # so that existing artifacts stay reusable: an empty ``net.conv`` is the MLP every earlier pipeline had, an
 # empty ``distill.generators_at`` the generator stored at one precision throughout, ``distill.mode_embedding`` 0
-# a generator that does not read the chain, ``evaluate.burn_in_from_trace`` off the whole store read as before.
+# a generator that does not read the chain, ``evaluate.burn_in_from_trace`` off the whole store read as before,
+# ``evaluate.mog_growth`` on the growth table every evaluation made before it became optional.
 HASHED_UNLESS: tuple[tuple[str, str, Any], ...] = (("net", "conv", []), ("distill", "generators_at", ""),
                                                   ("distill", "mode_embedding", 0),
-                                                  ("evaluate", "burn_in_from_trace", False))
+                                                  ("evaluate", "burn_in_from_trace", False),
+                                                  ("evaluate", "mog_growth", True))
 
 
 def config_hash(cfg: PipelineConfig, stage: str | None = None) -> str:

@@ -13,10 +13,12 @@ from ``apd evaluate``, the stage manifests, the experiments' JSON) or, for PIPEL
 (SGLD's convergence, from the sample manifest), ``choice`` (a distiller chosen by the rule of docs/design.md, the
 record of ``benchmarks/choose_distiller.py --json``), ``standing`` (where APD stands on several pipelines,
 PIPELINE a comma-separated list), ``end-to-end`` (the stages timed by
-``benchmarks/time_pipeline.py``), ``nothing-lost`` (the scenario matrix of ``benchmarks/nothing_lost.py``: its last
-run's counts per group), ``pipelines`` (the settings of shipped pipelines, PIPELINE a comma-separated
-list, from their files), ``performance`` (every benchmark record in ``docs/results/PIPELINE/``,
-written by the ``benchmarks/bench_*.py`` scripts' ``--out``), ``samplers`` (several pipelines' SGLD runs side by side:
+``benchmarks/time_pipeline.py``), ``durations`` (several such records side by side with the project's
+targets, PIPELINE a comma-separated list), ``nothing-lost`` (the scenario matrix of
+``benchmarks/nothing_lost.py``: its last run's counts per group), ``pipelines`` (the settings of shipped
+pipelines, PIPELINE a comma-separated list, from their files), ``performance`` (every benchmark record in
+``docs/results/PIPELINE/``, written by the ``benchmarks/bench_*.py`` scripts' ``--out``), ``samplers`` (several
+pipelines' SGLD runs side by side:
 PIPELINE is then a comma-separated list) or a study's region (:func:`render_study`, from the study registry
 :data:`apd.experiments.studies.STUDIES`). For PIPELINE ``code``, TABLE ``studies`` is the list of studies
 itself. ``--check`` renders without writing and fails on any difference.
@@ -47,6 +49,8 @@ REGION = re.compile(r"(<!-- results:(?P<pipeline>[\w.,-]+):(?P<table>[\w.:-]+) -
                     re.S)
 RESULT_TABLES = {build.__name__.removesuffix("_table"): build for build in TABLE_BUILDERS}
 RESULTS_DIR = Path("docs/results")
+# what each pipeline should take end to end on a 2-core CPU with nothing else running, venv built (seconds)
+END_TO_END_TARGETS = {"fashion-fc1": 15 * 60, "fashion-fc2": 20 * 60, "fashion-lenet5": 30 * 60}
 PAPER_FILE = Path("docs/paper-numbers.json")
 FIGURES_DIR = Path("docs/figures")
 
@@ -67,6 +71,9 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
         return render_diagnostics(_read(results_dir / "samples.json")["diagnostics"])
     if table == "end-to-end":  # benchmarks/time_pipeline.py's record
         return render_end_to_end(_read(results_dir / "end_to_end.json"))
+    if table == "durations":  # PIPELINE is a comma-separated list of results folders: one row per record
+        return render_durations({name: _read(path) if (path := root / RESULTS_DIR / name / "end_to_end.json").is_file()
+                                 else None for name in pipeline.split(",")})
     if table == "nothing-lost":  # benchmarks/nothing_lost.py's record
         return render_nothing_lost(_read(results_dir / "nothing_lost.json"))
     if table == "choice":  # benchmarks/choose_distiller.py's record: the rule applied to the candidates
@@ -95,8 +102,8 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
         built = RESULT_TABLES[table](results)
     else:
         raise ArtifactError(f"unknown results table {table!r} (known: {', '.join(RESULT_TABLES)}, ood-SCORE, "
-                            f"machine, diagnostics, choice, standing, samplers, end-to-end, nothing-lost, performance, "
-                            f"pipelines, toy2d, {', '.join(study_regions())})")
+                            "machine, diagnostics, choice, standing, samplers, end-to-end, durations, nothing-lost, "
+                            f"performance, pipelines, toy2d, {', '.join(study_regions())})")
     if built is None:
         raise ArtifactError(f"{results_dir}: has no data for table {table!r}")
     return built.markdown.strip()
@@ -192,6 +199,31 @@ def render_end_to_end(record: dict) -> str:
     return (f"`{record['config']}` at commit `{short_commit(record['commit'])}` on {machine_name(machine)}; "
             f"load average before the run {load_average(machine)}; each stage its own process, imports "
             f"included. Recorded by the stages: {detail}.\n\n" + markdown_table(["stage", "wall clock"], body))
+
+
+def render_durations(records: dict[str, dict | None]) -> str:
+    """Pipelines timed end to end (``benchmarks/time_pipeline.py``), one row per results folder: where, each
+    stage's wall clock, the total (or the stage a run stopped in), and the target of
+    :data:`END_TO_END_TARGETS` on a CPU-only machine with whether the total met it. A folder without a
+    record is a row that says so."""
+    stages = ("sample", "distill", "evaluate")
+    body = []
+    for name, record in records.items():
+        target = END_TO_END_TARGETS.get(name)
+        goal = f"≤ {target // 60} min" if target else "—"
+        if record is None:
+            body.append([f"`{name}`", "not timed yet", *["—"] * len(stages), "—", goal, "—"])
+            continue
+        machine = record["machine"]
+        where = machine["gpu"] if machine.get("gpu") else f"{machine['cpu']}, {machine['cores']} cores"
+        times = [format_duration(record["stages"][stage]) if stage in record["stages"] else "—" for stage in stages]
+        finished = "total" in record
+        total = f"**{format_duration(record['total'])}**" if finished else f"stopped in `apd {record['unfinished']}`"
+        verdict = ("—" if not target or machine.get("gpu")
+                   else "met" if finished and record["total"] <= target else "not met")
+        body.append([f"`{name}`", where, *times, total, goal, verdict])
+    return markdown_table(["pipeline", "machine", *(f"`apd {stage}`" for stage in stages), "total", "target",
+                           "verdict"], body)
 
 
 def render_nothing_lost(record: dict) -> str:

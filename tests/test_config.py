@@ -131,9 +131,9 @@ def test_an_mlp_pipeline_hashes_as_before_net_conv_existed():
     """``net.conv`` at its default (an MLP) leaves the hashes as they were before the field existed (the values
     below are those of commit 32a8d45), so sample stores made then stay reusable; convolution layers change
     every stage's hash. A deliberate change of the defaults changes the pinned value too (the yardstick's 200
-    random subsets, up from 5, changed the whole config's)."""
+    random subsets, up from 5, changed the whole config's; the mixture growth made optional changed it again)."""
     mlp = from_dict({"name": "x"})
-    assert (config_hash(mlp), config_hash(mlp, "sample")) == ("2fe0737cb84851b4", "51b0978d77b79856")
+    assert (config_hash(mlp), config_hash(mlp, "sample")) == ("83b66f7da701325a", "51b0978d77b79856")
     methods = ["sgld", "apd", "kept"]
     cnn = from_dict({"name": "x", "net": {"conv": [4]}, "evaluate": {"methods": methods}})
     plain = from_dict({"name": "x", "evaluate": {"methods": methods}})
@@ -145,9 +145,10 @@ def test_a_generator_at_one_precision_hashes_as_before_distill_generators_at_exi
     """``distill.generators_at`` empty (the generator networks at ``precision``) leaves the hashes as they were
     before the field existed (commit 86da1b2's values), so generators distilled then stay reusable; a
     precision of their own changes the distill and evaluate hashes, not the sample stage's. (The evaluate hash
-    changed since with the yardstick's default of 200 random subsets.)"""
+    changed since with the yardstick's default of 200 random subsets and with the mixture growth made
+    optional.)"""
     plain = from_dict({"name": "x"})
-    assert (config_hash(plain, "distill"), config_hash(plain, "evaluate")) == ("51d11f35ae544470", "35173567c8d65c85")
+    assert (config_hash(plain, "distill"), config_hash(plain, "evaluate")) == ("51d11f35ae544470", "fddf2332005b2d2c")
     assert plain.distill.generator_precision() == "float32"
     mixed = from_dict({"name": "x", "distill": {"precision": "int4", "generators_at": "int8"}})
     codec_only = from_dict({"name": "x", "distill": {"precision": "int4"}})
@@ -157,6 +158,15 @@ def test_a_generator_at_one_precision_hashes_as_before_distill_generators_at_exi
     assert config_hash(mixed, "sample") == config_hash(codec_only, "sample")
     with pytest.raises(ConfigError, match="generators_at"):
         from_dict({"name": "x", "distill": {"generators_at": "int2"}})
+
+
+def test_the_mixture_growth_asked_for_hashes_as_every_evaluation_before_it_became_optional():
+    """``evaluate.mog_growth`` on gives the hashes pinned before it existed (the growth table was always made),
+    so the evaluations published then stay current; off, the default, changes only the evaluate stage's."""
+    grown, plain = from_dict({"name": "x", "evaluate": {"mog_growth": True}}), from_dict({"name": "x"})
+    assert (config_hash(grown), config_hash(grown, "evaluate")) == ("2fe0737cb84851b4", "35173567c8d65c85")
+    for stage in ("sample", "baselines", "peers", "distill"):
+        assert config_hash(grown, stage) == config_hash(plain, stage)
 
 
 def test_a_generator_that_does_not_read_the_chain_hashes_as_before_mode_embedding_existed():

@@ -257,6 +257,30 @@ def test_end_to_end_timing_is_rendered_from_its_record(project):
     assert "| total | not reached: the run stopped before `apd evaluate` finished |" in table
 
 
+def test_pipelines_timed_end_to_end_are_rendered_side_by_side_with_their_targets(project):
+    """The README's durations: one row per results folder, the target of a CPU-only pipeline and whether its
+    total met it; a run stopped midway misses its target, a GPU run has none, a folder without a record says so."""
+    from apd.docs import END_TO_END_TARGETS
+
+    cpu = {"cpu": "Some CPU", "cores": 2, "load_average_before": [0.0, 0.0, 0.0]}
+    records = {"fashion-fc1": {"machine": cpu, "stages": {"sample": 500.0, "distill": 300.0, "evaluate": 99.0},
+                               "total": 899.0},
+               "fashion-fc2": {"machine": cpu, "stages": {"sample": 1300.0}, "unfinished": "distill"},
+               "fashion-lenet5": {"machine": {**cpu, "gpu": "Some GPU"}, "stages": {"sample": 60.0, "distill": 60.0,
+                                                                                   "evaluate": 60.0}, "total": 180.0}}
+    for name, record in records.items():
+        (project / "docs" / "results" / name).mkdir(parents=True, exist_ok=True)
+        (project / "docs" / "results" / name / "end_to_end.json").write_text(json.dumps(record))
+    assert END_TO_END_TARGETS["fashion-fc1"] == 900
+    rows = render_table("fashion-fc1,fashion-fc2,fashion-lenet5,nowhere", "durations", project).splitlines()[2:]
+    assert rows == [
+        "| `fashion-fc1` | Some CPU, 2 cores | 8 min 20 s | 5 min 0 s | 1 min 39 s | **14 min 59 s** | ≤ 15 min "
+        "| met |",
+        "| `fashion-fc2` | Some CPU, 2 cores | 21 min 40 s | — | — | stopped in `apd distill` | ≤ 20 min | not met |",
+        "| `fashion-lenet5` | Some GPU | 1 min 0 s | 1 min 0 s | 1 min 0 s | **3 min 0 s** | ≤ 30 min | — |",
+        "| `nowhere` | not timed yet | — | — | — | — | — | — |"]
+
+
 def test_nothing_lost_matrix_is_rendered_from_its_record(project):
     """docs/reliability.md's scenario count and verdict come from benchmarks/nothing_lost.py's JSON: counts per
     group and in all, and each failed or skipped case with its reason."""

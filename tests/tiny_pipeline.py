@@ -20,7 +20,7 @@ TINY = {
                 "eval_networks": 20, "generator": "subspace", "subspace_rank": 8, "residual": {"model": "none"},
                 "lr": 1e-3},
     "evaluate": {"runs": 2, "networks": 20, "sgld_samples": 20, "mc_passes": 20, "ood_size": 100,
-                 "mog_components": [1, 3], "mog_fit_samples": 100,
+                 "mog_components": [1, 3], "mog_fit_samples": 100, "mog_growth": True,
                  "stein_candidates": 50, "yardstick_sizes": [1, 2, 5], "yardstick_subsets": 200,
                  "yardstick_reference": 100, "threads": 2,
                  "scores": ["variation_ratio", "bald", "entropy", "max_prob"]},

@@ -15,10 +15,10 @@ stored at ``precision``, the generator networks at ``generators_at`` where given
 (:meth:`~apd.distillation.generator.DistilledGenerator.pack`). Files are built under temporary
 names and swapped in only when the run has finished.
 
-With ``[distill] seeds`` K > 1 the stage trains K generators, one after another, each from its own seed
-streams (:func:`~apd.pipeline.recipes.distill_seed`) into its own files (generator seed k:
-``generator-seedK.pt``; seed 0 is ``generator.pt``), each with its manifest, reused or resumed on its own; the
-samples are prepared (aligned) once for all of them.
+With ``[distill] seeds`` K > 1 the stage trains K generators, on ``[distill] workers`` processes (one after
+another on each), each from its own seed streams (:func:`~apd.pipeline.recipes.distill_seed`) into its own
+files (generator seed k: ``generator-seedK.pt``; seed 0 is ``generator.pt``), each with its manifest, reused
+or resumed on its own; each process prepares (aligns) the samples once for its seeds.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from apd.io import nonfinite_tensor, read_json, save_torch_atomic
 from apd.nets import ParamSpec
 from apd.pipeline.layout import checkpoint_of, manifest_of, partial_of
 from apd.pipeline.manifests import load_checkpoint, manifest_record
+from apd.pipeline.parallel import split_work
 from apd.pipeline.recipes import REFERENCE_SAMPLES, codec_for, distill_seed, training_samples, validation_monitor
 from apd.pipeline.runtime import RunContext, machine
 from apd.pipeline.sample_chains import make_chains
@@ -93,12 +94,20 @@ def _check_finite(trainer: GANTrainer, step: int) -> None:
 
 
 def distill_offline(ctx: RunContext) -> Path:
-    """Every generator seed not complete yet, from the samples prepared once (:func:`training_samples`)."""
+    """Every generator seed not complete yet, on up to ``[distill] workers`` processes
+    (:func:`~apd.pipeline.parallel.split_work`: seed k's generator is the same on any of them)."""
+    d = ctx.cfg.distill
+    inputs = {"samples": require_input(ctx, ctx.layout.samples, "sample")}
+    todo = [k for k in range(d.seeds) if not seed_reusable(ctx, k, inputs)]
+    if todo:
+        split_work(ctx, distill_seeds, todo, d.workers, "generator seeds")
+    return ctx.layout.generator
+
+
+def distill_seeds(ctx: RunContext, seeds: list[int]) -> None:
+    """Generator seeds ``seeds``, one after another, from the samples prepared once (:func:`training_samples`)."""
     d, source = ctx.cfg.distill, ctx.layout.samples
     inputs = {"samples": require_input(ctx, source, "sample")}
-    todo = [k for k in range(d.seeds) if not seed_reusable(ctx, k, inputs)]
-    if not todo:
-        return ctx.layout.generator
     spec = ParamSpec.from_module(ctx.network())
     with SampleStore.open(source, expect_spec=spec) as store:
         if len(store) < 2:
@@ -106,7 +115,7 @@ def distill_offline(ctx: RunContext) -> Path:
         data = training_samples(ctx, store, d)
         # SGLD's predictive is the same aligned or not: the reference stays as stored
         reference = store.read(evenly_spaced(len(store), REFERENCE_SAMPLES))
-        for k in todo:
+        for k in seeds:
             started = time.perf_counter()
             codec = codec_for(ctx, data.fit, seed=k)
             real = data.batches(ctx, store, codec, d, seed=k)
@@ -124,7 +133,6 @@ def distill_offline(ctx: RunContext) -> Path:
             summary["alignment"] = data.alignment
             summary["seconds"] = round(time.perf_counter() - started, 2)  # the seed's own: alignment has its own
             _finish(ctx, spec, summary, inputs, len(store), store.file_bytes, len(np.unique(store.chains)), seed=k)
-    return ctx.layout.generator
 
 
 def chain_trainers(ctx: RunContext, codec: WeightCodec, batches: StoreBatches,

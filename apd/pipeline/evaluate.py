@@ -5,8 +5,8 @@ scored in one batched prediction per method (:mod:`apd.evaluation.protocol`): ac
 ECE on the whole test set; detection (AUROC, AUPR-In, AUPR-Out, FPR95; OOD positive) of ``ood_size``
 test images against as many images of each OOD set, for every uncertainty score (higher = more
 uncertain; scores a single network cannot have are null). Results are mean ± std over runs (population
-std, ddof 0). Beyond the paper's tables: storage per method, a mixture-of-Gaussians growth table, and
-the fidelity of each weight-space method to SGLD, which accuracy alone hides; with ``[distill] seeds`` > 1,
+std, ddof 0). Beyond the paper's tables: storage per method, the fidelity of each weight-space method to SGLD,
+which accuracy alone hides, and with ``mog_growth`` a mixture-of-Gaussians growth table; with ``[distill] seeds`` > 1,
 every generator seed of APD judged alike (:mod:`apd.pipeline.replicates`; the main tables show seed 0);
 with two chains or more, whether SGLD's reference numbers are settled (``reference_stability``: split halves
 of its chains and jackknife errors, :mod:`apd.evaluation.stability`).
@@ -105,7 +105,7 @@ def run_evaluate(ctx: RunContext) -> dict:
 
 
 def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: ExitStack, out) -> dict:
-    """Accuracy, OOD detection, storage, MoG growth and fidelity for ``methods`` (module docstring)."""
+    """Accuracy, OOD detection, storage, fidelity and (``mog_growth``) MoG growth for ``methods`` (module docstring)."""
     cfg, e, data, device = ctx.cfg, ctx.cfg.evaluate, ctx.data, ctx.device
     inputs = evaluation_inputs(ctx)
     stored = stored_predictions(ctx, methods, inputs)
@@ -163,7 +163,7 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
         results["reference_stability"] = reference_stability(sums, inputs.y_test, ctx.seed("evaluate", "stability"))
         results["quality"] = {m: method_quality(results, m, runs, reference) for m, runs in judgements.items()}
         results["at_networks"] = at_networks(ctx, methods, inputs, sizes, judgements, results, reference, stored)
-    if "mog" in methods:
+    if "mog" in methods and e.mog_growth:
         with stopwatch(results["timing"], "mog_growth"):
             results["mog"], results["apd_share"] = mixture_growth(ctx, methods, inputs, results, reference)
     with stopwatch(results["timing"], "yardstick"):

@@ -36,19 +36,21 @@ log = logging.getLogger(__name__)
 STAGE = "peers"
 
 
-def train_peers(ctx: RunContext) -> None:
-    """The deep ensemble and SWAG (module docstring), each only when ``[evaluate] methods`` lists it;
-    complete ones are reused."""
-    methods = ctx.cfg.evaluate.methods
-    if "ensemble" in methods:
-        train_ensemble(ctx)
-    if "swag" in methods:
-        train_swag(ctx)
+def peer_complete(ctx: RunContext, name: str) -> bool:
+    """Whether peer ``name``'s artifact (module docstring) is complete for this configuration and, for SWAG,
+    for the SGD network it continued."""
+    if name == "swag" and not manifest_of(ctx.layout.baseline("sgd")).is_file():
+        return False
+    return reusable(ctx, ctx.layout.baseline(name), STAGE, _inputs(ctx, name))
+
+
+def _inputs(ctx: RunContext, name: str) -> dict:
+    return {"sgd": manifest_digest(manifest_of(ctx.layout.baseline("sgd")))} if name == "swag" else {}
 
 
 def train_ensemble(ctx: RunContext) -> Path:
     path = ctx.layout.baseline("ensemble")
-    if reusable(ctx, path, STAGE, {}):
+    if peer_complete(ctx, "ensemble"):
         return path
     cfg, data, device = ctx.cfg, ctx.data, ctx.device
     members = cfg.peers.ensemble_members
@@ -68,10 +70,9 @@ def train_ensemble(ctx: RunContext) -> Path:
 
 
 def train_swag(ctx: RunContext) -> Path:
-    path = ctx.layout.baseline("swag")
-    sgd = ctx.layout.baseline("sgd")
-    inputs = {"sgd": manifest_digest(manifest_of(sgd))}
-    if reusable(ctx, path, STAGE, inputs):
+    path, sgd = ctx.layout.baseline("swag"), ctx.layout.baseline("sgd")
+    inputs = _inputs(ctx, "swag")
+    if peer_complete(ctx, "swag"):
         return path
     cfg, p, data, device = ctx.cfg, ctx.cfg.peers, ctx.data, ctx.device
     net = ctx.network()
@@ -97,3 +98,6 @@ def train_swag(ctx: RunContext) -> Path:
     log.info("SWAG: learning rate %g of %s by validation NLL (%s), rank %d (%.0f s) → %s", choice.lr,
              list(p.swag_lrs), grid, post.rank, seconds, path)
     return path
+
+
+PEERS = {"ensemble": train_ensemble, "swag": train_swag}  # what trains each peer's artifact

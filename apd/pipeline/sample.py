@@ -46,7 +46,8 @@ from apd.nets import ParamSpec
 from apd.pipeline.distributed import process_group, spawn, torchrun_env, worker_device
 from apd.pipeline.layout import checkpoint_of, manifest_of, partial_of
 from apd.pipeline.manifests import manifest_record
-from apd.pipeline.peers import train_peers
+from apd.pipeline.parallel import portable, split_work
+from apd.pipeline.peers import PEERS, peer_complete
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.sample_chains import run_chains
 from apd.pipeline.sample_publish import publish_samples
@@ -60,20 +61,44 @@ from apd.schedules import thinned_count
 log = logging.getLogger(__name__)
 
 BASELINES = ("sgd", "mcdropout")
+# independent pieces of the baselines' work, each trained in order: SWAG continues the SGD network
+BASELINE_PIECES = (("sgd", "swag"), ("mcdropout",), ("ensemble",))
 DISK_MARGIN = 1.1  # free disk asked for, relative to the store's expected size
 STORE_CHECK_BYTES = 2**28  # rows read at a time when a store is checked before reuse
 
 
 def run_sample(ctx: RunContext) -> None:
-    """The whole stage: SGLD samples, then the two baselines; complete parts are reused. Under ``torchrun``
-    only rank 0 trains the baselines."""
+    """The whole stage: SGLD samples, then the two baselines and the peers; complete parts are reused. The
+    baselines and peers train on up to ``sgld.workers`` processes (:func:`~apd.pipeline.parallel.split_work`;
+    SWAG after the SGD network it continues). Under ``torchrun`` only rank 0 trains them, in turn."""
     sample_sgld(ctx)
     env = torchrun_env()
-    if env is not None and env.rank != 0:
-        return
-    for name in BASELINES:
-        train_and_save_baseline(ctx, name)
-    train_peers(ctx)
+    if env is None or env.rank == 0:
+        train_all_baselines(ctx, 1 if env is not None else ctx.cfg.sgld.workers)
+
+
+def train_all_baselines(ctx: RunContext, workers: int) -> None:
+    """The pieces of :data:`BASELINE_PIECES` not complete yet, on up to ``workers`` processes."""
+    todo = [piece for piece in BASELINE_PIECES if not all(complete_baseline(ctx, name) for name in piece)]
+    split_work(ctx, train_baselines, todo, workers, "baselines")
+
+
+def train_baselines(ctx: RunContext, pieces: list[tuple[str, ...]]) -> None:
+    """The baselines and peers of ``pieces`` (names of :data:`BASELINE_PIECES`), each piece's in order."""
+    for piece in pieces:
+        for name in piece:
+            if name in BASELINES:
+                train_and_save_baseline(ctx, name)
+            elif name in ctx.cfg.evaluate.methods:
+                PEERS[name](ctx)
+
+
+def complete_baseline(ctx: RunContext, name: str) -> bool:
+    """Whether ``baselines/NAME.pt`` is complete for this configuration (a peer not compared counts as done)."""
+    if name in BASELINES:
+        path = ctx.layout.baseline(name)
+        return reusable(ctx, path, "baselines", {}) and weights_load(path)
+    return name not in ctx.cfg.evaluate.methods or peer_complete(ctx, name)
 
 
 def check_sampling_fits(ctx: RunContext, spec: ParamSpec) -> None:
@@ -119,11 +144,9 @@ def sample_sgld(ctx: RunContext) -> Path:
         finished = run_chains(ctx, spec, list(range(s.chains)), partial_of(path), checkpoint_of(path), 1)
         publish_samples(ctx, spec, [finished], {partial_of(path): path})
     else:
-        portable = {"cfg": ctx.cfg, "artifacts_root": ctx.artifacts_root, "data_dir": ctx.data_dir,
-                    "device_name": ctx.device_name, "force": ctx.force, "quiet": ctx.quiet}
         workers = _local_workers(ctx)
         log.info("sampling %d chains on %d workers", s.chains, workers)
-        spawn(spawned_worker, workers, portable, on_death=lambda rank, how: death_notice(ctx, rank, how))
+        spawn(spawned_worker, workers, portable(ctx), on_death=lambda rank, how: death_notice(ctx, rank, how))
     return path
 
 

@@ -288,6 +288,13 @@ def test_edited_results_are_not_reused_or_reported(art):
     assert json.loads(results.read_text())["runs"] == 1
 
 
+def test_the_mixture_growth_is_left_out_unless_asked_for(art):
+    """By default the mixture is compared as a method, at its most components, and no growth table is made."""
+    results = json.loads(art.path("eval/results.json").read_text())
+    assert "mog" in results["accuracy"] and "mog" in results["yardstick"]["equal_storage"]
+    assert "mog" not in results and "apd_share" not in results and "mog_growth" not in results["timing"]
+
+
 def test_fashion_ood_never_comes_from_apd_data_dir(tmp_path, monkeypatch, digits):
     from apd.config import DataConfig
     from apd.data import FASHION_MNIST_DIR, available_ood, ood_set

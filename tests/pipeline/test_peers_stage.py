@@ -55,6 +55,24 @@ def test_sample_stores_the_ensemble_and_swag_with_manifests(tiny_pipeline):
     assert record["lr"] == float(min(finite, key=finite.get))  # the lowest validation NLL
 
 
+def test_baselines_and_peers_on_two_workers_are_those_trained_here(tiny_pipeline, tmp_path, monkeypatch):
+    """The baselines and peers dealt to two worker processes (SGD then SWAG, and the ensemble, on one; MC
+    dropout on the other) are, bit for bit, those the tiny pipeline trained in turn in this process; once they
+    are complete, no worker is started again."""
+    from apd.pipeline import parallel
+    from apd.pipeline.sample import train_all_baselines
+
+    root, _ = tiny_pipeline
+    ctx = tiny_context(tmp_path)
+    ctx.cfg.threads = torch.get_num_threads()  # the workers compute on the threads this process does
+    train_all_baselines(ctx, workers=2)
+    for name in ("sgd", "mcdropout", "ensemble", "swag"):
+        ours, theirs = (load_torch(tiny_context(r).layout.baseline(name)) for r in (tmp_path, root))
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours), name
+    monkeypatch.setattr(parallel, "spawn", lambda *args, **kwargs: pytest.fail("workers for complete baselines"))
+    train_all_baselines(ctx, workers=2)
+
+
 def test_every_method_draws_members_of_the_right_shape(loaded):
     ctx, methods = loaded
     assert list(methods) == list(ALL_METHODS)

@@ -618,8 +618,9 @@ def test_the_mode_mixture_weighs_each_chains_aligned_mean_against_its_plain_one(
 def test_generator_seeds_are_trained_and_judged_each_on_its_own(pipeline, tmp_path):
     """``[distill] seeds = 2`` on the tiny pipeline's artifacts: seed 0 is the generator already there (reused),
     seed 1 is trained into generator-seed1.pt from its own streams, and each seed is the same whether 2 or 3
-    are trained; `apd evaluate` judges both, seed 0 as the main tables judge APD, with the spread across seeds
-    a sample std (ddof 1) and a win counted only where both seeds win; `apd.load` gives either seed."""
+    are trained, here or (3: seeds 1 and 2 on two worker processes) elsewhere; `apd evaluate` judges both,
+    seed 0 as the main tables judge APD, with the spread across seeds a sample std (ddof 1) and a win counted
+    only where both seeds win; `apd.load` gives either seed."""
     import shutil
 
     import apd
@@ -633,7 +634,9 @@ def test_generator_seeds_are_trained_and_judged_each_on_its_own(pipeline, tmp_pa
         shutil.copytree(root, target / "tiny", ignore=shutil.ignore_patterns("eval", "experiments"))
     ctx = tiny_context(two, distill={"seeds": 2}, evaluate={"methods": ["sgld", "apd"]})
     distill.run_distill(ctx)
-    distill.run_distill(tiny_context(three, distill={"seeds": 3}))
+    on_two = tiny_context(three, distill={"seeds": 3, "workers": 2})
+    on_two.cfg.threads = torch.get_num_threads()  # the workers compute on the threads this process does
+    distill.run_distill(on_two)
     for target in (two, three):  # seed 0, the pipeline's one generator, is reused
         assert file_digest(target / "tiny" / "generator.pt") == file_digest(root / "generator.pt")
     assert not (two / "tiny" / "generator-seed2.pt").exists()

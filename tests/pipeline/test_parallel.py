@@ -1,0 +1,33 @@
+"""Independent pieces of a stage on several processes (:mod:`apd.pipeline.parallel`): how many workers, and
+which pieces each takes. That a piece's result does not depend on the workers is tested with the stages that
+use it (the baselines in test_peers_stage.py, the generator seeds in test_pipeline.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from apd.pipeline import parallel
+
+
+@pytest.mark.parametrize(("device", "pieces", "workers", "expected"),
+                         [("cpu", 3, 2, 2), ("cpu", 1, 2, 1), ("cpu", 0, 2, 1), ("cpu", 4, 1, 1),
+                          ("cuda", 3, 2, 1)])
+def test_never_more_workers_than_pieces_and_one_on_a_gpu(device, pieces, workers, expected):
+    ctx = SimpleNamespace(device=torch.device(device))
+    assert parallel.worker_count(ctx, pieces, workers) == expected
+
+
+def test_pieces_are_dealt_round_robin_and_one_worker_works_here(monkeypatch, tmp_path):
+    from tests.tiny_pipeline import tiny_context
+
+    ctx, started, here = tiny_context(tmp_path), [], []
+    monkeypatch.setattr(parallel, "spawn", lambda worker, size, context, work, shares, on_death:
+                        started.append((size, shares, on_death(1, "was killed by SIGKILL"))))
+    parallel.split_work(ctx, lambda _, share: here.append(share), [0, 1, 2], 2, "generator seeds")
+    assert here == [] and started[0][:2] == (2, [[0, 2], [1]])
+    assert started[0][2].startswith("the worker of generator seeds 1 was killed by SIGKILL; complete artifacts")
+    parallel.split_work(ctx, lambda _, share: here.append(share), [0, 1, 2], 1, "generator seeds")
+    assert here == [[0, 1, 2]] and len(started) == 1
