@@ -55,14 +55,20 @@ def portable(ctx: RunContext) -> dict:
             "device_name": ctx.device_name, "force": ctx.force, "quiet": ctx.quiet}
 
 
-def _worker(rank: int, size: int, init_method: str, context: dict, work: Callable[[RunContext, list], None],
-            shares: list[list]) -> None:
-    """One worker of :func:`split_work`: its share on the pipeline's threads (or its part of the cores)."""
-    del init_method  # the pieces exchange nothing
+def worker_context(rank: int, size: int, context: dict, threads: int) -> RunContext:
+    """A spawned worker's set-up: its log lines prefixed with its rank, ``threads`` torch threads, and the
+    run's context rebuilt from :func:`portable`'s ``context``."""
     # tqdm's default lock is a multiprocessing semaphore, which a killed worker would leave to the resource
     # tracker's "leaked semaphore" complaint; the workers share no bar, so a thread lock does
     tqdm.set_lock(threading.RLock())
     setup_logging(context["quiet"], prefix=f"worker {rank}/{size}: ")
-    ctx = RunContext(**context)
-    torch.set_num_threads(ctx.cfg.threads or max(1, (os.cpu_count() or 1) // size))
-    work(ctx, shares[rank])
+    torch.set_num_threads(threads)
+    return RunContext(**context)
+
+
+def _worker(rank: int, size: int, init_method: str, context: dict, work: Callable[[RunContext, list], None],
+            shares: list[list]) -> None:
+    """One worker of :func:`split_work`: its share on the pipeline's threads (or its part of the cores)."""
+    del init_method  # the pieces exchange nothing
+    threads = context["cfg"].threads or max(1, (os.cpu_count() or 1) // size)
+    work(worker_context(rank, size, context, threads), shares[rank])

@@ -8,17 +8,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import socket
-import threading
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from apd.errors import ArtifactError, out_of_memory_is_an_error
 from apd.nets import ParamSpec
 from apd.pipeline.distributed import Group, process_group, worker_device
 from apd.pipeline.layout import checkpoint_of, partial_of
-from apd.pipeline.runtime import RunContext, setup_logging
+from apd.pipeline.parallel import worker_context
+from apd.pipeline.runtime import RunContext
 from apd.pipeline.sample_chains import MONITOR_SIZE, Finished, run_chains
 from apd.pipeline.sample_publish import publish_samples
 from apd.samplers.store import SampleStore
@@ -34,13 +33,7 @@ def death_notice(ctx: RunContext, rank: int, how: str) -> str:
 
 def spawned_worker(rank: int, size: int, init_method: str, portable: dict) -> None:
     """A worker process started by :func:`~apd.pipeline.distributed.spawn` (one machine)."""
-    quiet = portable["quiet"]
-    # tqdm's default lock is a multiprocessing semaphore, which a killed worker would leave to the
-    # resource tracker's "leaked semaphore" complaint; these workers share no bar, a thread lock does
-    tqdm.set_lock(threading.RLock())
-    setup_logging(quiet, prefix=f"worker {rank}/{size}: ")
-    torch.set_num_threads(1)
-    ctx = RunContext(**portable)
+    ctx = worker_context(rank, size, portable, threads=1)
     ctx = dataclasses.replace(ctx, device_name=str(worker_device(ctx.device, rank)))
     spec = ParamSpec.from_module(ctx.network())
     with process_group(rank, size, ctx.device, init_method) as group, out_of_memory_is_an_error("sample", ctx.device):
