@@ -43,10 +43,16 @@ def split_work(ctx: RunContext, work: Callable[[RunContext, list], None], pieces
         work(ctx, list(pieces))
         return
     shares = [list(pieces[rank::size]) for rank in range(size)]
-    log.info("%s on %d workers: %s", what, size, "; ".join(", ".join(map(str, share)) for share in shares))
+    log.info("%s on %d workers: %s", what, size, "; ".join(_names(share) for share in shares))
     spawn(_worker, size, portable(ctx), work, shares,
-          on_death=lambda rank, how: f"the worker of {what} {', '.join(map(str, shares[rank]))} {how}; complete "
-                                     "artifacts are unchanged: run the same command again to redo the rest")
+          on_death=lambda rank, how: f"the worker of {what} {_names(shares[rank])} {how}; complete artifacts are "
+                                     "unchanged: run the same command again to redo the rest")
+
+
+def _names(share: list) -> str:
+    """A worker's pieces as a log line names them: "2, 4", or "sgd then swag, ensemble" for pieces that are
+    sequences of steps."""
+    return ", ".join(" then ".join(map(str, piece)) if isinstance(piece, tuple) else str(piece) for piece in share)
 
 
 def portable(ctx: RunContext) -> dict:

@@ -179,7 +179,7 @@ def train_and_save_baseline(ctx: RunContext, name: str) -> Path:
     """Train the ``sgd`` or ``mcdropout`` baseline (or reuse it) into ``baselines/NAME.pt``."""
     cfg, b = ctx.cfg, ctx.cfg.baselines
     path = ctx.layout.baseline(name)
-    if reusable(ctx, path, "baselines", {}) and weights_load(path):
+    if complete_baseline(ctx, name):
         return path
     dropout = b.dropout if name == "mcdropout" else 0.0
     if b.batch_size > len(ctx.data.y_train):

@@ -31,3 +31,6 @@ def test_pieces_are_dealt_round_robin_and_one_worker_works_here(monkeypatch, tmp
     assert started[0][2].startswith("the worker of generator seeds 1 was killed by SIGKILL; complete artifacts")
     parallel.split_work(ctx, lambda _, share: here.append(share), [0, 1, 2], 1, "generator seeds")
     assert here == [[0, 1, 2]] and len(started) == 1
+    parallel.split_work(ctx, lambda _, share: here.append(share), [("sgd", "swag"), ("mcdropout",)], 2, "baselines")
+    assert started[1][2].startswith("the worker of baselines mcdropout was killed")
+    assert parallel._names(started[1][1][0]) == "sgd then swag"
