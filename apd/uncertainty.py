@@ -16,7 +16,7 @@ network: :func:`scores` gives NaN for them there, and callers report them as n/a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor
@@ -115,21 +115,28 @@ SCORE_FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
-def scores(probs: Tensor) -> dict[str, Tensor]:
-    """All scores of :data:`SCORE_FUNCTIONS` for ``probs[K, N, C]``, each a tensor [N] where higher
-    means more uncertain. The predictive p̄ and its entropy are computed once and shared.
+def scores(probs: Tensor, names: Iterable[str] | None = None) -> dict[str, Tensor]:
+    """The scores ``names`` of :data:`SCORE_FUNCTIONS` (all of them by default, in its order) for
+    ``probs[K, N, C]``, each a tensor [N] where higher means more uncertain. The predictive p̄ and its entropy
+    are computed once and shared; a score not named is not computed.
 
     For a single network (K = 1) the scores of :data:`ENSEMBLE_SCORES` (``bald``, ``model_variance``,
     ``variation_ratio``) are NaN: they measure disagreement between members, and one network has none to
     measure, so they are not available (the tables print n/a), where a 0 would pass for a network sure of
     itself. The functions of :data:`SCORE_FUNCTIONS` compute their formula for any K (0 for one member)."""
+    wanted = list(SCORE_FUNCTIONS) if names is None else list(names)
+    unknown = [name for name in wanted if name not in SCORE_FUNCTIONS]
+    if unknown:
+        raise ValueError(f"unknown score(s) {', '.join(map(repr, unknown))}; known: {', '.join(SCORE_FUNCTIONS)}")
     probs = _checked(probs)
     mean_probs = probs.mean(0)
     entropy = _entropy(mean_probs)
-    out = {"entropy": entropy, "max_prob": _one_minus_max(mean_probs)}
     if probs.shape[0] == 1:
-        out |= {name: torch.full_like(entropy, float("nan")) for name in ENSEMBLE_SCORES}
+        undefined = torch.full_like(entropy, float("nan"))
+        ensemble = dict.fromkeys(ENSEMBLE_SCORES, lambda: undefined)
     else:
-        out |= {"variation_ratio": variation_ratio(probs), "bald": _mutual_information(entropy, probs),
-                "model_variance": model_variance(probs)}
-    return {name: out[name] for name in SCORE_FUNCTIONS}
+        ensemble = {"variation_ratio": lambda: variation_ratio(probs),
+                    "bald": lambda: _mutual_information(entropy, probs),
+                    "model_variance": lambda: model_variance(probs)}
+    compute = {"entropy": lambda: entropy, "max_prob": lambda: _one_minus_max(mean_probs), **ensemble}
+    return {name: compute[name]() for name in SCORE_FUNCTIONS if name in wanted}

@@ -29,6 +29,20 @@ def test_keys_and_single_functions_match_scores():
         assert result[name].dtype == torch.float64
 
 
+def test_named_scores_are_those_of_all_and_only_they_are_computed(monkeypatch):
+    probs = random_member_probs()
+    every = scores(probs)
+    called = []
+    monkeypatch.setattr("apd.uncertainty.model_variance", lambda p: called.append("model_variance"))
+    monkeypatch.setattr("apd.uncertainty.variation_ratio", lambda p: called.append("variation_ratio"))
+    named = scores(probs, ["max_prob", "bald"])
+    assert list(named) == ["max_prob", "bald"]  # in SCORE_FUNCTIONS' order
+    assert all(torch.equal(named[name], every[name]) for name in named)
+    assert called == []
+    with pytest.raises(ValueError, match="unknown score.*'bald_ood'"):
+        scores(probs, ["bald_ood"])
+
+
 def test_two_members_two_classes_by_hand():
     # member 1 says [0.8, 0.2], member 2 says [0.4, 0.6]; predictive p̄ = [0.6, 0.4]
     probs = torch.tensor([[[0.8, 0.2]], [[0.4, 0.6]]])

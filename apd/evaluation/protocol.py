@@ -89,11 +89,16 @@ def judge_probs(probs: Tensor, inputs: EvaluationInputs, scores: list[str],
     test_probs = probs[:, :n_test].mean(0)
     y = inputs.y_test.to(probs.device)
     metrics = {name: fn(test_probs, y) for name, fn in ACCURACY_METRICS.items()}
-    values = uncertainty_scores(probs[:, n_test:])
-    defined = [s for s in scores if probs.shape[0] > 1 or s not in ENSEMBLE_SCORES]
+    several = probs.shape[0] > 1
+    defined = [s for s in scores if several or s not in ENSEMBLE_SCORES]
+    # BALD's member entropies, the costliest part, computed once for every stacked input: the per-input BALD
+    # and the detection score alike (one network's is 0: its members agree).
+    information = bald(probs) if several else probs.new_zeros(probs.shape[1], dtype=torch.float64)
+    values = uncertainty_scores(probs[:, n_test:], [s for s in defined if s != "bald"])
+    values["bald"] = information[n_test:]
     per_input = {s: values[s].cpu().numpy() for s in defined}
     inside = {s: v[:n_in] for s, v in per_input.items()}
-    mean_probs, information = probs.double().mean(0).cpu(), bald(probs).double().cpu()
+    mean_probs, information = probs.double().mean(0).cpu(), information.cpu()
     predictive, disagreement = {"test": mean_probs[:n_test]}, {"test": information[:n_test]}
     outside, found = {}, {}
     start = n_in

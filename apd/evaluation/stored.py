@@ -9,11 +9,17 @@ ensemble needs it, at each storage precision it is asked at (θ_s as stored at t
 
 A row's prediction does not depend on which other rows it is computed with (the batched
 :func:`apd.nets.predict_probs` computes each network on its own), so an ensemble read from here is the one
-its own prediction gives. Rows are kept while they fit :data:`KEPT_BYTES`; past it, a row is predicted
-again whenever it is asked for.
+its own prediction gives. Rows are kept while they take at most :data:`KEPT_SHARE` of the memory the
+device has available when the predictions are set up (:func:`available_bytes`); past it, a row is predicted
+again whenever it is asked for. Fashion-MNIST's 20,000 stacked inputs take 0.8 MB a row, so fcNN1's
+9,972 samples take 8 GB at float32: kept whole where 16 GB are available. The yardstick's kept subsets
+draw from the whole store at every size, so a row not kept is predicted again many times over.
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -25,18 +31,31 @@ from apd.posteriors.base import Posterior
 from apd.samplers.store import SampleStore, StoreRows
 
 READ_ROWS = 200  # rows read and predicted at a time (a LeNet-5 row is 0.25 MB, an fcNN2 row 1.9 MB)
-# Predictions kept, in bytes (on the device they are computed on): Fashion-MNIST's 20,000 stacked inputs
-# take 0.8 MB a row, so the 3,980 samples of the LeNet-5 and fcNN2 stores fit.
-KEPT_BYTES = 4 * 2**30
+KEPT_SHARE = 0.5  # of the device's available memory, the most the kept predictions take
+MEMINFO = Path("/proc/meminfo")
+
+
+def available_bytes(device: torch.device) -> int:
+    """Memory available for new tensors on ``device``: the CUDA driver's free memory on the card, or on the CPU
+    the kernel's estimate of memory available without swapping (``MemAvailable`` of /proc/meminfo; the free
+    pages ``os.sysconf`` reports where there is no such file)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if MEMINFO.is_file():
+        for line in MEMINFO.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # kB
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 class StoredPredictions:
-    """p_s(y | x) [N, C] of the rows s of ``store`` on the inputs ``x`` [N, ...], computed on ``device``
-    (module docstring)."""
+    """p_s(y | x) [N, C] of the rows s of ``store`` on the inputs ``x`` [N, ...], computed on ``device``, kept
+    up to ``kept_bytes`` (by default :data:`KEPT_SHARE` of the device's available memory; module docstring)."""
 
     def __init__(self, store: SampleStore | StoreRows, x: Tensor, device: torch.device | str,
-                 kept_bytes: int = KEPT_BYTES) -> None:
-        self.store, self.device, self.kept_bytes = store, torch.device(device), kept_bytes
+                 kept_bytes: int | None = None) -> None:
+        self.store, self.device = store, torch.device(device)
+        self.kept_bytes = int(KEPT_SHARE * available_bytes(self.device)) if kept_bytes is None else kept_bytes
         self.x = x.to(self.device)
         self._kept: dict[str, dict[int, Tensor]] = {}
         self._bytes = 0

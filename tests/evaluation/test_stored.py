@@ -79,6 +79,26 @@ def test_past_the_budget_rows_are_predicted_again(store, monkeypatch):
     assert calls == [2, 2]
 
 
+def test_rows_are_kept_while_they_take_at_most_half_the_available_memory(store, monkeypatch):
+    x = torch.randn(40, 16)
+    row = 40 * 3 * 4  # bytes of one row's predictions, [N, C] float32
+    monkeypatch.setattr(stored_module, "available_bytes", lambda device: 5 * row)  # room for two rows and a half
+    shared, calls = StoredPredictions(store, x, "cpu"), counting(monkeypatch)
+    for _ in range(2):
+        shared.probs([1, 2])
+        shared.probs([3, 4])
+    assert shared.kept_bytes == int(2.5 * row) and calls == [2, 2, 2]  # rows 1, 2 kept, 3 and 4 predicted again
+
+
+def test_available_memory_on_the_cpu_is_the_kernels_estimate(tmp_path, monkeypatch):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemFree:         1000000 kB\nMemAvailable:    2048 kB\n")
+    monkeypatch.setattr(stored_module, "MEMINFO", meminfo)
+    assert stored_module.available_bytes(torch.device("cpu")) == 2048 * 1024
+    monkeypatch.setattr(stored_module, "MEMINFO", tmp_path / "absent")
+    assert 0 < stored_module.available_bytes(torch.device("cpu")) < 2**50
+
+
 def test_judged_draws_of_stored_samples_are_the_ones_their_own_predictions_give(store, inputs, monkeypatch):
     """SGLD's draws and kept samples (all of them, or some) read from the shared predictions: the same
     members, the generator advanced alike, the same judgement; a method of other members predicts itself."""
