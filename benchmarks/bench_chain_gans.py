@@ -8,7 +8,9 @@ batch 100, 5 critic steps per generator step, Adam (lr 1e-3, β (0.5, 0.9)). For
 prints chain-steps per second (C generator steps, each with its 5 critic steps, per second of one
 iteration of all chains; best of a few on this noisy shared machine) and the speed-ups over the chains in
 turn, then how far each batched way's generators are from the sequential ones after those steps (float
-rounding). Takes about a minute on one thread. The batched trainer was kept: at every C it beat vmap, whose
+rounding). Takes about a minute on one thread. ``--device cuda`` measures the same on a GPU, where a step
+of these small networks is a few hundred short kernels, and ``--chains`` sets the C measured (e.g. 12: three
+generator seeds of fcNN1's four chains batched together). The batched trainer was kept: at every C it beat vmap, whose
 per-call overhead costs most at C = 2.
 """
 
@@ -25,7 +27,7 @@ from torch import Tensor
 from torch.func import functional_call, grad, stack_module_state, vjp, vmap
 
 from apd.distillation.chain_generators import ChainTrainers
-from apd.distillation.gan import Critic, GANTrainer, Generator, draw
+from apd.distillation.gan import Critic, GANTrainer, Generator, draw, seeded_streams
 
 CHAINS = [2, 4, 8]
 CODE, Z, HIDDEN, BATCH, N_CRITIC, GP = 35, 32, [128, 128], 100, 5, 10.0
@@ -33,9 +35,9 @@ ADAM = {"lr": 1e-3, "betas": (0.5, 0.9)}
 REPEATS = 20  # iterations timed per way at each C, interleaved (the fastest counts)
 
 
-def networks(seed: int) -> tuple[Generator, Critic]:
+def networks(seed: int, device: torch.device) -> tuple[Generator, Critic]:
     torch.manual_seed(seed)
-    return Generator(Z, HIDDEN, CODE), Critic(CODE, HIDDEN)
+    return Generator(Z, HIDDEN, CODE).to(device), Critic(CODE, HIDDEN).to(device)
 
 
 def flat(chains: Iterable[Iterable[Tensor]]) -> Tensor:
@@ -47,15 +49,15 @@ class VmapTrainer:
     """The chains' WGAN-GP steps as ``vmap(grad(loss))`` of one chain's loss over stacked weights: the same
     objective, penalty at the critic's first layer, per-chain streams and fused Adam as the batched trainer."""
 
-    def __init__(self, seeds: list[int]) -> None:
-        generators, critics = zip(*(networks(seed) for seed in seeds), strict=True)
+    def __init__(self, seeds: list[int], device: torch.device) -> None:
+        generators, critics = zip(*(networks(seed, device) for seed in seeds), strict=True)
         self.generator, self.critic = copy.deepcopy(generators[0]).to("meta"), copy.deepcopy(critics[0]).to("meta")
         self.head = self.critic.net[1:]  # keeps the critic's layer names, "2.weight", …
         self.g_params, _ = stack_module_state(list(generators))
         self.c_params, _ = stack_module_state(list(critics))
         self.g_opt = torch.optim.Adam(self.g_params.values(), **ADAM, fused=True)
         self.c_opt = torch.optim.Adam(self.c_params.values(), **ADAM, fused=True)
-        self.rng = [torch.Generator().manual_seed(seed) for seed in seeds]
+        self.rng = seeded_streams(seeds, device)
         self.critic_grad = vmap(grad(self.critic_loss, has_aux=True))
         self.generator_grad = vmap(grad(self.generator_loss, has_aux=True))
 
@@ -110,24 +112,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: as the pipeline's distill "
                         "runs on a shared machine)")
+    parser.add_argument("--device", default="cpu", help="where the GANs train (cpu, cuda)")
+    parser.add_argument("--chains", type=int, nargs="+", default=CHAINS, help="the numbers of chains C measured")
     add_out_argument(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
     record = BenchmarkRecord("distill")
-    print(f"threads {torch.get_num_threads()}; codes {CODE}, z {Z}, hidden {HIDDEN}, batch {BATCH}, "
+    print(f"{device}, threads {torch.get_num_threads()}; codes {CODE}, z {Z}, hidden {HIDDEN}, batch {BATCH}, "
           f"{N_CRITIC} critic steps per generator step, wgan-gp, Adam\n")
     header = (f"{'C':>3} | {'in turn':>8} {'batched':>8} {'vmap':>8}  chain-steps/s | {'batched':>8} {'vmap':>8}  "
               f"speed-up | {'batched':>8} {'vmap':>8}  max |Δθ_G| vs in turn")
     print(header)
     print("-" * len(header))
     rates: dict[int, dict[str, float]] = {}
-    for c in CHAINS:
+    for c in args.chains:
         seeds = list(range(c))
-        real = torch.randn(c, BATCH, CODE, generator=torch.Generator().manual_seed(c))
-        sequential = [GANTrainer(*networks(seed), "wgan-gp", **ADAM, seed=seed) for seed in seeds]
-        generators, critics = zip(*(networks(seed) for seed in seeds), strict=True)
-        batched = ChainTrainers(generators, critics, torch.full((c,), 1 / c), "wgan-gp", **ADAM, seeds=seeds)
-        vmapped = VmapTrainer(seeds)
+        real = torch.randn(c, BATCH, CODE, generator=torch.Generator().manual_seed(c)).to(device)
+        sequential = [GANTrainer(*networks(seed, device), "wgan-gp", **ADAM, seed=seed) for seed in seeds]
+        generators, critics = zip(*(networks(seed, device) for seed in seeds), strict=True)
+        batched = ChainTrainers(generators, critics, torch.full((c,), 1 / c, device=device), "wgan-gp", **ADAM,
+                                seeds=seeds)
+        vmapped = VmapTrainer(seeds, device)
         ways = {
             "in turn": lambda seq=sequential, real=real: [t.step(lambda j=j: real[j], N_CRITIC)
                                                           for j, t in enumerate(seq)],
@@ -145,11 +151,12 @@ def main() -> None:
     print(f"\nchain-steps/s: C / seconds of one iteration of all C chains ({N_CRITIC} critic + 1 generator steps "
           "each); Δθ_G: after the same steps from the same weights and streams.")
     rows = {c: f"{r['in turn']:.0f} / {r['batched']:.0f} / {r['vmap']:.0f}" for c, r in rates.items()}
-    record.add(f"one WGAN-GP per chain at fcNN1's distiller sizes, {torch.get_num_threads()} thread(s), chain-steps/s "
+    where = f"{torch.cuda.get_device_name(device)}" if device.type == "cuda" else f"{torch.get_num_threads()} thread(s)"
+    record.add(f"one WGAN-GP per chain at fcNN1's distiller sizes, {where}, chain-steps/s "
                "in turn / batched / vmap (`bench_chain_gans.py`)", "; ".join(f"C = {c}: {v}" for c, v in rows.items()))
     speed_ups = [f"{r['batched'] / r['in turn']:.2f}× ({r['vmap'] / r['in turn']:.2f}×)" for r in rates.values()]
     record.add("the chains' GANs as one batched computation against the chains in turn (vmap in brackets)",
-               f"{', '.join(speed_ups)} at C = {', '.join(map(str, CHAINS))}")
+               f"{', '.join(speed_ups)} at C = {', '.join(map(str, args.chains))}")
     record.write(args.out)
 
 
