@@ -151,7 +151,7 @@ def main() -> None:
     print(f"\nchain-steps/s: C / seconds of one iteration of all C chains ({N_CRITIC} critic + 1 generator steps "
           "each); Δθ_G: after the same steps from the same weights and streams.")
     rows = {c: f"{r['in turn']:.0f} / {r['batched']:.0f} / {r['vmap']:.0f}" for c, r in rates.items()}
-    where = f"{torch.cuda.get_device_name(device)}" if device.type == "cuda" else f"{torch.get_num_threads()} thread(s)"
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} thread(s)"
     record.add(f"one WGAN-GP per chain at fcNN1's distiller sizes, {where}, chain-steps/s "
                "in turn / batched / vmap (`bench_chain_gans.py`)", "; ".join(f"C = {c}: {v}" for c, v in rows.items()))
     speed_ups = [f"{r['batched'] / r['in turn']:.2f}× ({r['vmap'] / r['in turn']:.2f}×)" for r in rates.values()]

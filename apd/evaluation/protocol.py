@@ -93,12 +93,13 @@ def judge_probs(probs: Tensor, inputs: EvaluationInputs, scores: list[str],
     defined = [s for s in scores if several or s not in ENSEMBLE_SCORES]
     # BALD's member entropies, the costliest part, computed once for every stacked input: the per-input BALD
     # and the detection score alike (one network's is 0: its members agree).
-    information = bald(probs) if several else probs.new_zeros(probs.shape[1], dtype=torch.float64)
-    values = uncertainty_scores(probs[:, n_test:], [s for s in defined if s != "bald"])
+    doubled = probs.double()  # once: the scores compute in float64 and take it as it is
+    information = bald(doubled) if several else doubled.new_zeros(doubled.shape[1])
+    values = uncertainty_scores(doubled[:, n_test:], [s for s in defined if s != "bald"])
     values["bald"] = information[n_test:]
     per_input = {s: values[s].cpu().numpy() for s in defined}
     inside = {s: v[:n_in] for s, v in per_input.items()}
-    mean_probs, information = probs.double().mean(0).cpu(), information.cpu()
+    mean_probs, information = doubled.mean(0).cpu(), information.cpu()
     predictive, disagreement = {"test": mean_probs[:n_test]}, {"test": information[:n_test]}
     outside, found = {}, {}
     start = n_in
