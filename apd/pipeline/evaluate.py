@@ -25,7 +25,7 @@ import torch
 
 from apd.config import config_hash
 from apd.errors import ArtifactError
-from apd.evaluation.fidelity import fidelity
+from apd.evaluation.fidelity import bald_ratio, weight_fidelity
 from apd.evaluation.protocol import EvaluationInputs, Judgement, judge
 from apd.evaluation.stability import ChainSums, reference_stability
 from apd.evaluation.stored import StoredPredictions
@@ -151,12 +151,14 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
         "sgld_diagnostics": _sgld_diagnostics(ctx),
         "burn_in": _burn_in(ctx),
     }
-    with stopwatch(results["timing"], "fidelity"):
-        x_test = data.x_test.to(device)
+    with stopwatch(results["timing"], "fidelity"):  # BALD from the first run's ensembles, predicted once
         drawn = [m for m in methods if m not in (MethodName.SGLD, MethodName.SGD) and methods[m].has_weights]
-        results["fidelity"] = {m: fidelity(methods[m], methods["sgld"], x_test, e.networks,
-                                           torch.Generator().manual_seed(ctx.seed("evaluate", "fidelity", m)), stored)
-                               for m in drawn}
+        sgld_bald = judgements[MethodName.SGLD][0].information["test"]
+        results["fidelity"] = {
+            m: {**weight_fidelity(methods[m], methods[MethodName.SGLD], e.networks,
+                                  torch.Generator().manual_seed(ctx.seed("evaluate", "fidelity", m))),
+                "bald_ratio": bald_ratio(judgements[m][0].information["test"], sgld_bald)}
+            for m in drawn}
     with stopwatch(results["timing"], "reference_and_quality"):
         sums = reference_sums(stored, inputs, e.yardstick_reference)
         reference = sgld_reference(results, sums)
@@ -179,7 +181,7 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
 def stored_predictions(ctx: RunContext, methods: dict[str, Posterior], inputs: EvaluationInputs) -> StoredPredictions:
     """The stored samples SGLD draws from (the store, or its rows after the burn-in:
     :func:`~apd.pipeline.methods.sgld_samples`), each predicted once on the stacked inputs for every table that
-    scores an ensemble of them: SGLD's draws, the kept and Stein-thinned samples, fidelity's SGLD side, the
+    scores an ensemble of them: SGLD's draws, the kept and Stein-thinned samples, the
     yardstick's reference and its kept subsets."""
     sgld = methods[MethodName.SGLD]
     if not isinstance(sgld, SGLDSamples):

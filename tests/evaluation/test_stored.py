@@ -9,7 +9,6 @@ import torch
 
 from apd.distillation.precision import round_trip
 from apd.evaluation import stored as stored_module
-from apd.evaluation.fidelity import fidelity
 from apd.evaluation.protocol import EvaluationInputs, judge
 from apd.evaluation.stored import StoredPredictions
 from apd.nets import ParamSpec, mlp, network, predict_probs
@@ -126,10 +125,3 @@ def test_members_of_another_store_or_permuted_are_not_read_from_it(store, inputs
     for method in (SGLDSamples(later), KeptSamples.from_store(later, [0, 1]),
                    SGLDSamples(store, perms=torch.arange(12).repeat(len(store), 1))):
         assert shared.draw(method, 2, g) is None and torch.equal(g.get_state(), state)
-
-
-def test_fidelity_from_the_shared_predictions_is_the_same(store, inputs):
-    shared = StoredPredictions(store, inputs.stacked("cpu"), "cpu")
-    kept, sgld = KeptSamples.from_store(store, [2, 7, 13, 20]), SGLDSamples(store)
-    expected = fidelity(kept, sgld, inputs.x_test, 4, torch.Generator().manual_seed(5))
-    assert fidelity(kept, sgld, inputs.x_test, 4, torch.Generator().manual_seed(5), shared) == expected
