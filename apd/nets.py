@@ -28,9 +28,14 @@ _MAX_CHUNK = 128
 # copied side by side; below it, copying the weights costs more than the matmul saves, and a broadcast
 # batched matmul reads them in place (measured in benchmarks/bench_predict.py).
 _CONCAT_MIN_INPUTS = 2048
-# Networks per block of a CNN's prediction; its images per block keep the block's first-layer maps to
-# _CHUNK_ELEMENTS floats (LeNet-5: 20 networks × 44 images; measured in benchmarks/bench_predict_cnn.py).
+# Networks per block of a CNN's prediction. On a CPU its images per block keep one pooling quarter of the
+# block's first-layer maps to _CNN_CACHE_ELEMENTS floats (1.5 MB, inside one core's 2 MB L2 cache: the maps
+# are written and read back at once); on a GPU, to _CHUNK_ELEMENTS. Its head takes the maps of up to
+# _CNN_HEAD_IMAGES images at once: LeNet-5 on the CPU, 20 networks × 16 images a convolution block, 400
+# images a head product (measured in benchmarks/bench_predict_cnn.py).
 _CNN_CHUNK = 20
+_CNN_CACHE_ELEMENTS = 3 * 2**17
+_CNN_HEAD_IMAGES = 400
 # Convolution layers of :func:`network`, as LeNet-5's: square KERNEL × KERNEL filters, the first padded by
 # KERNEL // 2 (28 × 28 images read as LeNet-5's 32 × 32), the later ones unpadded, each followed by a ReLU
 # and POOL × POOL max pooling.
@@ -243,11 +248,12 @@ def predict_logits(
     MLP: for many inputs the first layer of a chunk of k networks is one matmul x · [W₁⁽¹⁾ … W₁⁽ᵏ⁾]ᵀ
     ([N, k·h]); for few, a broadcast batched matmul; later layers are batched ``baddbmm``. Chunks of
     ``chunk`` networks (default :func:`auto_chunk`) bound peak memory. CNN: blocks of ``chunk`` networks
-    (default :data:`_CNN_CHUNK`) × as many images as keep the block's first-layer maps to
-    :data:`_CHUNK_ELEMENTS` floats (:func:`_cnn_logits`): the first convolution one product of the images'
-    patches with the block's filters, later ones grouped convolutions (k groups), the head batched
-    ``baddbmm``. Computes on ``weights.device``; ``compute_dtype`` (e.g. ``torch.bfloat16``) casts weights
-    and inputs for the matmuls; the result is float32. Differentiable in ``x`` and ``weights``; never writes
+    (default :data:`_CNN_CHUNK`) × as many images as keep a quarter of the block's first-layer maps to
+    :data:`_CNN_CACHE_ELEMENTS` floats on a CPU (:data:`_CHUNK_ELEMENTS` on a GPU; :func:`_cnn_logits`): the
+    first convolution four products of the images' patches with the block's filters, one per pooling
+    offset, later ones grouped convolutions (k groups), the head batched ``baddbmm``. Computes on
+    ``weights.device``; ``compute_dtype`` (e.g. ``torch.bfloat16``) casts weights and inputs for the
+    matmuls; the result is float32. Differentiable in ``x`` and ``weights``; never writes
     into a module.
     """
     spec = spec_or_module if isinstance(spec_or_module, ParamSpec) else ParamSpec.from_module(spec_or_module)
@@ -265,7 +271,8 @@ def predict_logits(
         raise ValueError(f"chunk must be positive, got {chunk}")
     if convs:
         networks = min(n_nets, chunk or _CNN_CHUNK)
-        images = max(1, _CHUNK_ELEMENTS // (networks * spec.activation_width(x.shape[1])))
+        budget = _CHUNK_ELEMENTS if weights.device.type == "cuda" else _CNN_CACHE_ELEMENTS
+        images = max(1, budget * POOL * POOL // (networks * spec.activation_width(x.shape[1])))
         return _cnn_logits(spec, weights.to(dtype), x, networks, images).float()
     chunk = chunk or auto_chunk(n_inputs, spec.activation_width(x.shape[1]), n_nets)
     outputs = []
@@ -276,16 +283,21 @@ def predict_logits(
 
 
 def _cnn_logits(spec: ParamSpec, weights: Tensor, x: Tensor, networks: int, images: int) -> Tensor:
-    """Logits [K, N, C] of the CNNs ``weights`` [K, D] on shared flat images x [N, side²], in blocks of
-    ``networks`` networks × ``images`` images: each chunk of images has its first-layer patches unfolded
-    once (:func:`_patches`) for every chunk of networks (:func:`_cnn_shared`)."""
+    """Logits [K, N, C] of the CNNs ``weights`` [K, D] on shared flat images x [N, side²]: for each
+    :data:`_CNN_HEAD_IMAGES` images, their first-layer patches unfolded once (:func:`_pooled_patches`, in
+    blocks of ``images``) for every block of ``networks`` networks, whose convolutions
+    (:func:`_shared_maps`) run block by block and whose head (:func:`_cnn_head`) takes all those images'
+    maps in one batched product."""
     convs, layers = spec.conv_layers(), spec.linear_layers()
     side = math.isqrt(x.shape[1])
     blocks = [_by_start(spec, weights[start:start + networks]) for start in range(0, len(weights), networks)]
     columns = []
-    for start in range(0, len(x), images):
-        patches = _patches(x[start:start + images], side)
-        columns.append(torch.cat([_cnn_shared(convs, layers, params, patches, side) for params in blocks]))
+    for start in range(0, len(x), _CNN_HEAD_IMAGES):
+        stop = min(start + _CNN_HEAD_IMAGES, len(x))
+        quarters = [_pooled_patches(x[at:min(at + images, stop)], side) for at in range(start, stop, images)]
+        columns.append(torch.cat([
+            _cnn_head(layers, params, torch.cat([_shared_maps(convs, params, q, side) for q in quarters]))
+            for params in blocks]))
     return torch.cat(columns, 1)
 
 
@@ -331,39 +343,46 @@ def _cnn_forward(convs: list[tuple[int, int, int, int]], layers: list[tuple[int,
                  params: dict[int, Tensor], x: Tensor) -> Tensor:
     """Forward pass of k CNNs (``params``: :func:`_by_start` of their rows), each on its own flat images
     x [k, N, side²] → [k, N, C]: the k networks' images side by side as channels of one tensor
-    [N, k, s, s], every convolution grouped (k groups; :func:`_cnn_tail`)."""
+    [N, k, s, s], every convolution grouped (k groups)."""
     k, n_inputs = x.shape[0], x.shape[1]
     side = math.isqrt(x.shape[-1])
     h = _grouped_convolution(convs[0], params, x.transpose(0, 1).reshape(n_inputs, k, side, side), 0)
-    return _cnn_tail(convs, layers, params, h)
+    return _cnn_head(layers, params, _later_convolutions(convs, params, h))
 
 
-def _cnn_shared(convs: list[tuple[int, int, int, int]], layers: list[tuple[int, int, int, int]],
-                params: dict[int, Tensor], patches: Tensor, side: int) -> Tensor:
-    """Forward pass of k CNNs (``params``: :func:`_by_start` of their rows) on shared images, given as the
-    first convolution's patches (:func:`_patches`, [n·side², KERNEL²]) → [k, n, C].
+def _shared_maps(convs: list[tuple[int, int, int, int]], params: dict[int, Tensor], quarters: Tensor,
+                 side: int) -> Tensor:
+    """The last convolution's pooled maps [n, k·c, s', s'] of k CNNs (``params``: :func:`_by_start` of their
+    rows) on shared images, given as the first convolution's patches at each pooling offset
+    (:func:`_pooled_patches`, [POOL², n·(side / POOL)², KERNEL²]).
 
-    The first convolution is one product of the patches with the k networks' filters side by side,
-    [n·s², KERNEL²] · [KERNEL², k·c] (a convolution is W · patch + b at every output position), read as the
-    k networks' maps, channels-last [n, k·c, s, s]. They are pooled (:func:`_max_pool`) before the bias is
-    added and the ReLU taken, on maps a quarter the size: max_i(a_i) + b = max_i(a_i + b) and max commutes
-    with the ReLU, exactly, since rounding is monotone. :func:`_cnn_tail` does the rest."""
+    A convolution is W · patch + b at every output position, so the first layer's pooled maps are
+    relu(max_q (P_q · [W⁽¹⁾ … W⁽ᵏ⁾]ᵀ) + b): one product [n·(s/2)², KERNEL²] · [KERNEL², k·c] per pooling
+    offset q, each the size of the pooled maps, reduced by elementwise maxima as they come. Taking the bias
+    and the ReLU after the max is exact: max_q(a_q) + b = max_q(a_q + b), and max commutes with the ReLU,
+    since rounding is monotone. The rows are the pooled positions of each image in order and the columns
+    the k networks' channels: channels-last maps [n, k·c, s/2, s/2] as they stand, which the later grouped
+    convolutions (:func:`_later_convolutions`) take without a copy."""
     w_start, b_start, n_out, _ = convs[0]
-    k, n = params[w_start].shape[0], patches.shape[0] // (side * side)
-    h = torch.mm(patches, params[w_start].reshape(k * n_out, -1).t())
-    h = _max_pool(h.view(n, side, side, k * n_out).permute(0, 3, 1, 2))
-    h = h.add_(params[b_start].reshape(1, k * n_out, 1, 1)).relu_()  # in place: our own maps
-    return _cnn_tail(convs, layers, params, h)
+    k, half = params[w_start].shape[0], side // POOL
+    filters = params[w_start].reshape(k * n_out, -1).t()
+    h = functools.reduce(torch.maximum, (torch.mm(quarter, filters) for quarter in quarters))
+    h = h.add_(params[b_start].reshape(1, k * n_out)).relu_()  # in place: our own maps
+    return _later_convolutions(convs, params, h.view(-1, half, half, k * n_out).permute(0, 3, 1, 2))
 
 
-def _cnn_tail(convs: list[tuple[int, int, int, int]], layers: list[tuple[int, int, int, int]],
-              params: dict[int, Tensor], h: Tensor) -> Tensor:
-    """The rest of k CNNs' forward pass from their first layer's pooled maps h [N, k·c, s, s]: every later
-    convolution grouped (k groups), then each network's maps flattened as nn.Flatten does into its head,
-    batched ``baddbmm`` (:func:`_linear_stack`) → [k, N, C]."""
+def _later_convolutions(convs: list[tuple[int, int, int, int]], params: dict[int, Tensor], h: Tensor) -> Tensor:
+    """Every convolution after the first of k CNNs on their first layer's pooled maps h [N, k·c, s, s],
+    grouped (k groups; :func:`_grouped_convolution`) → [N, k·c', s', s']."""
     for i in range(1, len(convs)):
         h = _grouped_convolution(convs[i], params, h, i)
-    n_inputs, k = h.shape[0], params[convs[0][0]].shape[0]
+    return h
+
+
+def _cnn_head(layers: list[tuple[int, int, int, int]], params: dict[int, Tensor], h: Tensor) -> Tensor:
+    """The MLP heads of k CNNs on their last pooled maps h [N, k·c, s, s]: each network's maps flattened as
+    nn.Flatten does, batched ``baddbmm`` (:func:`_linear_stack`) → [k, N, C]."""
+    n_inputs, k = h.shape[0], params[layers[0][0]].shape[0]
     return _linear_stack(layers, params, h.reshape(n_inputs, k, -1).transpose(0, 1))
 
 
@@ -379,13 +398,16 @@ def _grouped_convolution(conv: tuple[int, int, int, int], params: dict[int, Tens
     return _max_pool(h).relu_()  # in place: the pooled maps are our own, and max's backward never reads them
 
 
-def _patches(images: Tensor, side: int) -> Tensor:
-    """The first convolution's patches of flat one-channel images [n, side²]: [n·side², KERNEL²], one row per
-    output position (padded by KERNEL // 2), in the filters' (row, column) order; a copy of sliding-window
-    views of the padded images (``Tensor.unfold``)."""
-    n, pad = images.shape[0], _padding(0)
+def _pooled_patches(images: Tensor, side: int) -> Tensor:
+    """The first convolution's patches of flat one-channel images [n, side²] at each pooling offset:
+    [POOL², n·(side / POOL)², KERNEL²], entry (q, m) the patch of output position (POOL·i + a, POOL·j + b),
+    q = POOL·a + b and m = (image, i, j) in order, padded by KERNEL // 2, in the filters' (row, column) order;
+    a copy of sliding-window views of the padded images (``Tensor.unfold``)."""
+    n, pad, half = images.shape[0], _padding(0), side // POOL
     padded = F.pad(images.view(n, side, side), (pad, pad, pad, pad))
-    return padded.unfold(1, KERNEL, 1).unfold(2, KERNEL, 1).reshape(n * side * side, KERNEL * KERNEL)
+    windows = padded.unfold(1, KERNEL, 1).unfold(2, KERNEL, 1)  # [n, side, side, KERNEL, KERNEL]
+    by_offset = windows.reshape(n, half, POOL, half, POOL, KERNEL * KERNEL).permute(2, 4, 0, 1, 3, 5)
+    return by_offset.reshape(POOL * POOL, n * half * half, KERNEL * KERNEL)
 
 
 def per_network_logits(spec: ParamSpec, weights: Tensor, x: Tensor) -> Tensor:
