@@ -59,6 +59,7 @@ class StoredPredictions:
         self.x = x.to(self.device)
         self._kept: dict[str, dict[int, Tensor]] = {}
         self._bytes = 0
+        self._row_bytes = 4 * len(x) * store.spec.layer_sizes[-1]  # one row's float32 [N, C]
 
     def __len__(self) -> int:
         return len(self.store)
@@ -68,17 +69,33 @@ class StoredPredictions:
         stored at ``precision``."""
         rows = [int(r) for r in np.asarray(rows, dtype=np.int64).reshape(-1)]
         kept = self._kept.setdefault(precision, {})
-        missing = sorted(set(rows) - kept.keys())
-        fresh: dict[int, Tensor] = {}
+        fresh = self._fill(sorted(set(rows) - kept.keys()), precision, keep_only=False)
+        return torch.stack([kept[r] if r in kept else fresh[r] for r in rows])
+
+    def prefetch(self, rows: np.ndarray | Tensor | list[int], precision: str = "float32") -> None:
+        """Predict the store's ``rows`` not yet kept at ``precision``, :data:`READ_ROWS` at a time, and keep
+        them while they fit: the ensembles drawn next (a yardstick size's every subset) are then read from
+        here, where asking for each one's few rows in turn would predict them a few networks at a time,
+        which costs a CNN several times more per network than a full block."""
+        kept = self._kept.setdefault(precision, {})
+        wanted = {int(r) for r in np.asarray(rows, dtype=np.int64).reshape(-1)}
+        self._fill(sorted(wanted - kept.keys()), precision, keep_only=True)
+
+    def _fill(self, missing: list[int], precision: str, keep_only: bool) -> dict[int, Tensor]:
+        """Predict the rows ``missing``, a block at a time, keeping each block while it fits
+        (``kept_bytes``); the blocks that do not fit are returned, or with ``keep_only`` not predicted."""
+        kept, fresh = self._kept[precision], {}
         for start in range(0, len(missing), READ_ROWS):
             block = missing[start:start + READ_ROWS]
+            if keep_only and self._bytes + self._row_bytes * len(block) > self.kept_bytes:
+                break
             predicted = self._predict(block, precision)
             if self._bytes + predicted.nbytes <= self.kept_bytes:
                 kept.update(zip(block, predicted, strict=True))
                 self._bytes += predicted.nbytes
             else:
                 fresh.update(zip(block, predicted, strict=True))
-        return torch.stack([kept[r] if r in kept else fresh[r] for r in rows])
+        return fresh
 
     def draw(self, method: Posterior, k: int, generator: torch.Generator | None) -> Tensor | None:
         """``method.predict_probs(x, k, generator)`` (the same draw, ``generator`` advanced alike) read from

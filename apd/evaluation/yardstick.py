@@ -291,9 +291,10 @@ def kept_samples(stored: StoredPredictions, k: int, inputs: EvaluationInputs, re
     store = stored.store
     n, dim, chains = len(store), store.spec.numel, store.chains
     fixed = {"evenly_spaced": evenly_spaced_rows(n, k, chains), "last": last_rows(n, k, chains)}
+    draws = [random_rows(n, k, generator, chains) for _ in range(subsets)]
+    stored.prefetch(np.concatenate([*fixed.values(), *draws]), precision)  # predicted in blocks, not k at a time
     judged = {name: judge_rows(stored, rows, inputs, reference, precision) for name, rows in fixed.items()}
-    drawn = [judge_rows(stored, random_rows(n, k, generator, chains), inputs, reference, precision)
-             for _ in range(subsets)]
+    drawn = [judge_rows(stored, rows, inputs, reference, precision) for rows in draws]
     return {"k": k, "in_sgld_samples": k * in_samples(stored_bytes(dim, precision), dim), **judged,
             "random": spread(drawn, band=True), "subsets": subsets, "precision": precision}
 

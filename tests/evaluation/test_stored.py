@@ -89,6 +89,24 @@ def test_rows_are_kept_while_they_take_at_most_half_the_available_memory(store, 
     assert shared.kept_bytes == int(2.5 * row) and calls == [2, 2, 2]  # rows 1, 2 kept, 3 and 4 predicted again
 
 
+def test_prefetched_rows_are_predicted_in_blocks_and_only_while_they_fit(store, monkeypatch):
+    """A prefetch predicts the rows not yet kept in blocks of READ_ROWS and keeps them; later reads of them
+    predict nothing. Past the budget it stops: a block that would not fit is left to be predicted when read."""
+    x = torch.randn(40, 16)
+    row = 40 * 3 * 4  # bytes of one row's predictions, [N, C] float32
+    monkeypatch.setattr(stored_module, "READ_ROWS", 4)
+    shared, calls = StoredPredictions(store, x, "cpu"), counting(monkeypatch)
+    shared.probs([0])
+    shared.prefetch(np.array([9, 0, 1, 2, 3, 9, 4, 5]))
+    assert calls == [1, 4, 2]  # row 0 kept already; rows 1-5 and 9 in blocks of 4
+    assert torch.equal(shared.probs([5, 9, 1]), predict_probs(SPEC, store.read([5, 9, 1]), x)) and calls == [1, 4, 2]
+    small, calls = StoredPredictions(store, x, "cpu", kept_bytes=6 * row), counting(monkeypatch)
+    small.prefetch(np.arange(12))
+    assert calls == [4]  # the second block of 4 would pass 6 rows' bytes: not predicted
+    small.probs(np.arange(6))
+    assert calls == [4, 2]
+
+
 def test_available_memory_on_the_cpu_is_the_kernels_estimate(tmp_path, monkeypatch):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       24000000 kB\nMemFree:         1000000 kB\nMemAvailable:    2048 kB\n")
