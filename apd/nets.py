@@ -190,6 +190,16 @@ class ParamSpec:
             layers.append((w_start, b_start, w_shape[0], w_shape[1]))
         return layers
 
+    def trunk_and_tail(self) -> tuple[ParamSpec, ParamSpec]:
+        """The network cut after its first linear layer: the trunk (every convolution and the first linear
+        layer: θ's leading parameters) and the tail (the later linear layers, an MLP on the trunk's rectified
+        outputs), so that f(x; θ) = tail(relu(trunk(x; θ_trunk)); θ_tail). Raises ``ValueError`` for a
+        network with one linear layer (no tail)."""
+        cut = 2 * len(self.conv_layers()) + 2
+        if len(self.linear_layers()) < 2:
+            raise ValueError("the network has one linear layer: no layers after its trunk")
+        return (ParamSpec(self.names[:cut], self.shapes[:cut]), ParamSpec(self.names[cut:], self.shapes[cut:]))
+
     def activation_width(self, features: int) -> int:
         """Floats of the widest activation one network makes per input of ``features`` numbers: the widest
         hidden layer of an MLP, the first convolution's feature maps (channels × ``features``) of a CNN."""
@@ -280,6 +290,20 @@ def predict_logits(
         block = weights[start:start + chunk].to(dtype)
         outputs.append(_mlp_forward(layers, _by_start(spec, block), x).float())
     return torch.cat(outputs)
+
+
+def predict_logits_on_trunk(spec: ParamSpec, trunk: Tensor, weights: Tensor, x: Tensor) -> Tensor:
+    """Logits [K, N, C] of K networks that share the trunk of ``trunk`` [D] (every convolution and the first
+    linear layer, :meth:`ParamSpec.trunk_and_tail`) and differ after it (``weights`` [K, D]; their trunk
+    entries are not read): h = relu(W₁ φ(x) + b₁) once, with the trunk's own weights, then
+    f_k(x) = tail(h; θ_k) for each row (:func:`predict_logits` of the tail MLP on h). An MC-dropout
+    ensemble is such a set: its masks only scale the columns of the later layers. Differentiable in x."""
+    head, tail = spec.trunk_and_tail()
+    if weights.dim() != 2 or weights.shape[1] != spec.numel or trunk.shape != (spec.numel,):
+        raise ValueError(f"trunk must be [{spec.numel}] and weights [K, {spec.numel}], got {list(trunk.shape)} "
+                         f"and {list(weights.shape)}")
+    h = predict_logits(head, trunk[:head.numel], x)[0].relu()
+    return predict_logits(tail, weights[:, head.numel:], h)
 
 
 def _cnn_logits(spec: ParamSpec, weights: Tensor, x: Tensor, networks: int, images: int) -> Tensor:

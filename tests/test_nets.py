@@ -226,3 +226,26 @@ def test_mc_dropout_members_of_a_cnn_drop_head_units_only():
     conv_and_first = ParamSpec.from_module(net).linear_layers()[1][0]  # where the head's second layer starts
     assert torch.equal(member[:conv_and_first], base[:conv_and_first])
     assert not torch.equal(member, base)
+
+
+def test_trunk_and_tail_cut_after_the_first_linear_layer():
+    spec = ParamSpec.from_module(network([144, 10, 8, 3], [2, 3]))
+    trunk, tail = spec.trunk_and_tail()
+    assert trunk.names + tail.names == spec.names and trunk.numel + tail.numel == spec.numel
+    assert trunk.describe() == "conv2-conv3-3-10" and tail.describe() == "10-8-3"
+    assert ParamSpec.from_module(mlp([5, 4, 3])).trunk_and_tail()[1].describe() == "4-3"
+    with pytest.raises(ValueError, match="one linear layer"):
+        ParamSpec.from_module(mlp([5, 3])).trunk_and_tail()
+
+
+@pytest.mark.parametrize("net", [mlp([6, 9, 7, 4], dropout=0.5), network([144, 10, 8, 3], [2, 3], dropout=0.5)])
+def test_mc_dropout_members_share_their_trunk_and_predict_as_their_weight_vectors(net):
+    """The members' function with the trunk run once is the batched prediction of their k weight vectors."""
+    posterior = MCDropout(net, 0.5)
+    x = torch.randn(13, posterior.spec.layer_sizes[0] if posterior.spec.is_mlp else 144,
+                    generator=torch.Generator().manual_seed(1))
+    shared = posterior.members(6, torch.Generator().manual_seed(2))(x)
+    weights = posterior.sample_weights(6, torch.Generator().manual_seed(2))
+    assert len(torch.unique(weights, dim=0)) == 6  # six different masks
+    torch.testing.assert_close(shared, predict_probs(posterior.spec, weights, x))
+    assert shared.shape == (6, 13, posterior.spec.layer_sizes[-1])

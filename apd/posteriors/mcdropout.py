@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from apd.nets import ParamSpec
-from apd.posteriors.base import Posterior
+from apd.nets import ParamSpec, predict_logits_on_trunk, softmax_over_classes
+from apd.posteriors.base import Members, Posterior
 
 
 class MCDropout(Posterior):
@@ -37,6 +37,16 @@ class MCDropout(Posterior):
             block = thetas[:, w_start:w_start + n_out * n_in].view(k, n_out, n_in)
             block.mul_(scale.unsqueeze(1))
         return thetas
+
+    def members(self, k: int, generator: torch.Generator | None = None) -> Members:
+        """x ↦ p_k(y | x) [K, N, C] for one draw of k masks: the layers no mask reaches (a CNN's convolutions,
+        the first linear layer) run once for all k members (:func:`~apd.nets.predict_logits_on_trunk`), the
+        same function as predicting with the k weight vectors, to float rounding."""
+        if len(self.spec.linear_layers()) < 2:  # no hidden layer, so no mask: every member is the network
+            return super().members(k, generator)
+        weights = self.sample_weights(k, generator)
+        return lambda x: softmax_over_classes(predict_logits_on_trunk(self.spec, self.weights, weights,
+                                                                      x.to(self.device)))
 
     def stored_parameters(self) -> int:
         return self.spec.numel

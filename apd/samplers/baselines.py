@@ -34,18 +34,32 @@ class TrainedBaseline:
 def mc_dropout_probs(net: nn.Module, x: Tensor, passes: int, batch: int = 4096) -> Tensor:
     """Class probabilities of ``passes`` dropout masks on x: [T, N, C] (the net is left in eval mode). Each
     forward call takes up to ``batch`` rows: several passes over a small x at once (every row draws its own
-    mask, so stacked copies of x are independent passes), or one pass over a large x in pieces."""
+    mask, so stacked copies of x are independent passes), or one pass over a large x in pieces. For a large x
+    the layers before the first dropout (:func:`split_at_dropout`: a CNN's convolutions, an MLP's first
+    layer), which no mask reaches, run once on each piece and every pass reuses their output; the masks are
+    drawn in the same order on the same shapes, so the probabilities are those of whole passes, bit for bit."""
     net.train()
     n = len(x)
     if n >= batch:
-        out = torch.stack([torch.cat([torch.softmax(net(x[i:i + batch]), -1) for i in range(0, n, batch)])
-                           for _ in range(passes)])
+        unmasked, masked = split_at_dropout(net)
+        pieces = [unmasked(x[i:i + batch]) for i in range(0, n, batch)]
+        out = torch.stack([torch.cat([torch.softmax(masked(piece), -1) for piece in pieces]) for _ in range(passes)])
     else:
         per_call = batch // n
         out = torch.cat([torch.softmax(net(x.repeat(k, *[1] * (x.ndim - 1))), -1).view(k, n, -1)
                          for k in (min(per_call, passes - start) for start in range(0, passes, per_call))])
     net.eval()
     return out
+
+
+def split_at_dropout(net: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """``net`` as (the layers before its first ``nn.Dropout``, the rest), so that net(x) = rest(before(x));
+    (an identity, ``net``) unless ``net`` is an ``nn.Sequential`` holding a dropout layer."""
+    if isinstance(net, nn.Sequential):
+        for i, layer in enumerate(net):
+            if isinstance(layer, nn.Dropout):
+                return net[:i], net[i:]
+    return nn.Identity(), net
 
 
 @torch.no_grad()
