@@ -39,6 +39,23 @@ def whole_passes(net: torch.nn.Module, x: torch.Tensor, passes: int) -> torch.Te
     return out
 
 
+def timed(sizes: list[int], conv: tuple[int, ...]) -> dict[str, float]:
+    """Seconds of the split and whole validation passes, of the members on their trunk and as weight vectors
+    (the fastest of 3 interleaved calls), and the largest probability difference between the last two."""
+    torch.manual_seed(0)
+    net = network(sizes, list(conv), dropout=0.5)
+    x_val, x = torch.rand(VALIDATION, sizes[0]) * 2 - 1, torch.rand(INPUTS, sizes[0]) * 2 - 1
+    posterior = MCDropout(net, 0.5)
+    weights = posterior.sample_weights(MEMBERS, torch.Generator().manual_seed(1))
+    on_trunk = posterior.members(MEMBERS, torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        t = best_times({"split": lambda: mc_dropout_probs(net, x_val, PASSES),
+                        "whole": lambda: whole_passes(net, x_val, PASSES),
+                        "trunk": lambda: on_trunk(x),
+                        "vectors": lambda: predict_probs(posterior.spec, weights, x)}, 3)
+        return {**t, "diff": (on_trunk(x) - predict_probs(posterior.spec, weights, x)).abs().max().item()}
+
+
 def main() -> None:
     args = parse_threads_and_out(__doc__.splitlines()[0])
     if not args.threads:
@@ -48,17 +65,8 @@ def main() -> None:
     print(f"threads {threads}\n")
     passes, members = [], []
     for name, (sizes, conv) in NETWORKS.items():
-        torch.manual_seed(0)
-        net = network(sizes, list(conv), dropout=0.5)
-        x_val, x = torch.rand(VALIDATION, sizes[0]) * 2 - 1, torch.rand(INPUTS, sizes[0]) * 2 - 1
-        posterior = MCDropout(net, 0.5)
-        weights = posterior.sample_weights(MEMBERS, torch.Generator().manual_seed(1))
-        on_trunk = posterior.members(MEMBERS, torch.Generator().manual_seed(1))
-        with torch.no_grad():
-            t = best_times({"split": lambda: mc_dropout_probs(net, x_val, PASSES), "whole": lambda: whole_passes(
-                net, x_val, PASSES), "trunk": lambda: on_trunk(x), "vectors": lambda: predict_probs(
-                posterior.spec, weights, x)}, 3)
-            diff = (on_trunk(x) - predict_probs(posterior.spec, weights, x)).abs().max().item()
+        t = timed(sizes, conv)
+        diff = t["diff"]
         print(f"{name:>8}: {PASSES} validation passes on {VALIDATION:,}: {t['split']:.2f} s against {t['whole']:.2f} s "
               f"({t['whole'] / t['split']:.2f}×); {MEMBERS} members on {INPUTS:,}: {t['trunk']:.2f} s against "
               f"{t['vectors']:.2f} s ({t['vectors'] / t['trunk']:.2f}×, max diff {diff:.1e})")

@@ -40,7 +40,8 @@ def test_layers_before_the_first_dropout_run_once_and_the_passes_are_whole_passe
     torch.manual_seed(3)
     net.train()
     with torch.no_grad():
-        whole = torch.stack([torch.cat([torch.softmax(net(x[i:i + 4]), -1) for i in range(0, 10, 4)]) for _ in range(5)])
+        whole = torch.stack([torch.cat([torch.softmax(net(x[i:i + 4]), -1) for i in range(0, 10, 4)])
+                             for _ in range(5)])
     assert torch.equal(probs, whole)
 
 
