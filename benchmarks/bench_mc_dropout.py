@@ -10,7 +10,8 @@ weight vectors (float rounding apart: the largest probability difference is prin
 Networks of the Fashion pipelines (fcNN1 784-100-10, fcNN2 784-400-400-10, LeNet-5) with dropout 0.5 on
 random inputs: 50 validation passes over N = 10,000 images (``mc_passes`` of fcNN2 and LeNet-5), and K = 100
 members on N = 2,000 inputs. Prints seconds and speed-ups, the fastest of 3 interleaved calls. An optional
-argument sets torch's thread count (default 1, the sample stage's); ``--out FILE`` writes the record.
+argument sets torch's thread count (default 1, the sample stage's); ``--out FILE`` writes the record, filed under
+the sample stage, its ensemble row saying that it is what ``apd evaluate`` pays.
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ def main() -> None:
     record.add(f"MC-dropout baseline's {PASSES} validation passes on {VALIDATION:,} images, the layers before the "
                f"first dropout once per piece, against every pass through the whole network, {threads} thread(s) "
                "(`bench_mc_dropout.py`)", "; ".join(passes))
-    record.add(f"MC-dropout ensemble of {MEMBERS} members on {INPUTS:,} inputs, the trunk once "
-               "(`predict_logits_on_trunk`), against `predict_probs` over the members' weight vectors",
+    record.add(f"(what `apd evaluate` pays) MC-dropout ensemble of {MEMBERS} members on {INPUTS:,} inputs, the "
+               "trunk once (`predict_logits_on_trunk`), against `predict_probs` over the members' weight vectors",
                "; ".join(members))
     record.write(args.out)
 
