@@ -235,6 +235,19 @@ def auto_chunk(n_inputs: int, max_width: int, n_networks: int) -> int:
     return int(max(1, min(n_networks, _MAX_CHUNK, by_memory)))
 
 
+def gradient_blocks(spec: ParamSpec, features: int, n_networks: int, data_batch: int) -> tuple[int, int]:
+    """Networks × inputs per block of a gradient taken through :func:`predict_logits`, where autograd keeps a
+    few activation tensors per layer. An MLP's cost per network does not fall with the block's networks, so
+    it keeps ``data_batch`` inputs and takes a quarter of :func:`auto_chunk`'s networks; a CNN's falls
+    (grouped convolutions; LeNet-5's scores side by side in ``benchmarks/bench_stein.py``), so it takes
+    :data:`_CNN_CHUNK` networks and ``data_batch // networks`` inputs, the network-inputs of one network on
+    ``data_batch`` inputs."""
+    if spec.conv_layers():
+        networks = max(1, min(n_networks, _CNN_CHUNK))
+        return networks, max(1, data_batch // networks)
+    return max(1, auto_chunk(data_batch, spec.activation_width(features), n_networks) // 4), data_batch
+
+
 def check_input_features(spec: ParamSpec, features: int) -> None:
     """A one-line ``ValueError`` unless inputs of ``features`` numbers each (pixels, for a CNN) fit the
     network of ``spec``."""

@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from apd.nets import ParamSpec, auto_chunk, predict_logits
+from apd.nets import ParamSpec, gradient_blocks, predict_logits
 from apd.posteriors.kept import evenly_spaced_rows
 from apd.samplers.store import SampleStore
 
@@ -57,9 +57,9 @@ def log_posterior_gradients(spec: ParamSpec, weights: Tensor, x: Tensor, y: Tens
                             temperature: float = 1.0, data_batch: int = 8192) -> Tensor:
     """∇ log p(θ_k | D) = −(N·∇ mean_nll(θ_k) + θ_k/prior_var)/temperature for each row of weights [K, D].
 
-    The NLL is summed over the whole training set (x, y) in blocks of ``data_batch`` examples; chunks of
-    networks are sized by :func:`apd.nets.auto_chunk`, so memory stays bounded for any K and N. Computes
-    on ``weights.device``; returns float32 [K, D].
+    The NLL is summed over the whole training set (x, y); blocks of networks × examples are sized by
+    :func:`apd.nets.gradient_blocks` from ``data_batch`` examples of one network, so memory stays bounded
+    for any K and N. Computes on ``weights.device``; returns float32 [K, D].
     """
     if prior_var <= 0 or temperature <= 0:
         raise ValueError("prior_var and temperature must be positive")
@@ -68,10 +68,7 @@ def log_posterior_gradients(spec: ParamSpec, weights: Tensor, x: Tensor, y: Tens
     device = weights.device
     x = x.reshape(x.shape[0], -1).to(device)
     y = y.to(device)
-    batch = min(len(y), data_batch)
-    width = spec.activation_width(x.shape[1])
-    # autograd keeps a few activation tensors per layer: a quarter of predict_probs' budget per tensor
-    chunk = max(1, auto_chunk(batch, width, len(weights)) // 4)
+    chunk, batch = gradient_blocks(spec, x.shape[1], len(weights), min(len(y), data_batch))
     out = torch.empty(weights.shape, dtype=torch.float32, device=device)
     for start in range(0, len(weights), chunk):
         block = weights[start:start + chunk].detach().float().requires_grad_(True)

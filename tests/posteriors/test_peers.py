@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from apd.config import BaselineConfig
-from apd.nets import ParamSpec, mlp, predict_probs
+from apd.nets import ParamSpec, gradient_blocks, mlp, network, predict_probs
 from apd.posteriors import SGLDSamples
 from apd.posteriors.ensemble import DeepEnsemble, train_deep_ensemble
 from apd.posteriors.kept import KeptSamples, chain_shares, evenly_spaced_rows, last_rows, random_rows
@@ -160,14 +160,25 @@ def test_stein_thin_leaves_out_far_outliers():
     assert picks.max() < 150
 
 
-def test_log_posterior_gradients_match_autograd():
-    x, y = toy_data(40, 1)
-    weights = 0.5 * torch.randn(3, D, generator=torch.Generator().manual_seed(2))
+@pytest.mark.parametrize("conv, n_networks", [([], 3), ([3, 4], 25)])
+def test_log_posterior_gradients_match_autograd(conv, n_networks):
+    """Each row is the module's own gradient, for an MLP and for a CNN whose 25 networks fill two blocks of
+    networks × images (``gradient_blocks``: 20 networks × 2 images from ``data_batch`` = 40)."""
+    g = torch.Generator().manual_seed(2)
+    if conv:
+        net = network([784, 12, 3], conv)
+        x = torch.rand(30, 784, generator=g)
+        y = torch.randint(3, (30,), generator=g)
+    else:
+        net = mlp(SIZES)
+        x, y = toy_data(40, 1)
+    spec = ParamSpec.from_module(net)
+    assert gradient_blocks(spec, x.shape[1], n_networks, 40) == ((20, 2) if conv else (1, 40))
+    weights = spec.flatten(net) + 0.2 * torch.randn(n_networks, spec.numel, generator=g)
     prior_var = 0.1
-    got = log_posterior_gradients(SPEC, weights, x, y, prior_var, data_batch=16)
-    net = mlp(SIZES)
-    for k in range(3):
-        SPEC.load_into(net, weights[k])
+    got = log_posterior_gradients(spec, weights, x, y, prior_var, data_batch=40)
+    for k in range(n_networks):
+        spec.load_into(net, weights[k])
         net.zero_grad()
         (len(y) * F.cross_entropy(net(x), y)).backward()
         grad = torch.cat([p.grad.reshape(-1) for p in net.parameters()])
