@@ -61,8 +61,10 @@ from apd.schedules import thinned_count
 log = logging.getLogger(__name__)
 
 BASELINES = ("sgd", "mcdropout")
-# independent pieces of the baselines' work, each trained in order: SWAG continues the SGD network
-BASELINE_PIECES = (("sgd", "swag"), ("mcdropout",), ("ensemble",))
+# independent pieces of the baselines' work, each trained in order: SWAG continues the SGD network. Dealt
+# round robin (split_work), two workers train SGD, SWAG and MC dropout on one and the deep ensemble, the
+# longest piece on LeNet-5 and fcNN2, on the other
+BASELINE_PIECES = (("sgd", "swag"), ("ensemble",), ("mcdropout",))
 DISK_MARGIN = 1.1  # free disk asked for, relative to the store's expected size
 STORE_CHECK_BYTES = 2**28  # rows read at a time when a store is checked before reuse
 

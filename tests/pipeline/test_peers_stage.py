@@ -56,8 +56,8 @@ def test_sample_stores_the_ensemble_and_swag_with_manifests(tiny_pipeline):
 
 
 def test_baselines_and_peers_on_two_workers_are_those_trained_here(tiny_pipeline, tmp_path, monkeypatch):
-    """The baselines and peers dealt to two worker processes (SGD then SWAG, and the ensemble, on one; MC
-    dropout on the other) are, bit for bit, those the tiny pipeline trained in turn in this process; once they
+    """The baselines and peers dealt to two worker processes (SGD then SWAG, and MC dropout, on one; the
+    ensemble on the other) are, bit for bit, those the tiny pipeline trained in turn in this process; once they
     are complete, no worker is started again."""
     from apd.pipeline import parallel
     from apd.pipeline.sample import train_all_baselines
