@@ -36,6 +36,10 @@ _CONCAT_MIN_INPUTS = 2048
 _CNN_CHUNK = 20
 _CNN_CACHE_ELEMENTS = 3 * 2**17
 _CNN_HEAD_IMAGES = 400
+# Up to this many networks a block convolves the images themselves, each network's first filters as
+# ordinary output channels: below it, building the patches costs more than the few networks save by
+# sharing them (LeNet-5 on 4,000 images, side by side in benchmarks/bench_predict_cnn_few.py)
+_CNN_DIRECT_NETWORKS = 4
 # Convolution layers of :func:`network`, as LeNet-5's: square KERNEL × KERNEL filters, the first padded by
 # KERNEL // 2 (28 × 28 images read as LeNet-5's 32 × 32), the later ones unpadded, each followed by a ReLU
 # and POOL × POOL max pooling.
@@ -296,6 +300,9 @@ def predict_logits(
         networks = min(n_nets, chunk or _CNN_CHUNK)
         budget = _CHUNK_ELEMENTS if weights.device.type == "cuda" else _CNN_CACHE_ELEMENTS
         images = max(1, budget * POOL * POOL // (networks * spec.activation_width(x.shape[1])))
+        if networks <= _CNN_DIRECT_NETWORKS:
+            return torch.cat([_cnn_direct_logits(spec, weights[start:start + networks].to(dtype), x)
+                              for start in range(0, n_nets, networks)]).float()
         return _cnn_logits(spec, weights.to(dtype), x, networks, images).float()
     chunk = chunk or auto_chunk(n_inputs, spec.activation_width(x.shape[1]), n_nets)
     outputs = []
@@ -336,6 +343,15 @@ def _cnn_logits(spec: ParamSpec, weights: Tensor, x: Tensor, networks: int, imag
             _cnn_head(layers, params, torch.cat([_shared_maps(convs, params, q, side) for q in quarters]))
             for params in blocks]))
     return torch.cat(columns, 1)
+
+
+def _cnn_direct_logits(spec: ParamSpec, block: Tensor, x: Tensor) -> Tensor:
+    """Logits [k, N, C] of the few CNNs ``block`` [k, D] (k ≤ :data:`_CNN_DIRECT_NETWORKS`) on shared flat
+    images x [N, side²], :data:`_CNN_HEAD_IMAGES` at a time: every convolution grouped (:func:`_cnn_forward`
+    on the images seen by each of the k networks)."""
+    convs, layers, params = spec.conv_layers(), spec.linear_layers(), _by_start(spec, block)
+    return torch.cat([_cnn_forward(convs, layers, params, x[start:start + _CNN_HEAD_IMAGES].expand(len(block), -1, -1))
+                      for start in range(0, len(x), _CNN_HEAD_IMAGES)], 1)
 
 
 def _by_start(spec: ParamSpec, block: Tensor) -> dict[int, Tensor]:

@@ -184,8 +184,12 @@ def test_network_rejects_images_it_cannot_take():
         network([784, 10], [0])
 
 
+@pytest.mark.parametrize("direct", [0, 4], ids=["patches", "direct"])
 @pytest.mark.parametrize("chunk", [None, 1, 2])
-def test_predict_logits_of_cnns_matches_their_modules(chunk):
+def test_predict_logits_of_cnns_matches_their_modules(chunk, direct, monkeypatch):
+    """Both paths of a block: the first layer's patches, and (up to ``_CNN_DIRECT_NETWORKS``) the images
+    convolved directly."""
+    monkeypatch.setattr(nets_module, "_CNN_DIRECT_NETWORKS", direct)
     torch.manual_seed(0)
     nets = [network([784, 12, 10], [3, 4]) for _ in range(3)]
     spec = ParamSpec.from_module(nets[0])
@@ -206,16 +210,22 @@ def test_predict_logits_of_cnns_matches_their_modules(chunk):
 
 
 def test_a_cnn_predicted_in_blocks_of_networks_and_images_matches_its_modules(monkeypatch):
-    """Blocks of 2 networks × 3 images (the block's first-layer maps held to 2 · 3 · 3 · 784 floats), the last
-    block of each ragged; ``chunk`` sets the networks per block."""
+    """Blocks of 2 networks × 3 images through the patches (a quarter of the block's first-layer maps held
+    to 2 · 3 · 3 · 784 / 4 floats), the last block of each ragged; ``chunk`` sets the networks per block."""
     torch.manual_seed(0)
     nets = [network([784, 12, 10], [3, 4]) for _ in range(5)]
     spec = ParamSpec.from_module(nets[0])
     weights, x = torch.stack([spec.flatten(n) for n in nets]), torch.randn(11, 784)
-    monkeypatch.setattr(nets_module, "_CHUNK_ELEMENTS", 2 * 3 * spec.activation_width(784))
+    monkeypatch.setattr(nets_module, "_CNN_DIRECT_NETWORKS", 0)
+    calls, pooled_patches = [], nets_module._pooled_patches
+    monkeypatch.setattr(nets_module, "_pooled_patches", lambda images, side: calls.append(len(images))
+                        or pooled_patches(images, side))
+    for budget in ("_CHUNK_ELEMENTS", "_CNN_CACHE_ELEMENTS"):
+        monkeypatch.setattr(nets_module, budget, 2 * 3 * spec.activation_width(784) // nets_module.POOL**2)
     with torch.no_grad():
         expected = torch.stack([n(x) for n in nets])
         torch.testing.assert_close(predict_logits(spec, weights, x, chunk=2), expected, atol=1e-5, rtol=1e-4)
+    assert calls == [3, 3, 3, 2]  # one set of patches per block of images, shared by the blocks of networks
 
 
 def test_mc_dropout_members_of_a_cnn_drop_head_units_only():
