@@ -58,9 +58,7 @@ def timed(sizes: list[int], conv: tuple[int, ...]) -> dict[str, float]:
 
 
 def main() -> None:
-    args = parse_threads_and_out(__doc__.splitlines()[0])
-    if not args.threads:
-        torch.set_num_threads(1)
+    args = parse_threads_and_out(__doc__.splitlines()[0], default_threads=1)
     record = BenchmarkRecord("sample")
     threads = torch.get_num_threads()
     print(f"threads {threads}\n")

@@ -50,6 +50,13 @@ CONV_INPUTS, CONV_FILTERS = (64, 32, 32, 32), (64, 32, KERNEL, KERNEL)
 MATMUL = 2048
 
 
+def seeded_lenet5() -> tuple[torch.nn.Module, ParamSpec]:
+    """LeNet-5 (:data:`SIZES`, :data:`CONV`) and its spec, drawn after seeding torch with 0."""
+    torch.manual_seed(0)
+    net = network(SIZES, CONV)
+    return net, ParamSpec.from_module(net)
+
+
 def flops(spec: ParamSpec, side: int = 28) -> tuple[int, int]:
     """2 × multiply-adds per image of the convolutions (output positions × filters × filter size; the first
     padded, each pooled 2 × 2) and of the dense layers of the LeNet-style ``spec``."""
@@ -100,13 +107,9 @@ def timed(spec: ParamSpec, net: torch.nn.Module, k: int, n: int) -> dict[str, fl
 
 
 def main() -> None:
-    args = parse_threads_and_out(__doc__.splitlines()[0])
-    if not args.threads:
-        torch.set_num_threads(2)
+    args = parse_threads_and_out(__doc__.splitlines()[0], default_threads=2)
     record = BenchmarkRecord("evaluate")
-    torch.manual_seed(0)
-    net = network(SIZES, CONV)
-    spec = ParamSpec.from_module(net)
+    net, spec = seeded_lenet5()
     conv_flops, dense_flops = flops(spec)
     threads = torch.get_num_threads()
     print(f"threads {threads}; LeNet-5, {spec.numel:,} weights, {(conv_flops + dense_flops) / 1e6:.3f} MFLOP an "

@@ -14,23 +14,19 @@ faster. An optional argument sets torch's thread count (default 1); ``--out FILE
 from __future__ import annotations
 
 import torch
+from bench_predict_cnn import SIZES, seeded_lenet5
 from record import BenchmarkRecord, parse_threads_and_out
 from timing import best_times
 
-from apd.nets import _CNN_CACHE_ELEMENTS, POOL, ParamSpec, _cnn_direct_logits, _cnn_logits, network
+from apd.nets import _CNN_CACHE_ELEMENTS, POOL, _cnn_direct_logits, _cnn_logits
 
-SIZES, CONV = [784, 120, 84, 10], [6, 16]
 NETWORKS, IMAGES = (1, 2, 3, 4, 6, 8), 4_000
 
 
 def main() -> None:
-    args = parse_threads_and_out(__doc__.splitlines()[0])
-    if not args.threads:
-        torch.set_num_threads(1)
+    args = parse_threads_and_out(__doc__.splitlines()[0], default_threads=1)
     record = BenchmarkRecord("evaluate")
-    torch.manual_seed(0)
-    net = network(SIZES, CONV)
-    spec = ParamSpec.from_module(net)
+    net, spec = seeded_lenet5()
     x = torch.rand(IMAGES, SIZES[0])
     ratios = {}
     with torch.no_grad():

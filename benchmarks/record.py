@@ -47,14 +47,15 @@ def add_out_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="write the measured rows as a JSON record here")
 
 
-def parse_threads_and_out(description: str) -> argparse.Namespace:
-    """``[THREADS] [--out FILE]`` of the prediction benchmarks; sets torch's thread count when given."""
+def parse_threads_and_out(description: str, default_threads: int | None = None) -> argparse.Namespace:
+    """``[THREADS] [--out FILE]`` of the prediction benchmarks; sets torch's thread count to THREADS, or to
+    ``default_threads`` when it is not given (torch's own count when that is None too)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("threads", type=int, nargs="?", help="torch threads (1 is fairer on a shared machine)")
     add_out_argument(parser)
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.threads or default_threads:
+        torch.set_num_threads(args.threads or default_threads)
     return args
 
 
