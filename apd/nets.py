@@ -278,7 +278,8 @@ def predict_logits(
     (default :data:`_CNN_CHUNK`) × as many images as keep a quarter of the block's first-layer maps to
     :data:`_CNN_CACHE_ELEMENTS` floats on a CPU (:data:`_CHUNK_ELEMENTS` on a GPU; :func:`_cnn_logits`): the
     first convolution four products of the images' patches with the block's filters, one per pooling
-    offset, later ones grouped convolutions (k groups), the head batched ``baddbmm``. Computes on
+    offset, later ones grouped convolutions (k groups), the head batched ``baddbmm``; blocks of at most
+    :data:`_CNN_DIRECT_NETWORKS` networks convolve the images directly (:func:`_cnn_direct_logits`). Computes on
     ``weights.device``; ``compute_dtype`` (e.g. ``torch.bfloat16``) casts weights and inputs for the
     matmuls; the result is float32. Differentiable in ``x`` and ``weights``; never writes
     into a module.
@@ -298,11 +299,11 @@ def predict_logits(
         raise ValueError(f"chunk must be positive, got {chunk}")
     if convs:
         networks = min(n_nets, chunk or _CNN_CHUNK)
-        budget = _CHUNK_ELEMENTS if weights.device.type == "cuda" else _CNN_CACHE_ELEMENTS
-        images = max(1, budget * POOL * POOL // (networks * spec.activation_width(x.shape[1])))
         if networks <= _CNN_DIRECT_NETWORKS:
             return torch.cat([_cnn_direct_logits(spec, weights[start:start + networks].to(dtype), x)
                               for start in range(0, n_nets, networks)]).float()
+        budget = _CHUNK_ELEMENTS if weights.device.type == "cuda" else _CNN_CACHE_ELEMENTS
+        images = max(1, budget * POOL * POOL // (networks * spec.activation_width(x.shape[1])))
         return _cnn_logits(spec, weights.to(dtype), x, networks, images).float()
     chunk = chunk or auto_chunk(n_inputs, spec.activation_width(x.shape[1]), n_nets)
     outputs = []

@@ -23,9 +23,10 @@ import argparse
 import time
 
 import torch
+from bench_predict_cnn import seeded_lenet5
 from record import BenchmarkRecord, add_out_argument
 
-from apd.nets import ParamSpec, mlp, network
+from apd.nets import ParamSpec, mlp
 from apd.posteriors.stein import log_posterior_gradients, stein_thin
 
 
@@ -54,9 +55,7 @@ def case(sizes: list[int], n_train: int, candidates: int, timed: int, picks: int
 
 def cnn_blocks_against_one_at_a_time(candidates: int = 20, n_train: int = 10_000) -> tuple[float, float]:
     """Best-of-two seconds of LeNet-5's scores of ``candidates`` networks: one at a time, then in blocks."""
-    torch.manual_seed(0)
-    net = network([784, 120, 84, 10], [6, 16])
-    spec = ParamSpec.from_module(net)
+    net, spec = seeded_lenet5()
     weights = spec.flatten(net) + 0.05 * torch.randn(candidates, spec.numel)
     x, y = torch.rand(n_train, 784), torch.randint(10, (n_train,))
 
