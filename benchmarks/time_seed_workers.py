@@ -30,7 +30,7 @@ from pathlib import Path
 from record import BenchmarkRecord, add_out_argument
 
 from apd.config_load import load_config
-from apd.pipeline.layout import Layout
+from apd.pipeline.layout import Layout, manifest_of
 
 
 def scratch_pipeline(layout: Layout, scratch_root: Path) -> None:
@@ -40,7 +40,8 @@ def scratch_pipeline(layout: Layout, scratch_root: Path) -> None:
     target.mkdir(parents=True)
     for path in layout.root.glob("samples*.h5"):
         (target / path.name).symlink_to(path.resolve())
-    shutil.copyfile(layout.root / "samples.json", target / "samples.json")
+    manifest = manifest_of(layout.samples)
+    shutil.copyfile(manifest, target / manifest.name)
 
 
 def distill_seconds(config: str, root: Path, workers: int, steps: int) -> float:
@@ -61,7 +62,7 @@ def main() -> int:
     args = parser.parse_args()
     cfg = load_config(args.config)
     layout = Layout(args.artifacts / cfg.name)
-    if not (layout.root / "samples.json").is_file():
+    if not manifest_of(layout.samples).is_file():
         parser.error(f"--artifacts {args.artifacts}: no complete `apd sample` of {cfg.name} there")
     record = BenchmarkRecord("distill")
     with tempfile.TemporaryDirectory(prefix="apd-seed-workers-") as scratch:
