@@ -16,7 +16,9 @@ timed in interleaved blocks, so drift on a shared machine hits all alike.
   backward, :func:`apd.nets.per_network_logits`) against ``vmap(grad(functional_call))`` over stacked
   parameters (``torch.func``), at C = 8 on the CPU and C = 256 on CUDA.
 - ``workers``: two processes (spawn), one chain and one thread each, against one chain on two threads.
-- ``reading``: a store of R rows as one file and as two shards joined (HDF5 virtual dataset).
+- ``reading``: a store of R rows of four chains as one file and as two shards of two chains each joined
+  (HDF5 virtual dataset), read from the shards (as :class:`~apd.samplers.store.SampleStore` reads a joined
+  store) and through HDF5's own mapping.
 
 Run: .venv/bin/python benchmarks/bench_chains.py [--reps 5] [--steps 200] [--out FILE]
 """
@@ -186,23 +188,31 @@ def worker_rates(sizes: list[int], reps: int, steps: int) -> dict[str, float]:
 
 
 def bench_read(sizes: list[int], rows: int, reps: int) -> dict[str, float]:
-    """Seconds to read 100 random rows and all rows, from one file and from two joined shards."""
+    """Seconds to read 100 random rows and all rows of a store of four chains: from one file, from two shards
+    of two chains each (written interleaved, as a worker stepping them together writes them) joined, as
+    :class:`SampleStore` reads them (from the shards), and through HDF5's own mapping of the virtual dataset."""
     spec = ParamSpec.from_module(mlp(sizes))
     generator = np.random.default_rng(0)
-    data = generator.standard_normal((rows, spec.numel), dtype=np.float32)
+    data = generator.standard_normal((rows, spec.numel), dtype=np.float32)  # rows ordered by chain, as joined
+    per_chain = rows // 4
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         with SampleStore.create(folder / "one.h5", spec, {}) as store:
-            store.append_many(data, steps=np.arange(rows), chains=np.arange(rows) * 2 // rows)
+            store.append_many(data, steps=np.arange(rows), chains=np.arange(rows) // per_chain)
         for rank in range(2):
-            part = slice(rank * rows // 2, (rank + 1) * rows // 2)
+            chains = [rank, rank + 2]
+            interleaved = np.stack([data[c * per_chain:(c + 1) * per_chain] for c in chains], axis=1)
             with SampleStore.create(folder / f"shard-{rank}.h5", spec, {}) as store:
-                store.append_many(data[part], steps=np.arange(rows)[part], chains=rank)
+                store.append_many(interleaved.reshape(-1, spec.numel), steps=np.arange(per_chain).repeat(2),
+                                  chains=np.tile(chains, per_chain))
         join_stores(folder / "joined.h5", [folder / "shard-0.h5", folder / "shard-1.h5"])
         picks = [generator.integers(0, rows, 100) for _ in range(reps)]
-        for name in ("one", "joined"):
-            with SampleStore.open(folder / f"{name}.h5") as store:
+        for name in ("one", "joined", "mapped"):
+            with SampleStore.open(folder / f"{'joined' if name == 'mapped' else name}.h5") as store:
+                if name == "mapped":  # no shard reader: HDF5 reads the virtual dataset itself, as before
+                    store._shards.close()
+                    store._shards = None
                 store.read_all()  # into the page cache
                 assert np.array_equal(store.read(picks[0]).numpy(), data[picks[0]])
                 random_times, all_times = [], []
@@ -286,16 +296,19 @@ def main() -> None:
         cuda_rows(record, args.reps, args.steps)
     if not args.cuda_only:
         cpu_rows(record, args.nets.split(","), args.reps, args.steps)
-        print(f"\nreading {args.rows} fcNN1 rows: one file vs two shards joined (virtual dataset), page cache warm")
+        print(f"\nreading {args.rows} fcNN1 rows of four chains: one file vs two shards of two chains joined "
+              "(virtual dataset), page cache warm")
         times = bench_read(NETS["fcNN1"], args.rows, args.reps)
         labels = {"random": "100 random rows", "all": f"all {args.rows} rows in order"}
         for what, label in labels.items():
-            one, joined = times[f"one {what}"], times[f"joined {what}"]
+            one, joined, mapped = (times[f"{name} {what}"] for name in ("one", "joined", "mapped"))
             print(f"  {label:<22} one file {1e3 * one:8.2f} ms   joined {1e3 * joined:8.2f} ms   "
-                  f"joined / one file {joined / one:.2f}")
-        record.add(f"reading a store of two shards joined (HDF5 virtual dataset) over one file, {args.rows} fcNN1 "
-                   "rows", ", ".join(f"{label} {times[f'joined {what}'] / times[f'one {what}']:.2f}×"
-                                     for what, label in labels.items()))
+                  f"through HDF5's mapping {1e3 * mapped:8.2f} ms")
+        record.add(f"reading a store of four chains as two shards of two chains joined (HDF5 virtual dataset) over "
+                   f"one file, {args.rows} fcNN1 rows; in brackets, read through HDF5's own mapping",
+                   ", ".join(f"{label} {times[f'joined {what}'] / times[f'one {what}']:.2f}× "
+                             f"({times[f'mapped {what}'] / times[f'one {what}']:.2f}×)"
+                             for what, label in labels.items()))
     print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     record.write(args.out)
 

@@ -55,6 +55,7 @@ from apd.samplers.store_format import (
     validate,
     write_at,
 )
+from apd.samplers.store_shards import ShardReader
 
 COMPRESSIONS = ("none", "lzf", "gzip")
 
@@ -87,6 +88,8 @@ class SampleStore:
         self._columns: dict[str, h5py.Dataset] = {name: file[name] for name in COLUMNS}
         self._n_complete = h5a.open(file.id, N_COMPLETE.encode())
         self._finite = np.zeros(n, dtype=bool)  # rows read and found finite, each checked once per handle
+        # a joined store's rows are read from its shards (apd.samplers.store_shards), not through HDF5's mapping
+        self._shards = ShardReader.of(self._samples, path, n) if self._samples.is_virtual else None
 
     # ----------------------------------------------------------------------------------------- opening
 
@@ -186,6 +189,8 @@ class SampleStore:
 
     def close(self) -> None:
         """Mark the file as no longer being written (in ``"a"`` mode), flush and close it (idempotent)."""
+        if self._shards is not None:
+            self._shards.close()
         if self._file.id.valid:
             if self._file.mode != "r+":
                 self._file.close()
@@ -340,7 +345,10 @@ class SampleStore:
         if out.size == 0:
             return
         try:
-            read_at(self._samples, start, out)
+            if self._shards is None:
+                read_at(self._samples, start, out)
+            else:
+                self._shards.read(start, out)
         except OSError as exc:
             raise ArtifactError(f"{self.path}: cannot read rows {start}:{start + len(out)} ({exc})") from None
         stop = start + len(out)
