@@ -66,6 +66,9 @@ class ShardReader:
     def read(self, start: int, out: np.ndarray) -> None:
         """Fill the C-contiguous ``out`` [k, D] with the joined rows start:start+k, one hyperslab read per run
         of rows consecutive in one shard."""
+        if len(out) == 1:  # a random row: no runs to find
+            read_at(self._datasets[self.shard[start]], int(self.row[start]), out)
+            return
         shard, row = self.shard[start:start + len(out)], self.row[start:start + len(out)]
         breaks = np.flatnonzero((np.diff(shard) != 0) | (np.diff(row) != 1)) + 1
         for a, b in zip(np.r_[0, breaks], np.r_[breaks, len(out)], strict=True):
