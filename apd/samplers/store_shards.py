@@ -5,7 +5,7 @@ rows. A shard whose worker stepped several chains together holds their rows inte
 chain), so a chain's rows there are a strided selection, and HDF5 reads a strided selection of whole rows
 far slower than the same rows one hyperslab each (fcNN1's store, four chains on two workers: 1,000
 consecutive joined rows in 3.5 s through the virtual dataset, 0.1 s from the shards;
-``benchmarks/bench_store.py``). :class:`ShardReader` resolves the mapping once, when the store is opened,
+``benchmarks/bench_chains.py`` times both). :class:`ShardReader` resolves the mapping once, when the store is opened,
 to a shard and a row there for every joined row, and reads each run of rows consecutive in one shard as
 one hyperslab of that shard: the same bytes, in the same places.
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from apd.errors import ArtifactError
 from apd.samplers.store_format import LOCKING, SAMPLES, read_at, source_path
 
 
@@ -60,7 +61,14 @@ class ShardReader:
             row[joined[inside]] = source[inside]
         if (shard < 0).any():
             return None
-        files = [h5py.File(source_path(path, name), "r", locking=LOCKING) for name in names]
+        files: list[h5py.File] = []
+        try:
+            for name in names:
+                files.append(h5py.File(source_path(path, name), "r", locking=LOCKING))
+        except OSError as exc:
+            for file in files:
+                file.close()
+            raise ArtifactError(f"{path}: cannot open its shard {source_path(path, name)} ({exc})") from None
         return cls(files, shard, row)
 
     def read(self, start: int, out: np.ndarray) -> None:

@@ -54,3 +54,13 @@ def test_a_damaged_shard_row_read_through_the_join_is_one_clear_error(tmp_path):
         store.read([0, 4])
         with pytest.raises(ArtifactError, match="sample 5 holds NaN"):
             store.read_all()
+
+
+def test_a_shard_that_cannot_be_opened_is_one_clear_error(tmp_path):
+    write_shard(tmp_path / "s-0.h5", [0], 3)
+    write_shard(tmp_path / "s-1.h5", [1], 3)
+    join_stores(tmp_path / "joined.h5", [tmp_path / "s-0.h5", tmp_path / "s-1.h5"])
+    (tmp_path / "s-1.h5").unlink()  # after SampleStore.open's check, say
+    with h5py.File(tmp_path / "joined.h5", "r") as file, \
+            pytest.raises(ArtifactError, match=r"joined.h5: cannot open its shard .*s-1.h5"):
+        ShardReader.of(file["samples"], tmp_path / "joined.h5", 6)
