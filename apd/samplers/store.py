@@ -78,7 +78,8 @@ def chain_partition(chains: np.ndarray) -> tuple[list[int], list[Tensor], Tensor
 class SampleStore:
     """An HDF5 file of weight samples (see the module docstring). Build with :meth:`create`/:meth:`open`."""
 
-    def __init__(self, file: h5py.File, path: Path, spec: ParamSpec, meta: dict, n: int) -> None:
+    def __init__(self, file: h5py.File, path: Path, spec: ParamSpec, meta: dict, n: int,
+                 shards: ShardReader | None = None) -> None:
         self._file = file
         self.path = path
         self.spec = spec
@@ -89,7 +90,7 @@ class SampleStore:
         self._n_complete = h5a.open(file.id, N_COMPLETE.encode())
         self._finite = np.zeros(n, dtype=bool)  # rows read and found finite, each checked once per handle
         # a joined store's rows are read from its shards (apd.samplers.store_shards), not through HDF5's mapping
-        self._shards = ShardReader.of(self._samples, path, n) if self._samples.is_virtual else None
+        self._shards = shards
 
     # ----------------------------------------------------------------------------------------- opening
 
@@ -166,10 +167,12 @@ class SampleStore:
             raise ArtifactError(f"{path}: not a readable HDF5 file ({exc})") from None
         try:
             spec, meta, n = validate(file, path, expect_spec)
+            shards = None
             if file[SAMPLES].is_virtual:
                 if mode == "a":
                     raise ArtifactError(f"{path}: a joined store (a virtual dataset over its shards) is read-only")
                 check_shards(file[SAMPLES], path)
+                shards = ShardReader.of(file[SAMPLES], path, n)
         except BaseException:
             file.close()
             raise
@@ -177,7 +180,7 @@ class SampleStore:
             file.close()
             _rebuild(path, spec, meta)
             return cls.open(path, mode, expect_spec)
-        store = cls(file, path, spec, meta, n)
+        store = cls(file, path, spec, meta, n, shards)
         if mode == "a":
             require_space(path, 0)
             with writing_to(path, store, file):
