@@ -10,8 +10,9 @@ iteration of all chains; best of a few on this noisy shared machine) and the spe
 turn, then how far each batched way's generators are from the sequential ones after those steps (float
 rounding). Takes about a minute on one thread. ``--device cuda`` measures the same on a GPU, where a step
 of these small networks is a few hundred short kernels, and ``--chains`` sets the C measured (e.g. 12: three
-generator seeds of fcNN1's four chains batched together). The batched trainer was kept: at every C it beat vmap, whose
-per-call overhead costs most at C = 2.
+generator seeds of fcNN1's four chains batched together); there a fourth way replays the batched step from its CUDA
+graph (:class:`~apd.cuda_graphs.RecordedStep`), as the pipeline steps it on a GPU. The batched trainer was kept: at
+every C it beat vmap, whose per-call overhead costs most at C = 2.
 """
 
 from __future__ import annotations
@@ -38,6 +39,20 @@ REPEATS = 20  # iterations timed per way at each C, interleaved (the fastest cou
 def networks(seed: int, device: torch.device) -> tuple[Generator, Critic]:
     torch.manual_seed(seed)
     return Generator(Z, HIDDEN, CODE).to(device), Critic(CODE, HIDDEN).to(device)
+
+
+def chain_trainers(seeds: list[int], device: torch.device, cuda_graph: bool) -> ChainTrainers:
+    """The chains' GANs of ``seeds`` as one batched trainer."""
+    generators, critics = zip(*(networks(seed, device) for seed in seeds), strict=True)
+    return ChainTrainers(generators, critics, torch.full((len(seeds),), 1 / len(seeds), device=device), "wgan-gp",
+                         **ADAM, seeds=seeds, cuda_graph=cuda_graph)
+
+
+def generator_weights(trainer: ChainTrainers | VmapTrainer, chains: int) -> Tensor:
+    """The chains' generator weights, flattened chain after chain."""
+    if isinstance(trainer, ChainTrainers):
+        return flat(g.parameters() for g in trainer.generator.generators)
+    return flat((trainer.g_params[name][j] for name in trainer.g_params) for j in range(chains))
 
 
 def flat(chains: Iterable[Iterable[Tensor]]) -> Tensor:
@@ -121,42 +136,47 @@ def main() -> None:
     record = BenchmarkRecord("distill")
     print(f"{device}, threads {torch.get_num_threads()}; codes {CODE}, z {Z}, hidden {HIDDEN}, batch {BATCH}, "
           f"{N_CRITIC} critic steps per generator step, wgan-gp, Adam\n")
-    header = (f"{'C':>3} | {'in turn':>8} {'batched':>8} {'vmap':>8}  chain-steps/s | {'batched':>8} {'vmap':>8}  "
-              f"speed-up | {'batched':>8} {'vmap':>8}  max |Δθ_G| vs in turn")
+    ways_measured = ["in turn", "batched", "vmap", *(["recorded"] if device.type == "cuda" else [])]
+    header = (f"{'C':>3} | " + " ".join(f"{w:>8}" for w in ways_measured) + "  chain-steps/s | "
+              + " ".join(f"{w:>8}" for w in ways_measured[1:]) + "  speed-up | "
+              + " ".join(f"{w:>8}" for w in ways_measured[1:]) + "  max |Δθ_G| vs in turn")
     print(header)
     print("-" * len(header))
     rates: dict[int, dict[str, float]] = {}
     for c in args.chains:
         seeds = list(range(c))
         real = torch.randn(c, BATCH, CODE, generator=torch.Generator().manual_seed(c)).to(device)
-        sequential = [GANTrainer(*networks(seed, device), "wgan-gp", **ADAM, seed=seed) for seed in seeds]
-        generators, critics = zip(*(networks(seed, device) for seed in seeds), strict=True)
-        batched = ChainTrainers(generators, critics, torch.full((c,), 1 / c, device=device), "wgan-gp", **ADAM,
-                                seeds=seeds)
-        vmapped = VmapTrainer(seeds, device)
-        ways = {
-            "in turn": lambda seq=sequential, real=real: [t.step(lambda j=j: real[j], N_CRITIC)
-                                                          for j, t in enumerate(seq)],
-            "batched": lambda b=batched, real=real: b.step([lambda j=j: real[j] for j in range(len(real))], N_CRITIC),
-            "vmap": lambda v=vmapped, real=real: v.step(real),
-        }
+        real_batches = [lambda j=j, real=real: real[j] for j in range(c)]
+        sequential = [GANTrainer(*networks(seed, device), "wgan-gp", **ADAM, seed=seed, cuda_graph=False)
+                      for seed in seeds]
+        trainers = {"batched": chain_trainers(seeds, device, cuda_graph=False), "vmap": VmapTrainer(seeds, device)}
+        if device.type == "cuda":
+            trainers["recorded"] = chain_trainers(seeds, device, cuda_graph=True)
+        ways = {"in turn": lambda seq=sequential, real=real: [t.step(lambda j=j: real[j], N_CRITIC)
+                                                              for j, t in enumerate(seq)],
+                "vmap": lambda v=trainers["vmap"], real=real: v.step(real)}
+        for name in ("batched", "recorded"):
+            if name in trainers:
+                ways[name] = lambda b=trainers[name], rb=real_batches: b.step(rb, N_CRITIC)
         rates[c] = {name: c / seconds for name, seconds in best_times(ways, REPEATS).items()}
         reference = flat(t.generator.parameters() for t in sequential)
-        batched_g = flat(g.parameters() for g in batched.generator.generators)
-        vmap_g = flat((vmapped.g_params[name][j] for name in vmapped.g_params) for j in range(c))
+        gaps = {name: (generator_weights(trainer, c) - reference).abs().max() for name, trainer in trainers.items()}
         r = rates[c]
-        print(f"{c:>3} | {r['in turn']:>8.1f} {r['batched']:>8.1f} {r['vmap']:>8.1f}                | "
-              f"{r['batched'] / r['in turn']:>7.2f}× {r['vmap'] / r['in turn']:>7.2f}×           | "
-              f"{(batched_g - reference).abs().max():>8.1e} {(vmap_g - reference).abs().max():>8.1e}", flush=True)
+        print(f"{c:>3} | " + " ".join(f"{r[w]:>8.1f}" for w in ways_measured) + "                | "
+              + " ".join(f"{r[w] / r['in turn']:>7.2f}×" for w in ways_measured[1:]) + "           | "
+              + " ".join(f"{gaps[w]:>8.1e}" for w in ways_measured[1:]), flush=True)
     print(f"\nchain-steps/s: C / seconds of one iteration of all C chains ({N_CRITIC} critic + 1 generator steps "
-          "each); Δθ_G: after the same steps from the same weights and streams.")
-    rows = {c: f"{r['in turn']:.0f} / {r['batched']:.0f} / {r['vmap']:.0f}" for c, r in rates.items()}
+          "each); Δθ_G: after the same steps from the same weights and streams. The first three ways step as "
+          "usual; recorded (CUDA): the batched step replayed from its CUDA graph.")
+    rows = {c: " / ".join(f"{r[w]:.0f}" for w in ways_measured) for c, r in rates.items()}
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} thread(s)"
     record.add(f"one WGAN-GP per chain at fcNN1's distiller sizes, {where}, chain-steps/s "
-               "in turn / batched / vmap (`bench_chain_gans.py`)", "; ".join(f"C = {c}: {v}" for c, v in rows.items()))
-    speed_ups = [f"{r['batched'] / r['in turn']:.2f}× ({r['vmap'] / r['in turn']:.2f}×)" for r in rates.values()]
+               f"{' / '.join(ways_measured)} (`bench_chain_gans.py`)",
+               "; ".join(f"C = {c}: {v}" for c, v in rows.items()))
+    speed_ups = [" (".join(f"{r[w] / r['in turn']:.2f}×" for w in ways_measured[1:3]) + ")"
+                 + "".join(f", {w} {r[w] / r['in turn']:.2f}×" for w in ways_measured[3:]) for r in rates.values()]
     record.add("the chains' GANs as one batched computation against the chains in turn (vmap in brackets)",
-               f"{', '.join(speed_ups)} at C = {', '.join(map(str, args.chains))}")
+               f"{'; '.join(speed_ups)} at C = {', '.join(map(str, args.chains))}")
     record.write(args.out)
 
 

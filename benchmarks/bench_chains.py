@@ -91,7 +91,7 @@ def chain_step_rates(sizes: list[int], counts: list[int], device: torch.device, 
         for t in range(clock[c], clock[c] + steps):
             batches[c].step(t)
         clock[c] += steps
-        if graph and not batches[c].graphed:
+        if graph and not batches[c].graph_recorded:
             raise RuntimeError(f"C = {c}: the CUDA graph was not recorded; these would be eager rates")
 
     for rep in range(reps + 1):  # the first round warms up and is dropped

@@ -17,7 +17,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "apd"
 # Layers from the bottom; a module may import from its own layer and those below it.
 LAYERS = [
     {"apd", "apd._version", "apd.errors", "apd.methods", "apd.interrupts", "apd.config", "apd.config_load", "apd.io",
-     "apd.nets", "apd.toy2d", "apd.data", "apd.metrics", "apd.uncertainty", "apd.acquisition", "apd.schedules"},
+     "apd.nets", "apd.toy2d", "apd.data", "apd.metrics", "apd.uncertainty", "apd.acquisition", "apd.schedules",
+     "apd.cuda_graphs"},
     {"apd.samplers"},
     {"apd.distillation"},
     {"apd.posteriors"},

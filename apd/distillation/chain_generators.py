@@ -56,15 +56,17 @@ class ChainTrainers:
     ``seeds[j]``, so chain j trains as a trainer of its generator and critic alone would, whatever chains
     train with it (to float rounding). ``generator`` is the :class:`ChainGenerators` of the C generators,
     whose weights are views of the stack and so always the trained ones; ``critic`` is the stacked critic.
+    ``cuda_graph`` as :class:`~apd.distillation.gan.GANTrainer`'s.
     :meth:`step` takes one step of every chain on its own chain's real batches."""
 
     def __init__(self, generators: Sequence[Generator], critics: Sequence[Critic], shares: Tensor,
                  loss: GANLoss | str = "wgan-gp", *, lr: float | None = None,
-                 betas: tuple[float, float] | None = None, seeds: Sequence[int]) -> None:
+                 betas: tuple[float, float] | None = None, seeds: Sequence[int],
+                 cuda_graph: bool | None = None) -> None:
         if not len(generators) == len(critics) == len(seeds):
             raise ValueError(f"{len(generators)} generators, {len(critics)} critics and {len(seeds)} seeds")
         self.trainer = GANTrainer(stacked(generators), stacked(critics), loss, lr=lr, betas=betas, seed=list(seeds),
-                                  chain_weights=shares)
+                                  chain_weights=shares, cuda_graph=cuda_graph)
         self.generator = ChainGenerators(generators, shares)
         self.critic = self.trainer.critic
 

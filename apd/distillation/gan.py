@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from apd.cuda_graphs import RecordedStep
 from apd.errors import ArtifactError, ConfigError, DataError, DivergenceError
 from apd.nets import mlp
 
@@ -298,27 +299,29 @@ def make_optimizers(
     critic: nn.Module,
     lr: float | None = None,
     betas: tuple[float, float] | None = None,
+    capturable: bool = False,
 ) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:
     """(generator optimiser, critic optimiser) for ``kind``: Adam(lr, β) for wgan-gp and gan, RMSprop(lr)
-    for wgan; ``None`` takes the defaults in :data:`OPTIMIZER_DEFAULTS` (betas are ignored for RMSprop)."""
+    for wgan; ``None`` takes the defaults in :data:`OPTIMIZER_DEFAULTS` (betas are ignored for RMSprop).
+    ``capturable``: their steps can be recorded in a CUDA graph (their step counts kept on the device)."""
     if kind not in OPTIMIZER_DEFAULTS:
         raise ConfigError(f"unknown GAN loss {kind!r}; choose one of {', '.join(GAN_KINDS)}")
     defaults = OPTIMIZER_DEFAULTS[kind]
     lr = defaults["lr"] if lr is None else lr
     if defaults["optimizer"] == "rmsprop":
-        return (torch.optim.RMSprop(generator.parameters(), lr=lr, foreach=True),
-                torch.optim.RMSprop(critic.parameters(), lr=lr, foreach=True))
+        return (torch.optim.RMSprop(generator.parameters(), lr=lr, foreach=True, capturable=capturable),
+                torch.optim.RMSprop(critic.parameters(), lr=lr, foreach=True, capturable=capturable))
     betas = defaults["betas"] if betas is None else betas
-    return _adam(generator, lr, betas), _adam(critic, lr, betas)
+    return _adam(generator, lr, betas, capturable), _adam(critic, lr, betas, capturable)
 
 
-def _adam(module: nn.Module, lr: float, betas: tuple[float, float]) -> torch.optim.Adam:
+def _adam(module: nn.Module, lr: float, betas: tuple[float, float], capturable: bool) -> torch.optim.Adam:
     """Adam with the fused kernel (several times faster than foreach on CPU), foreach where none exists."""
     params = list(module.parameters())
     try:
-        return torch.optim.Adam(params, lr=lr, betas=betas, fused=True)
+        return torch.optim.Adam(params, lr=lr, betas=betas, fused=True, capturable=capturable)
     except RuntimeError:  # a device without a fused Adam kernel
-        return torch.optim.Adam(params, lr=lr, betas=betas, foreach=True)
+        return torch.optim.Adam(params, lr=lr, betas=betas, foreach=True, capturable=capturable)
 
 
 def _detached(**stats: Tensor) -> dict[str, Tensor]:
@@ -341,6 +344,12 @@ class GANTrainer:
     A batch is the critic's input: the codes and ``label_columns`` columns after them (none here; a
     conditioned trainer's batches carry each row's chain, :mod:`apd.distillation.conditioned`). The fakes
     a critic step scores come from :meth:`fakes_like`, a generator step's from :meth:`fakes`.
+
+    On CUDA (``cuda_graph``, on there by default) :meth:`step` — its critic steps and its generator step — is
+    recorded as one CUDA graph after three steps as usual, and replayed (:class:`~apd.cuda_graphs.RecordedStep`):
+    a step of these small networks is several hundred short kernels, which the replay launches in one call.
+    It draws what the steps as usual draw and makes the same updates (the optimisers then keep their step
+    counts on the device, as recording requires).
     """
 
     label_columns: ClassVar[int] = 0
@@ -355,6 +364,7 @@ class GANTrainer:
         betas: tuple[float, float] | None = None,
         seed: int | Sequence[int] = 0,
         chain_weights: Tensor | None = None,
+        cuda_graph: bool | None = None,
     ) -> None:
         if generator.out_dim + self.label_columns != critic.in_dim:
             raise ValueError(f"generator makes {generator.out_dim}-vectors (and {self.label_columns} label columns), "
@@ -362,9 +372,13 @@ class GANTrainer:
         self.generator = generator
         self.critic = critic
         self.loss = make_loss(loss) if isinstance(loss, str) else loss
-        self.generator_opt, self.critic_opt = make_optimizers(self.loss.kind, generator, critic, lr, betas)
         first_weight = critic.input_layer.weight
         self.device, self.dtype = first_weight.device, first_weight.dtype
+        self.graphed = self.device.type == "cuda" if cuda_graph is None else cuda_graph
+        if self.graphed and self.device.type != "cuda":
+            raise ValueError(f"a CUDA graph of the GAN step needs CUDA; the networks are on {self.device}")
+        self.generator_opt, self.critic_opt = make_optimizers(self.loss.kind, generator, critic, lr, betas,
+                                                              capturable=self.graphed)
         self.rng = seeded_streams(seed, self.device)
         self.chains = (len(seed),) if isinstance(seed, Sequence) else ()  # the batches' leading axes
         if self.chains and chain_weights is None:
@@ -372,23 +386,15 @@ class GANTrainer:
         self.chain_weights = None if chain_weights is None else chain_weights.double().cpu()
         self.critic_steps = 0
         self.generator_steps = 0
+        self._recording: RecordedStep | None = None
+        self._recorded_real: Tensor | None = None  # the recorded step's real batches [n_critic, *chains, B, D]
 
     def critic_step(self, real: Tensor) -> dict[str, float]:
         """One critic update on ``real`` [B, D] ([C, B, D] for C chains) and B fresh generator samples (per
         chain); returns the loss's stats (``critic_loss``, plus ``wasserstein`` = E[D(real)] − E[D(fake)]
         and ``gradient_penalty`` for the Wasserstein kinds, or ``real_prob``/``fake_prob`` for the vanilla
         GAN)."""
-        if real.ndim != len(self.chains) + 2 or real.shape[:-2] != self.chains or real.shape[-1] != self.critic.in_dim:
-            raise DataError(f"real batch has shape {list(real.shape)}; "
-                            f"expected [{', '.join(map(str, [*self.chains, 'batch', self.critic.in_dim]))}]")
-        real = real.to(self.device, self.dtype, non_blocking=True)
-        with torch.no_grad():
-            fake = self.fakes_like(real)
-        loss, stats = self.loss.critic_loss(self.critic, real, fake, rng=self.rng)
-        self.critic_opt.zero_grad(set_to_none=True)
-        loss.sum().backward()  # the chains' sum: each chain's weights get their own loss's gradient
-        self.critic_opt.step()
-        self.loss.after_critic_step(self.critic)
+        stats = self._critic_update(self._checked_batch(real))
         self.critic_steps += 1
         return self._checked(stats, f"critic step {self.critic_steps}")
 
@@ -398,13 +404,36 @@ class GANTrainer:
         Gradients flow through the critic but are accumulated only into the generator, so the critic's
         large input-layer weight gradient is never computed here.
         """
+        stats = self._generator_update(batch_size)
+        self.generator_steps += 1
+        return self._checked(stats, f"generator step {self.generator_steps}")
+
+    def _checked_batch(self, real: Tensor) -> Tensor:
+        """``real`` on the trainer's device and dtype, or a :class:`DataError` for a batch of another shape."""
+        if real.ndim != len(self.chains) + 2 or real.shape[:-2] != self.chains or real.shape[-1] != self.critic.in_dim:
+            raise DataError(f"real batch has shape {list(real.shape)}; "
+                            f"expected [{', '.join(map(str, [*self.chains, 'batch', self.critic.in_dim]))}]")
+        return real.to(self.device, self.dtype, non_blocking=True)
+
+    def _critic_update(self, real: Tensor) -> dict[str, Tensor]:
+        """The critic update of :meth:`critic_step` on a checked batch; its stats as tensors."""
+        with torch.no_grad():
+            fake = self.fakes_like(real)
+        loss, stats = self.loss.critic_loss(self.critic, real, fake, rng=self.rng)
+        self.critic_opt.zero_grad(set_to_none=True)
+        loss.sum().backward()  # the chains' sum: each chain's weights get their own loss's gradient
+        self.critic_opt.step()
+        self.loss.after_critic_step(self.critic)
+        return stats
+
+    def _generator_update(self, batch_size: int) -> dict[str, Tensor]:
+        """The generator update of :meth:`generator_step`; its loss as a tensor."""
         fake = self.fakes(batch_size)
         loss = self.loss.generator_loss(self.critic, fake)
         self.generator_opt.zero_grad(set_to_none=True)
         loss.sum().backward(inputs=list(self.generator.parameters()))
         self.generator_opt.step()
-        self.generator_steps += 1
-        return self._checked({"generator_loss": loss.detach()}, f"generator step {self.generator_steps}")
+        return {"generator_loss": loss.detach()}
 
     def fakes_like(self, real: Tensor) -> Tensor:
         """A fake batch of as many rows as the real batch ``real`` (per chain), from the trainer's streams."""
@@ -424,12 +453,50 @@ class GANTrainer:
         if n_critic < 1:
             raise ValueError(f"n_critic must be at least 1, got {n_critic}")
         next_real = real_batches if callable(real_batches) else iter(real_batches).__next__
+        if self.graphed:
+            critic_stats, generator_stats = self._replayed(next_real, n_critic)
+        else:
+            critic_stats = []
+            for _ in range(n_critic):
+                real = self._checked_batch(next_real())
+                critic_stats.append(self._critic_update(real))
+            generator_stats = self._generator_update(real.shape[-2])
         totals: dict[str, float] = {}
-        for _ in range(n_critic):
-            real = next_real()
-            for name, value in self.critic_step(real).items():
+        for stats in critic_stats:
+            self.critic_steps += 1
+            for name, value in self._checked(stats, f"critic step {self.critic_steps}").items():
                 totals[name] = totals.get(name, 0.0) + value / n_critic
-        return totals | self.generator_step(real.shape[-2])
+        self.generator_steps += 1
+        return totals | self._checked(generator_stats, f"generator step {self.generator_steps}")
+
+    def _replayed(self, next_real: Callable[[], Tensor], n_critic: int
+                  ) -> tuple[list[dict[str, Tensor]], dict[str, Tensor]]:
+        """The updates of :meth:`step` as a replay of their CUDA graph, the real batches copied into the
+        tensor the graph reads first; a batch shape or ``n_critic`` the graph was not recorded with records
+        another."""
+        first = self._checked_batch(next_real())
+        shape = (n_critic, *first.shape)
+        if self._recorded_real is None or self._recorded_real.shape != shape:
+            self._recorded_real = torch.empty(shape, device=self.device, dtype=self.dtype)
+            self._recording = RecordedStep(self._updates, "GAN training", generators=self._streams())
+        self._recorded_real[0].copy_(first)
+        for slot in self._recorded_real[1:]:
+            slot.copy_(self._checked_batch(next_real()))
+        return self._recording()
+
+    def _updates(self) -> tuple[list[dict[str, Tensor]], dict[str, Tensor]]:
+        """The updates of one :meth:`step` on the real batches in ``_recorded_real``: what is recorded."""
+        real = self._recorded_real
+        return [self._critic_update(batch) for batch in real], self._generator_update(real.shape[-2])
+
+    @property
+    def graph_recorded(self) -> bool:
+        """Whether a step now replays the recorded CUDA graph (not before its fourth step, nor after a refused
+        recording)."""
+        return self._recording is not None and self._recording.recorded
+
+    def _streams(self) -> list[torch.Generator]:
+        return [self.rng] if isinstance(self.rng, torch.Generator) else list(self.rng)
 
     def state_dict(self) -> dict[str, Any]:
         """Both networks, both optimisers, the random stream and the step counters; tensors and plain
@@ -457,6 +524,7 @@ class GANTrainer:
             self.generator_opt.load_state_dict(state["generator_opt"])
             self.critic_opt.load_state_dict(state["critic_opt"])
             self._set_rng_state(state["rng"])
+            self._recording = self._recorded_real = None  # the optimisers' state is new: record again
             self.critic_steps = int(state["critic_steps"])
             self.generator_steps = int(state["generator_steps"])
         except (KeyError, RuntimeError, ValueError) as err:

@@ -3,9 +3,8 @@ initialisation, minibatch order and Langevin noise come from streams of its own 
 
 from __future__ import annotations
 
-import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -13,14 +12,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from apd.config import SGLDConfig
+from apd.cuda_graphs import RecordedStep
 from apd.data import MinibatchOrders
 from apd.errors import DivergenceError
 from apd.nets import ParamSpec, network, per_network_logits
 from apd.samplers.langevin_kernel import fused_update_available, keyed_langevin_update_, step_keys
 from apd.samplers.sgld import GaussianNoise, langevin_coefficients, langevin_update_
 from apd.schedules import make_schedule
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -62,8 +60,9 @@ class SGLDChains:
 
     With the fused update every input of an iteration lives in tensors on the card (minibatch indices, step
     keys, step coefficients), so the iteration — gather, forward, backward, update — is recorded once as a
-    CUDA graph and replayed (``cuda_graph``, on by default with the fused update): a replay launches its few
-    dozen kernels in one call, where a step of few chains is otherwise bound by launching them one by one.
+    CUDA graph and replayed (``cuda_graph``, on by default with the fused update; :class:`RecordedStep`, after
+    three steps as usual): a replay launches its few dozen kernels in one call, where a step of few chains is
+    otherwise bound by launching them one by one.
     """
 
     def __init__(self, sizes: list[int], cfg: SGLDConfig, indices: Sequence[int], x_train: Tensor, y_train: Tensor,
@@ -86,7 +85,7 @@ class SGLDChains:
         if cuda_graph and not self.fused:
             raise ValueError("a CUDA graph of the SGLD step needs the fused update (CUDA and Triton)")
         self.graphed = self.fused if cuda_graph is None else cuda_graph
-        self._graph: _Recorded | None = None
+        self._graph = RecordedStep(self._fused_step, "SGLD chains") if self.graphed else None
         if self.fused:
             self.keys = torch.tensor([s.noise for s in seeds], dtype=torch.int64, device=device)
             self._step_keys = torch.empty_like(self.keys)
@@ -99,6 +98,12 @@ class SGLDChains:
 
     def __len__(self) -> int:
         return len(self.indices)
+
+    @property
+    def graph_recorded(self) -> bool:
+        """Whether a step now replays the recorded CUDA graph (not before its fourth step, nor after a refused
+        recording)."""
+        return self._graph is not None and self._graph.recorded
 
     @property
     def noise_source(self) -> str:
@@ -114,7 +119,7 @@ class SGLDChains:
         kept = self.theta.clone() if keep else None
         if self.fused:
             self._set_step_inputs(t, lr, temperature)
-            loss = self._recorded_step() if self.graphed else self._fused_step()
+            loss = self._graph().clone() if self._graph is not None else self._fused_step()
         else:
             loss = self._generator_step(self.orders.indices(t), lr, temperature)
         if kept is not None:
@@ -156,21 +161,6 @@ class SGLDChains:
             keyed_langevin_update_(self.theta, grad, self._step_keys, self._coefficients)
         return loss
 
-    def _recorded_step(self) -> Tensor:
-        """:meth:`_fused_step` replayed from its CUDA graph, recorded at the first call (the warm-up steps
-        that precede the recording leave θ as it was)."""
-        if self._graph is None:
-            before = self.theta.clone()
-            try:
-                self._graph = _Recorded(self._fused_step)
-            except RuntimeError as err:  # a capture the CUDA runtime refuses: step kernel by kernel instead
-                log.warning("SGLD chains step without a CUDA graph: recording failed (%s)",
-                            str(err).strip().splitlines()[0])
-                self.graphed = False
-            self.theta.copy_(before)
-            return self._fused_step()
-        return self._graph.replay().clone()
-
     def checked_weights(self, t: int) -> Tensor:
         """A copy of θ [C, D], or a :class:`DivergenceError` naming the first chain whose θ is not finite."""
         weights = self.theta.clone()
@@ -205,26 +195,3 @@ class SGLDChains:
         self.theta.copy_(state["theta"])
         if not self.fused:
             self.noise.rewind(state["noise_states"])
-
-
-class _Recorded:
-    """``function()`` recorded as a CUDA graph: ``warmup`` eager calls, then the recording, both on one side
-    stream of their own (so that cuBLAS sets up its workspace for that stream before the recording, as
-    capture requires); :meth:`replay` reruns its kernels on what its input tensors hold now and returns the
-    recorded call's outputs, the same tensors at every replay."""
-
-    def __init__(self, function: Callable[[], Tensor], warmup: int = 3) -> None:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(warmup):
-                function()
-        side.synchronize()
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, stream=side):
-            self.output = function()
-        torch.cuda.current_stream().wait_stream(side)
-
-    def replay(self) -> Tensor:
-        self.graph.replay()
-        return self.output

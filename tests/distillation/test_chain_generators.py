@@ -47,11 +47,13 @@ def _networks(seed: int, dim: int = 3, width: int = 8) -> tuple[Generator, Criti
     return Generator(2, [width, width], dim), Critic(dim, [width, width])
 
 
-def _chain_trainers(seeds: list[int], loss: str = "wgan-gp", device: str = "cpu", **sizes) -> ChainTrainers:
+def _chain_trainers(seeds: list[int], loss: str = "wgan-gp", device: str = "cpu", cuda_graph: bool | None = None,
+                    **sizes) -> ChainTrainers:
     """Chain j's generator and critic initialised from ``seeds[j]``, its stream seeded with it, trained as one."""
     generators, critics = zip(*(_networks(seed, **sizes) for seed in seeds), strict=True)
     return ChainTrainers([g.to(device) for g in generators], [c.to(device) for c in critics],
-                         torch.full((len(seeds),), 1 / len(seeds), device=device), loss, lr=1e-3, seeds=seeds)
+                         torch.full((len(seeds),), 1 / len(seeds), device=device), loss, lr=1e-3, seeds=seeds,
+                         cuda_graph=cuda_graph)
 
 
 def _sequential(seeds: list[int], loss: str = "wgan-gp", device: str = "cpu", **sizes) -> list[GANTrainer]:
@@ -166,3 +168,35 @@ def test_chains_trained_as_one_on_cuda_follow_a_trainer_of_each_chain_alone():
     assert all(t.is_cuda for t in chains.state_dict()["generator"].values())
     for j, trainer in enumerate(alone):
         _assert_same_networks(trainer.generator, chains.generator.generators[j], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("loss", ["wgan-gp", "wgan", "gan"])
+def test_the_recorded_cuda_graph_trains_the_chains_as_the_steps_as_usual_do(loss):
+    """Replayed from its CUDA graph (recorded at the fourth step), a step draws from every chain's stream what
+    the step as usual draws and makes the same updates: after 12 steps both trainers have the same networks
+    and leave the streams in the same place; resumed from the graphed trainer's state, a fresh trainer
+    (recording again) continues as it does."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    seeds = [0, 1, 2]
+    eager, graphed = (_chain_trainers(seeds, loss, device="cuda", cuda_graph=graph) for graph in (False, True))
+    for_eager, for_graphed = _batches(seeds, device="cuda"), _batches(seeds, device="cuda")
+    for _ in range(12):
+        expected = eager.step(for_eager, n_critic=5)
+        stats = graphed.step(for_graphed, n_critic=5)
+        assert stats == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    assert graphed.trainer.graph_recorded and not eager.trainer.graph_recorded
+    assert graphed.trainer.critic_steps == 60 and graphed.generator_steps == 12
+    _assert_same_networks(eager.generator, graphed.generator, rtol=1e-5, atol=1e-6)
+    _assert_same_networks(eager.critic, graphed.critic, rtol=1e-5, atol=1e-6)
+    for a, b in zip(eager.trainer.rng, graphed.trainer.rng, strict=True):
+        assert torch.equal(a.get_state(), b.get_state())
+    resumed = _chain_trainers([7, 8, 9], loss, device="cuda", cuda_graph=True)
+    resumed.load_state_dict(graphed.state_dict())
+    for_resumed, for_continued = _batches(seeds, device="cuda"), _batches(seeds, device="cuda")
+    for _ in range(12):
+        resumed.step(for_resumed, n_critic=5)
+        graphed.step(for_continued, n_critic=5)
+    assert resumed.trainer.graph_recorded
+    _assert_same_networks(graphed.generator, resumed.generator, rtol=1e-5, atol=1e-6)

@@ -276,6 +276,36 @@ def test_state_dict_round_trip_repeats_the_next_step(kind: str):
         assert torch.equal(a, b)
 
 
+def test_a_cuda_graph_needs_cuda():
+    with pytest.raises(ValueError, match="needs CUDA; the networks are on cpu"):
+        GANTrainer(Generator(3, [8], 7), Critic(7, [8]), seed=0, cuda_graph=True)
+    assert not make_trainer("wgan-gp", seed=0).graphed  # on the CPU every step runs as usual
+
+
+@pytest.mark.cuda
+def test_a_recorded_step_replays_what_the_step_as_usual_does_and_records_again_for_another_shape():
+    """One stream (not stacked): 8 steps with 2 critic updates (recorded at the fourth), then 6 with 3 (a
+    graph of its own, recorded at the fourth such step) give the networks and stream the steps as usual give."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+
+    def trainer(graph: bool) -> GANTrainer:
+        torch.manual_seed(0)
+        return GANTrainer(Generator(3, [8, 8], 7).cuda(), Critic(7, [8, 8]).cuda(), seed=0, cuda_graph=graph)
+
+    eager, graphed = trainer(False), trainer(True)
+    (for_eager, _), (for_graphed, _) = counting_batches(1, 7), counting_batches(1, 7)
+    for n_critic in [2] * 8 + [3] * 6:
+        expected = eager.step((batch.cuda() for batch in for_eager), n_critic=n_critic)
+        assert graphed.step((batch.cuda() for batch in for_graphed), n_critic=n_critic) == pytest.approx(
+            expected, rel=1e-5, abs=1e-6)
+    assert graphed.graph_recorded and graphed.critic_steps == 34
+    for a, b in zip([*eager.generator.parameters(), *eager.critic.parameters()],
+                    [*graphed.generator.parameters(), *graphed.critic.parameters()], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert torch.equal(eager.rng.get_state(), graphed.rng.get_state())
+
+
 def test_load_state_dict_rejects_a_mismatched_checkpoint():
     state = make_trainer("wgan-gp", seed=0).state_dict()
     with pytest.raises(ArtifactError, match="trained with loss 'wgan-gp', not 'gan'"):

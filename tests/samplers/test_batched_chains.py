@@ -204,4 +204,4 @@ def _check_recorded_steps(sizes: list[int], ids: list[int]) -> None:
         graphed.step(t)
         resumed.step(t)
     assert torch.equal(graphed.theta, resumed.theta)
-    assert graphed.graphed and graphed._graph is not None  # recorded, not fallen back to eager steps
+    assert graphed.graph_recorded  # recorded, not fallen back to eager steps

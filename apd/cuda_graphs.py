@@ -1,0 +1,82 @@
+"""A training step of small networks run as a CUDA graph (:class:`RecordedStep`): on a GPU such a step is a
+few dozen to a few hundred short kernels, and launching them one by one from Python costs more than running
+them; a recorded graph launches them all in one call.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
+
+import torch
+
+log = logging.getLogger(__name__)
+
+Output = TypeVar("Output")
+
+
+class RecordedStep(Generic[Output]):
+    """``step()`` — a function of tensors on one CUDA device that reads its inputs from tensors filled before
+    each call and has no effect but on tensors — run as a CUDA graph.
+
+    Its first ``warmup`` calls run as usual, on a side stream of its own, so that cuBLAS, autograd and the
+    optimisers set up their workspaces and state for that stream, as recording requires. The next call
+    records it as a graph on that stream and replays it; every later call replays it, and returns the
+    recorded call's outputs: the same tensors each time, holding the new values (copy what must outlive the
+    next call). Each call, warm-up or replay, is one real step: a replay runs the kernels the recorded call
+    would have run, on what the inputs hold now. ``generators`` are the step's own ``torch.Generator`` s on
+    the device: a replay draws from each what that call would have drawn, and leaves each where that call
+    would. A recording the CUDA runtime refuses logs one warning naming ``what``, and the step then runs
+    as usual at every call.
+    """
+
+    def __init__(self, step: Callable[[], Output], what: str, warmup: int = 3,
+                 generators: Sequence[torch.Generator] = ()) -> None:
+        self.step, self.what, self.warmup, self.generators = step, what, warmup, list(generators)
+        self.calls = 0
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.failed = False
+        self.output: Output | None = None
+        self.side = torch.cuda.Stream()
+
+    @property
+    def recorded(self) -> bool:
+        return self.graph is not None
+
+    def __call__(self) -> Output:
+        self.calls += 1
+        if self.graph is not None:
+            self.graph.replay()
+            return self.output
+        if self.failed:
+            return self.step()
+        if self.calls > self.warmup:
+            self._record()
+            if self.graph is not None:
+                self.graph.replay()
+                return self.output
+            return self.step()
+        self.side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.side):
+            output = self.step()
+        torch.cuda.current_stream().wait_stream(self.side)
+        return output
+
+    def _record(self) -> None:
+        """Record the step on the side stream; nothing runs until the graph is replayed."""
+        self.side.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        for generator in self.generators:
+            graph.register_generator_state(generator)
+        try:
+            with torch.cuda.graph(graph, stream=self.side):
+                self.output = self.step()
+        except RuntimeError as err:  # a capture the CUDA runtime refuses: run the step kernel by kernel
+            log.warning("%s steps without a CUDA graph: recording failed (%s)", self.what,
+                        str(err).strip().splitlines()[0])
+            self.failed, self.output = True, None
+            torch.cuda.synchronize()
+            return
+        torch.cuda.current_stream().wait_stream(self.side)
+        self.graph = graph
