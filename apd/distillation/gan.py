@@ -521,8 +521,9 @@ class GANTrainer:
         try:
             self.generator.load_state_dict(state["generator"])
             self.critic.load_state_dict(state["critic"])
-            self.generator_opt.load_state_dict(state["generator_opt"])
-            self.critic_opt.load_state_dict(state["critic_opt"])
+            # copies: an optimiser takes a state's tensors as they are, so a live trainer's would be shared
+            self.generator_opt.load_state_dict(copy.deepcopy(state["generator_opt"]))
+            self.critic_opt.load_state_dict(copy.deepcopy(state["critic_opt"]))
             self._set_rng_state(state["rng"])
             self._recording = self._recorded_real = None  # the optimisers' state is new: record again
             self.critic_steps = int(state["critic_steps"])

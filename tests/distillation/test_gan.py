@@ -276,6 +276,21 @@ def test_state_dict_round_trip_repeats_the_next_step(kind: str):
         assert torch.equal(a, b)
 
 
+def test_a_trainer_loaded_from_a_live_trainers_state_shares_none_of_it():
+    """Loaded straight from another trainer's state_dict (no file between), both go on alike: the optimisers'
+    moments are copied, not shared (shared, each step would move the other's too)."""
+    original = make_trainer("wgan-gp", seed=0)
+    batches, _ = counting_batches(1, 7)
+    original.step(batches, n_critic=2)
+    copied = make_trainer("wgan-gp", seed=99)
+    copied.load_state_dict(original.state_dict())
+    (for_original, _), (for_copied, _) = counting_batches(2, 7), counting_batches(2, 7)
+    for _ in range(3):
+        assert copied.step(for_copied, n_critic=2) == original.step(for_original, n_critic=2)
+    for a, b in zip(original.generator.parameters(), copied.generator.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_a_cuda_graph_needs_cuda():
     with pytest.raises(ValueError, match="needs CUDA; the networks are on cpu"):
         GANTrainer(Generator(3, [8], 7), Critic(7, [8]), seed=0, cuda_graph=True)
