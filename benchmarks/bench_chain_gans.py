@@ -173,8 +173,9 @@ def main() -> None:
     record.add(f"one WGAN-GP per chain at fcNN1's distiller sizes, {where}, chain-steps/s "
                f"{' / '.join(ways_measured)} (`bench_chain_gans.py`)",
                "; ".join(f"C = {c}: {v}" for c, v in rows.items()))
-    speed_ups = [" (".join(f"{r[w] / r['in turn']:.2f}×" for w in ways_measured[1:3]) + ")"
-                 + "".join(f", {w} {r[w] / r['in turn']:.2f}×" for w in ways_measured[3:]) for r in rates.values()]
+    over = {c: {w: f"{r[w] / r['in turn']:.2f}×" for w in ways_measured[1:]} for c, r in rates.items()}
+    speed_ups = [f"{x['batched']} ({x['vmap']})" + (f", recorded {x['recorded']}" if "recorded" in x else "")
+                 for x in over.values()]
     record.add("the chains' GANs as one batched computation against the chains in turn (vmap in brackets)",
                f"{'; '.join(speed_ups)} at C = {', '.join(map(str, args.chains))}")
     record.write(args.out)
