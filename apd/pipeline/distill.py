@@ -18,7 +18,8 @@ names and swapped in only when the run has finished.
 With ``[distill] seeds`` K > 1 the stage trains K generators, on ``[distill] workers`` processes (one after
 another on each), each from its own seed streams (:func:`~apd.pipeline.recipes.distill_seed`) into its own
 files (generator seed k: ``generator-seedK.pt``; seed 0 is ``generator.pt``), each with its manifest, reused
-or resumed on its own; each process prepares (aligns) the samples once for its seeds.
+or resumed on its own. The samples are aligned once, before the workers start, and stored for every process
+that needs them (:mod:`apd.pipeline.stored_alignment`).
 """
 
 from __future__ import annotations
@@ -54,8 +55,15 @@ from apd.io import nonfinite_tensor, read_json, save_torch_atomic
 from apd.nets import ParamSpec
 from apd.pipeline.layout import checkpoint_of, manifest_of, partial_of
 from apd.pipeline.manifests import load_checkpoint, manifest_record
-from apd.pipeline.parallel import split_work
-from apd.pipeline.recipes import REFERENCE_SAMPLES, codec_for, distill_seed, training_samples, validation_monitor
+from apd.pipeline.parallel import split_work, worker_count
+from apd.pipeline.recipes import (
+    REFERENCE_SAMPLES,
+    codec_for,
+    distill_seed,
+    store_alignment,
+    training_samples,
+    validation_monitor,
+)
 from apd.pipeline.runtime import RunContext, machine
 from apd.pipeline.sample_chains import make_chains
 from apd.pipeline.stage import publish, require_input, reusable, weights_load
@@ -99,6 +107,9 @@ def distill_offline(ctx: RunContext) -> Path:
     d = ctx.cfg.distill
     inputs = {"samples": require_input(ctx, ctx.layout.samples, "sample")}
     todo = [k for k in range(d.seeds) if not seed_reusable(ctx, k, inputs)]
+    if todo and d.align != "none" and worker_count(ctx, len(todo), d.workers) > 1:
+        with SampleStore.open(ctx.layout.samples, expect_spec=ParamSpec.from_module(ctx.network())) as store:
+            store_alignment(ctx, store)  # aligned here once and stored: the workers read it
     if todo:
         split_work(ctx, distill_seeds, todo, d.workers, "generator seeds")
     return ctx.layout.generator

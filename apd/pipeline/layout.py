@@ -72,6 +72,12 @@ class Layout:
         return self.root / ("generator-last.pt" if seed == 0 else f"generator-seed{seed}-last.pt")
 
     @property
+    def alignment(self) -> Path:
+        """The samples' hidden units aligned as ``[distill] align`` says, made once for every process that needs
+        them (:mod:`apd.pipeline.stored_alignment`)."""
+        return self.root / "alignment.h5"
+
+    @property
     def eval_dir(self) -> Path:
         return self.root / "eval"
 

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from apd.config import DistillConfig
 from apd.data import available_ood, ood_set
-from apd.distillation.alignment import align_set, match_activations, permute
+from apd.distillation.alignment import align_set, hidden_widths, match_activations, permute
 from apd.distillation.codec import WeightCodec
 from apd.distillation.training import StoreBatches, ValidationMonitor, evenly_spaced, make_codec, store_permutations
 from apd.errors import ConfigError, DataError
@@ -27,6 +27,7 @@ from apd.evaluation.protocol import EvaluationInputs
 from apd.nets import ParamSpec
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.seeds import replicated
+from apd.pipeline.stored_alignment import is_pipeline_alignment, load_alignment, save_alignment
 from apd.posteriors.modes import chain_means
 from apd.samplers.store import SampleStore
 
@@ -115,8 +116,7 @@ def _prepare(ctx: RunContext, store: SampleStore, d: DistillConfig) -> TrainingS
     fit = store.read(rows)
     if d.align == "none":
         return TrainingSamples(fit, None, {"method": "none"})
-    perms, alignment = (_align(store, store.spec, rows, fit) if d.align == "permutation"
-                        else _align_chains(ctx, store, store.spec))
+    perms, alignment = _alignment(ctx, store, d, fit)
     return TrainingSamples(permute(fit, store.spec, perms[rows]), perms, alignment)
 
 
@@ -124,7 +124,33 @@ def store_alignment(ctx: RunContext, store: SampleStore) -> Tensor | None:
     """The permutations [len(store), H] that :func:`training_samples` aligns every row of ``store`` with for the
     generator, or None where ``[distill] align = "none"``: the preparation every method fit to the samples
     shares with APD (the MoG, the mode mixture)."""
-    return training_samples(ctx, store, ctx.cfg.distill).perms
+    d = ctx.cfg.distill
+    return None if d.align == "none" else _alignment(ctx, store, d)[0]
+
+
+def _alignment(ctx: RunContext, store: SampleStore, d: DistillConfig, fit: Tensor | None = None
+               ) -> tuple[Tensor, dict]:
+    """The permutations of every row of ``store`` as ``d`` aligns them and the alignment's record, once per run;
+    the pipeline's own alignment read from its artifact where one is complete, else computed (from ``fit``, its
+    fit rows, where given) and, being the pipeline's, stored (:mod:`apd.pipeline.stored_alignment`)."""
+    return ctx.once(("alignment", str(store.path), d.align, d.fit_samples),
+                    lambda: _stored_or_aligned(ctx, store, d, fit))
+
+
+def _stored_or_aligned(ctx: RunContext, store: SampleStore, d: DistillConfig, fit: Tensor | None
+                       ) -> tuple[Tensor, dict]:
+    own = is_pipeline_alignment(ctx, store.path, d)
+    found = load_alignment(ctx, len(store), sum(hidden_widths(store.spec))) if own else None
+    if found is not None:
+        return found
+    if d.align == "permutation":
+        rows = evenly_spaced(len(store), d.fit_samples)
+        perms, alignment = _align(store, store.spec, rows, store.read(rows) if fit is None else fit)
+    else:
+        perms, alignment = _align_chains(ctx, store, store.spec)
+    if own:
+        save_alignment(ctx, perms, alignment)
+    return perms, alignment
 
 
 def aligned_chain_means(ctx: RunContext, store: SampleStore) -> Tensor | None:
