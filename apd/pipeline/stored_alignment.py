@@ -26,6 +26,7 @@ from torch import Tensor
 
 from apd.config import DistillConfig
 from apd.errors import ArtifactError
+from apd.io import read_json
 from apd.pipeline.layout import manifest_of, partial_of
 from apd.pipeline.manifests import is_complete, manifest_digest, manifest_record
 from apd.pipeline.runtime import RunContext
@@ -66,7 +67,8 @@ def load_alignment(ctx: RunContext, rows: int, width: int) -> tuple[Tensor, dict
     try:
         with h5py.File(path, "r") as fh:
             perms = np.asarray(fh[DATASET])
-    except (OSError, KeyError) as exc:
+        record = read_json(manifest_of(path))["alignment"]
+    except (OSError, KeyError, ArtifactError) as exc:
         log.warning("%s: unreadable (%s); aligning again", path, exc)
         return None
     if perms.shape != (rows, width):
@@ -74,7 +76,6 @@ def load_alignment(ctx: RunContext, rows: int, width: int) -> tuple[Tensor, dict
                     path, list(perms.shape), rows, width)
         return None
     log.info("hidden units aligned as %s says", path.name)
-    record = json.loads(manifest_of(path).read_text())["alignment"]
     return torch.from_numpy(perms.astype(np.int64)), record
 
 

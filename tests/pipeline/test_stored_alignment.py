@@ -50,7 +50,7 @@ def test_the_first_process_stores_the_alignment_and_the_next_reads_it(tiny_pipel
     assert data.alignment == record["alignment"] and torch.equal(data.perms, made)
 
 
-@pytest.mark.parametrize("change", ["fit_samples", "seed", "samples", "file"])
+@pytest.mark.parametrize("change", ["fit_samples", "seed", "samples", "file", "manifest"])
 def test_the_alignment_is_made_again_when_what_it_depends_on_changes(tiny_pipeline, tmp_path, caplog, change):
     copy_samples(tiny_pipeline[0], tmp_path)
     aligned(tiny_context(tmp_path, distill=ALIGNED))
@@ -63,10 +63,13 @@ def test_the_alignment_is_made_again_when_what_it_depends_on_changes(tiny_pipeli
         copy_samples_as_two_chains(tiny_pipeline[0], tmp_path)  # the store's manifest changes
     elif change == "file":
         path.write_bytes(first[:-1] + bytes([first[-1] ^ 1]))
+    elif change == "manifest":  # still matching its file, but without the alignment's record
+        manifest_of(path).write_text(json.dumps({k: v for k, v in before.items() if k != "alignment"}))
     aligned(other)
     after = json.loads(manifest_of(path).read_text())
-    if change == "file":
-        assert "changed since" in caplog.text and path.read_bytes() == first  # made again, as it was
+    if change in ("file", "manifest"):  # made again, as it was
+        assert ("changed since" if change == "file" else "unreadable") in caplog.text and path.read_bytes() == first
+        assert after["alignment"] == before["alignment"] | {"seconds": after["alignment"]["seconds"]}
     else:
         assert (after["config_hash"], after["inputs"]) != (before["config_hash"], before["inputs"])
     assert after["alignment"]["fit_samples"] == (40 if change == "fit_samples" else 50)
