@@ -87,10 +87,10 @@ class VmapTrainer:
         def head(h: Tensor) -> Tensor:
             return functional_call(self.head, rest, (h,)).squeeze(-1)
 
-        # as scores_and_interpolate_grad_norm: one head on the three batches, g pulled back from the mix's
-        scores, pullback = vjp(lambda h: head(torch.cat([h_real, h_fake, h])), h_mix)
-        d_real, d_fake, d_mix = scores.split(len(real))
-        (g,) = pullback(torch.cat([torch.zeros_like(d_real), torch.zeros_like(d_fake), torch.ones_like(d_mix)]))
+        # as scores_and_interpolate_grad_norm: the head on [real; fake], and on the mix with g pulled back
+        d_real, d_fake = head(torch.cat([h_real, h_fake])).split(len(real))
+        d_mix, pullback = vjp(head, h_mix)
+        (g,) = pullback(torch.ones_like(d_mix))
         weight = params["net.0.weight"]
         norm = ((g @ (weight @ weight.T)) * g).sum(-1).clamp_min(1e-12).sqrt()
         wasserstein = d_real.mean() - d_fake.mean()

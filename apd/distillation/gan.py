@@ -173,12 +173,16 @@ def scores_and_interpolate_grad_norm(
     ∇ₓD(x̂) = W₁ᵀ g with g = ∂D/∂h at h(x̂), so ‖∇ₓD(x̂)‖² = gᵀ(W₁W₁ᵀ)g. The critic's input layer is
     therefore applied to two batches (not three) and no [B, D] gradient is ever formed; g comes from
     ``torch.autograd.grad(..., create_graph=True)`` so the penalty is differentiable in every weight.
+    The head scores the interpolates on their own, apart from [real; fake]: g and the penalty's
+    second-order terms then run over B rows, not over 3B of which 2B carry a zero gradient
+    (benchmarks/bench_gradient_penalty.py measures the two side by side).
     """
     layer = critic.input_layer
     h_real, h_fake = layer(real), layer(fake)
     h_mix = torch.lerp(h_fake, h_real, alpha)
-    scores = critic.head(torch.cat([h_real, h_fake, h_mix], dim=-2)).squeeze(-1)
-    d_real, d_fake, d_mix = scores.split(real.shape[-2], dim=-1)
+    scores = critic.head(torch.cat([h_real, h_fake], dim=-2)).squeeze(-1)
+    d_real, d_fake = scores.split(real.shape[-2], dim=-1)
+    d_mix = critic.head(h_mix).squeeze(-1)
     (g,) = torch.autograd.grad(d_mix.sum(), h_mix, create_graph=True)  # the chains' sum: each its own g
     gram = layer.weight @ layer.weight.mT
     sq_norm = ((g @ gram) * g).sum(dim=-1)
