@@ -45,9 +45,10 @@ def verdict(method: str, entry: dict, size: str, worth: float, subsets: int) -> 
             if count is not None and 0 < count < seeds]
     if not every and not some:
         wins = "on no summary for any seed"
+    elif not every:
+        wins = f"on no summary for every seed; for some, on {_listed(some)}"
     else:
-        wins = f"on {_listed(every)} for every seed" if every else "on no summary for every seed"
-        wins += f", and on {_listed(some)} for some" if some else ""
+        wins = f"on {_listed(every)} for every seed" + (f", and on {_listed(some)} for some" if some else "")
     ranks = "; ".join(f"{GAP_LABELS[key]} {_spread(found['percentile'][key], 1)}" for key in GAP_LABELS
                       if found["percentile"][key] is not None)
     return (f"Across its {seeds} generator seeds, {label} ({format_sample_count(worth)} SGLD samples' worth) wins "
