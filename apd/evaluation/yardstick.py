@@ -306,8 +306,12 @@ def kept_for(worth: float, dim: int, precision: str, available: int) -> int:
     return min(available, math.ceil(worth / in_samples(stored_bytes(dim, precision), dim) - 1e-9))
 
 
+def curve_sizes(sizes: Iterable[int], available: int) -> list[int]:
+    """The distinct k of ``sizes`` a store of ``available`` samples can give, in increasing order."""
+    return sorted({int(k) for k in sizes if 1 <= k <= available})
+
+
 def kept_curve(stored: StoredPredictions, sizes: Iterable[int], inputs: EvaluationInputs, reference: Reference,
                subsets: int, generator: torch.Generator) -> list[dict]:
-    """:func:`kept_samples` for each distinct k of ``sizes`` the store can give, in increasing order."""
-    ks = sorted({int(k) for k in sizes if 1 <= k <= len(stored)})
-    return [kept_samples(stored, k, inputs, reference, subsets, generator) for k in ks]
+    """:func:`kept_samples` for each k of :func:`curve_sizes`, in increasing order, all drawn from ``generator``."""
+    return [kept_samples(stored, k, inputs, reference, subsets, generator) for k in curve_sizes(sizes, len(stored))]

@@ -31,8 +31,8 @@ from apd.evaluation.stability import ChainSums, reference_stability
 from apd.evaluation.stored import StoredPredictions
 from apd.evaluation.yardstick import (
     Reference,
+    curve_sizes,
     function_gaps,
-    kept_curve,
     kept_for,
     kept_samples,
     quality,
@@ -348,32 +348,39 @@ def yardstick(ctx: RunContext, methods: dict[str, Posterior], inputs: Evaluation
     (:mod:`apd.evaluation.yardstick`). A method stored at a lower precision is also set against the kept
     samples its storage buys at that precision, ⌈S / s_p⌉ of them (s_p: one sample's storage at it), each
     stored at it (``kept`` key "K PRECISION", the entry's ``at_precision``). The kept samples' predictions come
-    from ``stored``."""
+    from ``stored``; a progress bar counts the sizes judged."""
     e = ctx.cfg.evaluate
-    generator = torch.Generator().manual_seed(ctx.seed("evaluate", "yardstick"))
     n, dim = len(stored), stored.store.spec.numel
-    curve = kept_curve(stored, e.yardstick_sizes, inputs, reference, e.yardstick_subsets, generator)
-    by_k = {row["k"]: row for row in curve}
-    at_precision: dict[str, dict] = {}
+    # key -> (k, precision, stream): the curve's sizes draw from one stream in increasing order, every other
+    # size and precision from its own, so that the subsets of k do not depend on the other methods
+    generator = torch.Generator().manual_seed(ctx.seed("evaluate", "yardstick"))
+    curve_ks = curve_sizes(e.yardstick_sizes, n)
+    sets = {str(k): (k, "float32", generator) for k in curve_ks}
     equal = {}
     for name, method in methods.items():
         worth = method.storage_in_samples()
         k = kept_for(worth, dim, "float32", n)
         if name in (MethodName.SGLD, MethodName.KEPT) or k >= n:  # kept: the yardstick itself
             continue
-        if k not in by_k:  # a stream per size: the subsets of k do not depend on the other methods
-            by_k[k] = kept_samples(stored, k, inputs, reference, e.yardstick_subsets,
-                                   torch.Generator().manual_seed(ctx.seed("evaluate", "yardstick", k)))
+        if str(k) not in sets:
+            sets[str(k)] = (k, "float32", torch.Generator().manual_seed(ctx.seed("evaluate", "yardstick", k)))
         equal[name] = {"in_sgld_samples": round(worth, 3), "k": k}
         if method.precision != "float32":
             p = method.precision
             kp = kept_for(worth, dim, p, n)
             key = f"{kp} {p}"
-            if key not in at_precision:
-                rng = torch.Generator().manual_seed(ctx.seed("evaluate", "yardstick", kp, p))
-                at_precision[key] = kept_samples(stored, kp, inputs, reference, e.yardstick_subsets, rng, p)
+            if key not in sets:
+                sets[key] = (kp, p, torch.Generator().manual_seed(ctx.seed("evaluate", "yardstick", kp, p)))
             equal[name]["at_precision"] = {"precision": p, "k": kp, "key": key}
+    kept = {}
+    bar = ctx.progress(sets.items(), total=len(sets), desc="yardstick", unit="size")
+    for key, (k, precision, stream) in bar:
+        ctx.show(bar, "yardstick", judging=f"{key} kept samples")
+        kept[key] = kept_samples(stored, k, inputs, reference, e.yardstick_subsets, stream, precision)
+    by_size = sorted((k, key) for key, (k, precision, _) in sets.items() if precision == "float32")
+    at_precision = [key for key, (_, precision, _) in sets.items() if precision != "float32"]
     return {"reference": {"bald_auroc": reference.bald_auroc, "max_prob_auroc": reference.max_prob_auroc,
                           "nll": reference.nll, "kl_samples": reference.samples},
-            "curve": curve, "kept": {**{str(k): row for k, row in sorted(by_k.items())}, **at_precision},
+            "curve": [kept[str(k)] for k in curve_ks],
+            "kept": {key: kept[key] for key in [key for _, key in by_size] + at_precision},
             "equal_storage": equal}

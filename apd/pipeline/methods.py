@@ -367,7 +367,7 @@ def load_methods(ctx: RunContext, stack: ExitStack, details: dict[str, dict] | N
     """Every configured method as a Posterior, and the manifest digests of the artifacts they come from
     (:func:`method_inputs`). What fitting a method chose (SWAG's learning rate, Laplace's prior and
     scale, Stein's candidates) goes into ``details`` when given, the seconds each took to load or fit
-    into ``loading``."""
+    into ``loading``; a progress bar names the method loading."""
     loading = {} if loading is None else loading
     inputs = method_inputs(ctx)
     sources = Sources(ctx, stack, ParamSpec.from_module(ctx.network()))
@@ -375,7 +375,9 @@ def load_methods(ctx: RunContext, stack: ExitStack, details: dict[str, dict] | N
         raise ArtifactError(f"{ctx.layout.samples}: {len(sources.store)} samples, evaluation draws "
                             f"{ctx.cfg.evaluate.sgld_samples}; lower evaluate.sgld_samples or sample more")
     methods = {}
-    for name in ctx.cfg.evaluate.methods:
+    bar = ctx.progress(ctx.cfg.evaluate.methods, desc="methods", unit="method")
+    for name in bar:
+        ctx.show(bar, "methods", loading=name)
         with stopwatch(loading, name):
             methods[name] = METHODS[name].load(sources)
     if details is not None:

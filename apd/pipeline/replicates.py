@@ -108,7 +108,7 @@ def replicate_apd(ctx: RunContext, spec: ParamSpec, inputs: EvaluationInputs, me
                                                          else [])]
     kept = {size: yardstick["kept"][size] for size in sizes}
     seeds = []
-    for k in range(count):
+    for k in ctx.progress(range(count), desc="APD seeds", unit="seed"):
         runs = first
         if k:
             method = apd_generator(ctx, spec, k)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import numpy as np
@@ -552,9 +553,10 @@ def test_a_methods_numbers_do_not_depend_on_the_other_methods_compared(pipeline,
     assert alone["yardstick"]["kept"][k] == beside["yardstick"]["kept"][k]
 
 
-def test_a_method_stored_at_int8_meets_float32_kept_samples_and_the_int8_ones_its_storage_buys(pipeline):
+def test_a_method_stored_at_int8_meets_float32_kept_samples_and_the_int8_ones_its_storage_buys(pipeline, caplog):
     """The yardstick sets a generator stored at int8 (storage S) against ⌈S⌉ float32 samples and against the
-    ⌈S / s_int8⌉ samples that int8 buys (each stored at int8); both show in the tables."""
+    ⌈S / s_int8⌉ samples that int8 buys (each stored at int8); both show in the tables, and the progress
+    names each size as it is judged."""
     from apd.distillation.precision import in_samples, stored_bytes
     from apd.evaluation.yardstick import reference_sums
     from apd.pipeline.comparison_tables import kept_comparisons, yardstick_table
@@ -573,12 +575,18 @@ def test_a_method_stored_at_int8_meets_float32_kept_samples_and_the_int8_ones_it
     with SampleStore.open(root / "tiny" / "samples.h5") as store:
         stored = StoredPredictions(store, inputs.stacked("cpu"), "cpu")
         reference = sgld_reference(results, reference_sums(stored, inputs, ctx.cfg.evaluate.yardstick_reference))
-        y = yardstick(ctx, {"apd": method}, inputs, reference, stored)
+        with caplog.at_level(logging.INFO):
+            y = yardstick(ctx, {"apd": method}, inputs, reference, stored)
     entry = y["equal_storage"]["apd"]
     k_int8 = math.ceil(worth / in_samples(stored_bytes(dim, "int8"), dim) - 1e-9)
     assert entry["k"] == math.ceil(worth) and entry["at_precision"] == {"precision": "int8", "k": k_int8,
                                                                          "key": f"{k_int8} int8"}
     assert k_int8 > 3 * entry["k"]
+    curve = [str(r["k"]) for r in y["curve"]]
+    expected = curve + ([] if str(entry["k"]) in curve else [str(entry["k"])]) + [f"{k_int8} int8"]
+    assert [m for m in caplog.messages if m.startswith("yardstick: ")] == [
+        f"yardstick: judging {key} kept samples" for key in expected]
+    assert list(y["kept"]) == sorted(expected[:-1], key=int) + expected[-1:]
     row = y["kept"][f"{k_int8} int8"]
     assert row["precision"] == "int8" and row["k"] == k_int8 and row["in_sgld_samples"] <= worth + 0.27
     assert [size for size, _, _ in kept_comparisons(y, "apd")] == [str(entry["k"]), f"{k_int8} int8"]
