@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import fcntl
 import json
 import logging
 import math
 import os
 import pickle
+import shutil
 import signal
 import socket
 import subprocess
@@ -54,6 +56,7 @@ TIMEOUT = datetime.timedelta(days=30)
 JOIN_TIMEOUT_VARIABLE, JOIN_TIMEOUT_DEFAULT = "APD_JOIN_TIMEOUT", 300.0
 POLL_SECONDS = 0.05  # how often spawn looks at its workers
 STOP_GRACE = 10.0  # seconds a worker has to stop after SIGTERM before it is killed
+TASK_FOLDER_PREFIX = "apd-workers-"  # spawn's temporary folders, in the system's temporary directory
 
 
 def join_timeout() -> float:
@@ -190,7 +193,7 @@ def spawn(worker: Callable[..., None], nprocs: int, *args: Any, on_death: Callab
 
     Each is a ``python -m apd.pipeline.spawned`` (which ties it to this process before anything else and
     ignores Ctrl-C) in a process group of its own; the task goes to them pickled, in a private temporary
-    folder. A worker's :class:`~apd.errors.ApdError` comes back as the same error (its one line); a worker
+    folder (:func:`task_folder`). A worker's :class:`~apd.errors.ApdError` comes back as the same error (its one line); a worker
     that dies (a signal, or an exit without an error) stops the others and becomes an :class:`ArtifactError`
     with ``on_death(rank, how)``'s sentence. Any other exception in a worker comes back as a ``RuntimeError``
     with its traceback. However this call ends (a Ctrl-C, SIGTERM, a failed worker), no worker is left
@@ -200,8 +203,8 @@ def spawn(worker: Callable[..., None], nprocs: int, *args: Any, on_death: Callab
     # the workers import this checkout's apd, wherever the parent found it
     package_root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-    with tempfile.TemporaryDirectory(prefix="apd-workers-") as folder:
-        task = Path(folder) / "task.pickle"
+    with task_folder() as folder:
+        task = folder / "task.pickle"
         task.write_bytes(pickle.dumps((worker, nprocs, init_method, args)))
         command = [sys.executable, "-m", "apd.pipeline.spawned", str(os.getpid()), str(task)]
         processes: list[subprocess.Popen] = []
@@ -215,7 +218,48 @@ def spawn(worker: Callable[..., None], nprocs: int, *args: Any, on_death: Callab
             with interrupts_deferred():
                 _stop(processes)
         if failed is not None:
-            raise _failure(failed, processes[failed].returncode, Path(folder), on_death)
+            raise _failure(failed, processes[failed].returncode, folder, on_death)
+
+
+@contextlib.contextmanager
+def task_folder(root: Path | None = None) -> Iterator[Path]:
+    """A private temporary folder under ``root`` (the system's temporary directory) for one :func:`spawn`: its
+    task and its workers' error reports, removed when the block ends. The folder's ``.lock`` is held (an
+    ``fcntl`` lock, which the kernel drops when its holder exits) for as long as the block runs, so a folder
+    whose lock nobody holds is one a parent killed before it could remove it left behind (SIGKILL, the
+    out-of-memory killer): such folders are removed first (:func:`remove_orphaned_task_folders`)."""
+    root = Path(tempfile.gettempdir()) if root is None else root
+    remove_orphaned_task_folders(root)
+    with tempfile.TemporaryDirectory(prefix=TASK_FOLDER_PREFIX, dir=root) as name:
+        folder = Path(name)
+        # locked under another name, then renamed: a ``.lock`` is held from the moment it exists
+        fd = os.open(folder / ".lock-new", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.rename(folder / ".lock-new", folder / ".lock")
+            yield folder
+        finally:
+            os.close(fd)
+
+
+def remove_orphaned_task_folders(root: Path) -> list[Path]:
+    """Remove the :func:`task_folder` folders under ``root`` whose ``.lock`` nobody holds; returns them.
+    Folders of running spawns (their lock held), of other users (unreadable) and without a lock are left."""
+    removed = []
+    for folder in root.glob(f"{TASK_FOLDER_PREFIX}*"):
+        try:
+            fd = os.open(folder / ".lock", os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: that spawn is running
+            os.close(fd)
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        os.close(fd)
+        removed.append(folder)
+    return removed
 
 
 def _first_failure(processes: list[subprocess.Popen]) -> int | None:

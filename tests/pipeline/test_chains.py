@@ -20,7 +20,7 @@ from apd.config import config_hash
 from apd.config_load import from_dict
 from apd.errors import ArtifactError, ConfigError
 from apd.io import read_json
-from apd.pipeline.distributed import free_port
+from apd.pipeline.distributed import free_port, remove_orphaned_task_folders, task_folder
 from apd.pipeline.layout import checkpoint_of, manifest_of, partial_of
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.sample import sample_sgld
@@ -201,6 +201,28 @@ def test_a_killed_worker_leaves_a_readable_shard_and_the_rerun_equals_an_uninter
 
     assert main(["sample", "--config", str(cfg_path), "--artifacts", str(root), "--quiet"]) == 0
     assert_same_store(root / "chains" / "samples.h5", reference.layout.samples)
+
+
+def test_a_task_folder_left_by_a_killed_parent_is_removed_by_the_next_spawn(tmp_path):
+    """A process killed (SIGKILL) inside :func:`task_folder` leaves its folder; the next one removes it, and
+    leaves a running one's folder and a folder without a lock alone."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\nfrom apd.pipeline.distributed import "
+         "task_folder\nwith task_folder(Path(sys.argv[1])) as folder:\n    (folder / 'task.pickle').touch()\n"
+         "    print(folder, flush=True)\n    time.sleep(600)", str(tmp_path)],
+        cwd=REPO, env=environment(), stdout=subprocess.PIPE, text=True)
+    try:
+        killed = Path(holder.stdout.readline().strip())
+    finally:
+        holder.kill()
+        holder.wait()
+    unlocked = tmp_path / "apd-workers-unlocked"
+    unlocked.mkdir()
+    assert killed.is_dir() and (killed / "task.pickle").is_file()
+    with task_folder(tmp_path) as running:
+        assert not killed.exists() and unlocked.is_dir()
+        assert remove_orphaned_task_folders(tmp_path) == [] and running.is_dir()
+    assert not running.exists() and sorted(tmp_path.iterdir()) == [unlocked]
 
 
 def test_torchrun_with_two_nodes_on_the_loopback_address(one_worker, tmp_path):
