@@ -193,11 +193,11 @@ def spawn(worker: Callable[..., None], nprocs: int, *args: Any, on_death: Callab
 
     Each is a ``python -m apd.pipeline.spawned`` (which ties it to this process before anything else and
     ignores Ctrl-C) in a process group of its own; the task goes to them pickled, in a private temporary
-    folder (:func:`task_folder`). A worker's :class:`~apd.errors.ApdError` comes back as the same error (its one line); a worker
-    that dies (a signal, or an exit without an error) stops the others and becomes an :class:`ArtifactError`
-    with ``on_death(rank, how)``'s sentence. Any other exception in a worker comes back as a ``RuntimeError``
-    with its traceback. However this call ends (a Ctrl-C, SIGTERM, a failed worker), no worker is left
-    running when it returns (:func:`_stop`): the caller still holds the artifact lock then.
+    folder (:func:`task_folder`). A worker's :class:`~apd.errors.ApdError` comes back as the same error (its
+    one line); a worker that dies (a signal, or an exit without an error) stops the others and becomes an
+    :class:`ArtifactError` with ``on_death(rank, how)``'s sentence. Any other exception in a worker comes back
+    as a ``RuntimeError`` with its traceback. However this call ends (a Ctrl-C, SIGTERM, a failed worker), no
+    worker is left running when it returns (:func:`_stop`): the caller still holds the artifact lock then.
     """
     init_method = f"tcp://127.0.0.1:{free_port()}"
     # the workers import this checkout's apd, wherever the parent found it
