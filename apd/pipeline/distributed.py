@@ -230,15 +230,16 @@ def task_folder(root: Path | None = None) -> Iterator[Path]:
     out-of-memory killer): such folders are removed first (:func:`remove_orphaned_task_folders`)."""
     root = Path(tempfile.gettempdir()) if root is None else root
     remove_orphaned_task_folders(root)
-    with tempfile.TemporaryDirectory(prefix=TASK_FOLDER_PREFIX, dir=root) as name:
-        folder = Path(name)
+    folder, fd = Path(tempfile.mkdtemp(prefix=TASK_FOLDER_PREFIX, dir=root)), None
+    try:
         # locked under another name, then renamed: a ``.lock`` is held from the moment it exists
         fd = os.open(folder / ".lock-new", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            os.rename(folder / ".lock-new", folder / ".lock")
-            yield folder
-        finally:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(folder / ".lock-new", folder / ".lock")
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)  # before the lock goes: no other spawn removes it meanwhile
+        if fd is not None:
             os.close(fd)
 
 
