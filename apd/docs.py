@@ -14,7 +14,8 @@ from ``apd evaluate``, the stage manifests, the experiments' JSON) or, for PIPEL
 record of ``benchmarks/choose_distiller.py --json``), ``standing`` (where APD stands on several pipelines,
 PIPELINE a comma-separated list), ``end-to-end`` (the stages timed by
 ``benchmarks/time_pipeline.py``), ``durations`` (several such records side by side with the project's
-targets, PIPELINE a comma-separated list), ``nothing-lost`` (the scenario matrix of
+targets and the floors of ``benchmarks/pipeline_floor.py``, PIPELINE a comma-separated list), ``floors`` (those
+floors part by part, PIPELINE a comma-separated list), ``nothing-lost`` (the scenario matrix of
 ``benchmarks/nothing_lost.py``: its last run's counts per group), ``pipelines`` (the settings of shipped
 pipelines, PIPELINE a comma-separated list, from their files), ``performance`` (every benchmark record in
 ``docs/results/PIPELINE/``, written by the ``benchmarks/bench_*.py`` scripts' ``--out``), ``samplers`` (several
@@ -72,8 +73,10 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
     if table == "end-to-end":  # benchmarks/time_pipeline.py's record
         return render_end_to_end(_read(results_dir / "end_to_end.json"))
     if table == "durations":  # PIPELINE is a comma-separated list of results folders: one row per record
-        return render_durations({name: _read(path) if (path := root / RESULTS_DIR / name / "end_to_end.json").is_file()
-                                 else None for name in pipeline.split(",")})
+        return render_durations(*(_published(root, pipeline.split(","), name) for name in ("end_to_end", "floor")))
+    if table == "floors":  # benchmarks/pipeline_floor.py's records, PIPELINE a comma-separated list
+        return render_floors({name: _read(root / RESULTS_DIR / name / "floor.json") for name in pipeline.split(",")},
+                             _published(root, pipeline.split(","), "end_to_end"))
     if table == "nothing-lost":  # benchmarks/nothing_lost.py's record
         return render_nothing_lost(_read(results_dir / "nothing_lost.json"))
     if table == "choice":  # benchmarks/choose_distiller.py's record: the rule applied to the candidates
@@ -102,8 +105,8 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
         built = RESULT_TABLES[table](results)
     else:
         raise ArtifactError(f"unknown results table {table!r} (known: {', '.join(RESULT_TABLES)}, ood-SCORE, "
-                            "machine, diagnostics, choice, standing, samplers, end-to-end, durations, nothing-lost, "
-                            f"performance, pipelines, toy2d, {', '.join(study_regions())})")
+                            "machine, diagnostics, choice, standing, samplers, end-to-end, durations, floors, "
+                            f"nothing-lost, performance, pipelines, toy2d, {', '.join(study_regions())})")
     if built is None:
         raise ArtifactError(f"{results_dir}: has no data for table {table!r}")
     return built.markdown.strip()
@@ -201,18 +204,26 @@ def render_end_to_end(record: dict) -> str:
             f"included. Recorded by the stages: {detail}.\n\n" + markdown_table(["stage", "wall clock"], body))
 
 
-def render_durations(records: dict[str, dict | None]) -> str:
+def _published(root: Path, pipelines: list[str], record: str) -> dict[str, dict | None]:
+    """Each pipeline's record ``docs/results/PIPELINE/RECORD.json``, None where it has none."""
+    return {name: _read(path) if (path := root / RESULTS_DIR / name / f"{record}.json").is_file() else None
+            for name in pipelines}
+
+
+def render_durations(records: dict[str, dict | None], floors: dict[str, dict | None]) -> str:
     """Pipelines timed end to end (``benchmarks/time_pipeline.py``), one row per results folder: where, each
     stage's wall clock, the total (or the stage a run stopped in), and the target of
-    :data:`END_TO_END_TARGETS` on a CPU-only machine with whether the total met it. A folder without a
-    record is a row that says so."""
+    :data:`END_TO_END_TARGETS` on a CPU-only machine beside the protocol's arithmetic floor there
+    (``benchmarks/pipeline_floor.py``, where measured), with whether the total met the target and, where the
+    target lies below the floor, that no implementation could. A folder without a record is a row that says so."""
     stages = ("sample", "distill", "evaluate")
     body = []
     for name, record in records.items():
-        target = END_TO_END_TARGETS.get(name)
+        target, floor = END_TO_END_TARGETS.get(name), floors[name]
         goal = f"≤ {target // 60} min" if target else "—"
+        least = format_duration(floor["total"]) if floor else "—"
         if record is None:
-            body.append([f"`{name}`", "not timed yet", *["—"] * len(stages), "—", goal, "—"])
+            body.append([f"`{name}`", "not timed yet", *["—"] * len(stages), "—", goal, least, "—"])
             continue
         machine = record["machine"]
         where = machine["gpu"] if machine.get("gpu") else f"{machine['cpu']}, {machine['cores']} cores"
@@ -220,10 +231,40 @@ def render_durations(records: dict[str, dict | None]) -> str:
         finished = "total" in record
         total = f"**{format_duration(record['total'])}**" if finished else f"stopped in `apd {record['unfinished']}`"
         verdict = ("—" if not target or machine.get("gpu")
-                   else "met" if finished and record["total"] <= target else "not met")
-        body.append([f"`{name}`", where, *times, total, goal, verdict])
+                   else "met" if finished and record["total"] <= target
+                   else "not met: the target is below the floor" if floor and target < floor["total"] else "not met")
+        body.append([f"`{name}`", where, *times, total, goal, least, verdict])
     return markdown_table(["pipeline", "machine", *(f"`apd {stage}`" for stage in stages), "total", "target",
-                           "verdict"], body)
+                           "floor", "verdict"], body)
+
+
+def render_floors(floors: dict[str, dict], records: dict[str, dict | None]) -> str:
+    """The protocol's arithmetic floor of each pipeline (``benchmarks/pipeline_floor.py``): every counted part,
+    its count, its arithmetic per unit and its seconds at the machine's best rates, then each stage's floor
+    beside the stage's recorded wall clock (``benchmarks/time_pipeline.py``) and where and at what rates it
+    was measured."""
+    body, runs = [], []
+    for name, floor in floors.items():
+        wall = (records[name] or {}).get("stages", {})
+        for stage, seconds in floor["stages"].items():
+            for part in (part for part in floor["parts"] if part["stage"] == stage):
+                unit = f"{part['flops'] / 1e6:,.1f} MFLOP" if part["flops"] else f"{part['draws']:,} Gaussians"
+                body.append([f"`{name}`", f"`apd {stage}`", part["what"], f"{part['count']:,}", unit,
+                             format_duration(part["seconds"]), ""])
+            recorded = f"{format_duration(wall[stage])} ({wall[stage] / seconds:.1f}×)" if stage in wall else "—"
+            body.append([f"`{name}`", f"`apd {stage}`", "**the stage's floor**", "", "", format_duration(seconds),
+                         recorded])
+        body.append([f"`{name}`", "", "**total**", "", "", f"**{format_duration(floor['total'])}**",
+                     f"{format_duration(records[name]['total'])}" if records[name] and "total" in records[name]
+                     else "—"])
+        rates = floor["rates"]
+        runs.append([f"`{name}`", f"`{short_commit(floor['commit'])}`", machine_name(floor["machine"]),
+                     load_average(floor["machine"]), f"{rates['peak_flops'] / 1e9:.0f} GFLOP/s (matmul "
+                     f"{rates['matmul_flops'] / 1e9:.0f}, conv2d {rates['conv_flops'] / 1e9:.0f}); "
+                     f"{rates['draws_per_second'] / 1e6:.0f} M Gaussians/s", floor["started"][:10]])
+    return (markdown_table(["pipeline", "stage", "counted", "count", "each", "floor", "recorded (× the floor)"], body)
+            + "\n\n" + markdown_table(["pipeline", "commit", "machine", "load average before", "best rates", "date"],
+                                       runs))
 
 
 def render_nothing_lost(record: dict) -> str:

@@ -27,3 +27,60 @@ def test_seed_workers_timing_distills_in_a_scratch_copy_of_the_store(tmp_path, m
     for name in ("samples.h5", "samples-0.h5", "samples-1.h5"):
         assert (copied / name).is_symlink() and (copied / name).resolve() == (pipeline / name).resolve()
     assert not (copied / "samples.json").is_symlink() and (copied / "samples.json").read_text() == "samples.json"
+
+
+def _floor_module(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import pipeline_floor
+
+    return pipeline_floor
+
+
+def test_floor_counts_an_sgld_iteration_and_a_prediction_by_hand(monkeypatch):
+    """An MLP [in, h, out] on a minibatch of B: forward 2B(in·h + h·out), backward the same for the weights and
+    2B·h·out more for the hidden layer's input gradient (the images need none): 4B·in·h + 6B·h·out. One
+    network's prediction on N inputs is the forward alone, 2N(in·h + h·out)."""
+    import torch
+
+    from apd.config import PipelineConfig
+    from apd.nets import ParamSpec, network
+
+    floor = _floor_module(monkeypatch)
+    cfg = PipelineConfig()
+    cfg.sgld.batch_size = 5
+    x, y = torch.randn(10, 8), torch.randint(3, (10,))
+    assert floor.sgld_iteration_flops(cfg, [8, 4, 3], x, y) == 4 * 5 * 8 * 4 + 6 * 5 * 4 * 3
+    spec = ParamSpec.from_module(network([8, 4, 3]))
+    assert floor.prediction_flops(spec, torch.randn(200, 8), 1000) == 2 * 1000 * (8 * 4 + 4 * 3)
+
+
+def test_floor_counts_one_gan_per_chain_as_that_many_gans(monkeypatch):
+    """C chains' GANs stacked do C times the arithmetic of one GAN of the same sizes."""
+    from apd.config import PipelineConfig
+
+    floor = _floor_module(monkeypatch)
+    cfg = PipelineConfig()
+    cfg.distill.gen_hidden, cfg.distill.critic_hidden, cfg.distill.batch_size = [16], [16], 10
+    one = floor.gan_step_flops(cfg, 6, chains=3)
+    cfg.distill.per_chain = True
+    assert one > 0 and floor.gan_step_flops(cfg, 6, chains=3) == 3 * one
+
+
+def test_floor_counts_each_stored_sample_the_yardstick_predicts_once_per_precision(monkeypatch):
+    """Two chains of 10 rows: 4 reference rows at float32; at int8, 2 kept with no random subset are each
+    chain's centre and last row (4 rows); a size drawing the whole store takes every row."""
+    floor = _floor_module(monkeypatch)
+    yardstick = {"reference": {"kl_samples": 4}, "kept": {"2 int8": {"k": 2, "precision": "int8", "subsets": 0}}}
+    assert floor.yardstick_rows(yardstick, [10, 10]) == {"float32": 4, "int8": 4}
+    yardstick["kept"]["20"] = {"k": 20, "precision": "float32", "subsets": 1}
+    assert floor.yardstick_rows(yardstick, [10, 10]) == {"float32": 20, "int8": 4}
+
+
+def test_floor_record_sums_its_parts_at_the_machine_rates(monkeypatch):
+    """T = count · (FLOPs / peak + draws / draw rate), summed by stage and in all."""
+    floor = _floor_module(monkeypatch)
+    parts = [floor.Part("sample", "products", 1000, flops=2_000_000), floor.Part("sample", "noise", 1000, draws=500),
+             floor.Part("distill", "steps", 10, flops=10**9)]
+    record = floor.floor_record("demo", parts, {"peak_flops": 1e9, "draws_per_second": 1e6}, {"commit": "x"})
+    assert [row["seconds"] for row in record["parts"]] == [2.0, 0.5, 10.0]
+    assert record["stages"] == {"sample": 2.5, "distill": 10.0} and record["total"] == 12.5

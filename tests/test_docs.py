@@ -275,10 +275,42 @@ def test_pipelines_timed_end_to_end_are_rendered_side_by_side_with_their_targets
     rows = render_table("fashion-fc1,fashion-fc2,fashion-lenet5,nowhere", "durations", project).splitlines()[2:]
     assert rows == [
         "| `fashion-fc1` | Some CPU, 2 cores | 8 min 20 s | 5 min 0 s | 1 min 39 s | **14 min 59 s** | ≤ 15 min "
-        "| met |",
-        "| `fashion-fc2` | Some CPU, 2 cores | 21 min 40 s | — | — | stopped in `apd distill` | ≤ 20 min | not met |",
-        "| `fashion-lenet5` | Some GPU | 1 min 0 s | 1 min 0 s | 1 min 0 s | **3 min 0 s** | ≤ 30 min | — |",
-        "| `nowhere` | not timed yet | — | — | — | — | — | — |"]
+        "| — | met |",
+        "| `fashion-fc2` | Some CPU, 2 cores | 21 min 40 s | — | — | stopped in `apd distill` | ≤ 20 min | — "
+        "| not met |",
+        "| `fashion-lenet5` | Some GPU | 1 min 0 s | 1 min 0 s | 1 min 0 s | **3 min 0 s** | ≤ 30 min | — | — |",
+        "| `nowhere` | not timed yet | — | — | — | — | — | — | — |"]
+    # a floor above the target says that no implementation could meet it; one below it leaves "not met" alone
+    for name, seconds in (("fashion-fc2", 1500.0), ("fashion-fc1", 600.0)):
+        (project / "docs" / "results" / name / "floor.json").write_text(json.dumps({"total": seconds}))
+    rows = render_table("fashion-fc1,fashion-fc2", "durations", project).splitlines()[2:]
+    assert rows[0].endswith("| ≤ 15 min | 10 min 0 s | met |")
+    assert rows[1].endswith("| ≤ 20 min | 25 min 0 s | not met: the target is below the floor |")
+
+
+def test_floors_are_rendered_part_by_part_beside_the_recorded_stages(project):
+    """docs/performance.md's floors come from benchmarks/pipeline_floor.py's records: each counted part, each
+    stage's floor beside its recorded wall clock and how many floors that is, the total, and the rates."""
+    floor = {"commit": "0123456789abcdef", "started": "2026-01-02T03:04:05+00:00",
+             "machine": {"cpu": "Some CPU", "cores": 2, "load_average_before": [0.5, 0.75, 1.0]},
+             "rates": {"peak_flops": 2e11, "matmul_flops": 2e11, "conv_flops": 1.5e11, "draws_per_second": 5e8},
+             "parts": [{"stage": "sample", "what": "SGLD products", "count": 1000, "flops": 3_000_000, "draws": 0,
+                        "seconds": 15.0},
+                       {"stage": "sample", "what": "noise", "count": 1000, "flops": 0, "draws": 79_510,
+                        "seconds": 0.16},
+                       {"stage": "evaluate", "what": "rows", "count": 10, "flops": 2e10, "draws": 0, "seconds": 1.0}],
+             "stages": {"sample": 15.16, "evaluate": 1.0}, "total": 16.16}
+    (project / "docs" / "results" / "demo" / "floor.json").write_text(json.dumps(floor))
+    (project / "docs" / "results" / "demo" / "end_to_end.json").write_text(json.dumps(
+        {"stages": {"sample": 60.64, "evaluate": 3.0}, "total": 63.64}))
+    table = render_table("demo", "floors", project)
+    assert "| `demo` | `apd sample` | SGLD products | 1,000 | 3.0 MFLOP | 15.0 s |  |" in table
+    assert "| `demo` | `apd sample` | noise | 1,000 | 79,510 Gaussians | 0.2 s |  |" in table
+    assert "| `demo` | `apd sample` | **the stage's floor** |  |  | 15.2 s | 1 min 1 s (4.0×) |" in table
+    assert "| `demo` | `apd evaluate` | **the stage's floor** |  |  | 1.0 s | 3.0 s (3.0×) |" in table
+    assert "| `demo` |  | **total** |  |  | **16.2 s** | 1 min 4 s |" in table
+    assert ("| `demo` | `0123456789ab` | Some CPU (2 cores) | 0.50, 0.75, 1.00 | 200 GFLOP/s (matmul 200, conv2d "
+            "150); 500 M Gaussians/s | 2026-01-02 |") in table
 
 
 def test_nothing_lost_matrix_is_rendered_from_its_record(project):
