@@ -6,8 +6,9 @@ convolutions, forward and backward: the arithmetic every other operation of a st
 how often the published run does it, read from the pipeline's file and its published manifests:
 
 - ``apd sample``: chains × iterations SGLD iterations of one chain (:class:`~apd.samplers.chain.SGLDChains`: the
-  minibatch forward and backward), as many draws of D Gaussians (the Langevin noise), and the baselines' and
-  peers' epochs of minibatch SGD (each step the products of an SGLD iteration at the baselines' batch size);
+  minibatch forward and backward), as many draws of D Gaussians (the Langevin noise), the baselines' and
+  peers' epochs of minibatch SGD (each step the products of an SGLD iteration at the baselines' batch size) and
+  their predictions of the validation split (each epoch's SGD networks, SWAG's draws, MC dropout's passes);
 - ``apd distill``: seeds × steps GAN steps of the distiller as it trains (the chains' GANs stacked where
   ``per_chain``, the conditioned GAN where ``mode_embedding``), each ``n_critic`` critic steps and a generator step,
   and the generated networks the selection predicts on its validation images every ``eval_every`` steps;
@@ -17,12 +18,12 @@ how often the published run does it, read from the pipeline's file and its publi
   lengths), every network the methods that draw weight vectors predict (runs × ensemble size), and Stein
   thinning's full-training-set gradient of each candidate.
 
-Left out, so the floor is below what the protocol needs: the baselines' and SWAG's validation passes, the
-alignment, the mixtures' and Laplace fits, the attacks, MC dropout's passes in evaluate and every non-product
-operation (scores, softmax, Adam, the SGLD update). The rates are this machine's best, measured in
-the same run on every core, the highest of three rounds: the faster of the 4096² float32 matmul and the large
-float32 ``conv2d`` of ``bench_predict_cnn.py``'s roofline for the products, and ``torch.randn`` on one thread
-pinned to each core, summed over the cores, for the noise. The floor is
+Left out, so the floor is below what the protocol needs: the alignment, the mixtures' and Laplace fits, the
+attacks, MC dropout's passes in evaluate and every non-product operation (scores, softmax, Adam, the SGLD update).
+The rates are this machine's best, measured in the same run on every core, the highest of three rounds: the faster
+of the 4096² float32 matmul and the large float32 ``conv2d`` of ``bench_predict_cnn.py``'s roofline for the
+products, and ``torch.randn`` on one thread pinned to each core, summed over the cores, for the noise. The floor
+is
 
     T_floor = Σ FLOPs / peak + Gaussian draws / draw rate,
 
@@ -164,6 +165,22 @@ def baseline_epochs(cfg: PipelineConfig) -> int:
             + (len(p.swag_lrs) * p.swag_epochs if MethodName.SWAG in methods else 0))
 
 
+def validation_passes(cfg: PipelineConfig) -> int:
+    """Whole networks ``apd sample`` predicts the validation split with while it trains the baselines and peers:
+    the SGD network and each member of the deep ensemble once an epoch (the epoch kept is the best one), and
+    SWAG's ``swag_val_samples`` draws at each of its learning rates (MC dropout's passes are counted apart)."""
+    b, p, methods = cfg.baselines, cfg.peers, cfg.evaluate.methods
+    return ((1 + (p.ensemble_members if MethodName.ENSEMBLE in methods else 0)) * b.epochs
+            + (len(p.swag_lrs) * p.swag_val_samples if MethodName.SWAG in methods else 0))
+
+
+def tail_flops(spec: ParamSpec, inputs: int) -> int:
+    """One pass of the layers after the network's first linear layer (:meth:`ParamSpec.trunk_and_tail`: those
+    MC dropout's masks reach) on ``inputs`` inputs."""
+    tail = spec.trunk_and_tail()[1]
+    return prediction_flops(tail, torch.zeros(COUNTED_INPUTS, tail.linear_layers()[0][3]), inputs)
+
+
 def count_parts(pipeline: str, root: Path) -> list[Part]:
     """The counted parts of ``pipeline``'s published run (module docstring)."""
     cfg = load_config(pipeline)
@@ -190,6 +207,10 @@ def count_parts(pipeline: str, root: Path) -> list[Part]:
         Part("sample", f"the baselines' and peers' SGD steps ({baseline_epochs(cfg)} epochs)",
              baseline_epochs(cfg) * MinibatchOrder(n_train, b.batch_size, 0).batches_per_epoch,
              flops=round(per_example * b.batch_size)),
+        Part("sample", f"the baselines' and peers' validation predictions ({len(data.y_val):,} inputs each)",
+             validation_passes(cfg), flops=prediction_flops(spec, data.x_val, len(data.y_val))),
+        Part("sample", f"MC dropout's validation passes ({b.epochs} epochs × {b.mc_passes}, after its first layer)",
+             b.epochs * b.mc_passes, flops=tail_flops(spec, len(data.y_val))),
         Part("distill", f"GAN steps ({d.seeds} seeds × {d.steps:,})", d.seeds * d.steps,
              flops=gan_step_flops(cfg, code_dim, samples["chains"])),
         Part("distill", f"generated networks the selection judges ({min(MONITOR_SIZE, len(data.y_val)):,} validation "

@@ -84,3 +84,19 @@ def test_floor_record_sums_its_parts_at_the_machine_rates(monkeypatch):
     record = floor.floor_record("demo", parts, {"peak_flops": 1e9, "draws_per_second": 1e6}, {"commit": "x"})
     assert [row["seconds"] for row in record["parts"]] == [2.0, 0.5, 10.0]
     assert record["stages"] == {"sample": 2.5, "distill": 10.0} and record["total"] == 12.5
+
+
+def test_floor_counts_the_baselines_training_and_validation_by_their_settings(monkeypatch):
+    """SGD and MC dropout train [baselines] epochs each, every ensemble member as many, SWAG swag_epochs at each
+    learning rate; the SGD networks predict the validation split once an epoch and SWAG draws swag_val_samples
+    at each rate; a peer the evaluation does not compare is not trained."""
+    from apd.config import PipelineConfig
+
+    floor = _floor_module(monkeypatch)
+    cfg = PipelineConfig()
+    cfg.baselines.epochs, cfg.peers.ensemble_members, cfg.peers.swag_epochs = 20, 5, 10
+    cfg.peers.swag_lrs, cfg.peers.swag_val_samples = [0.1, 0.3, 1.0], 30
+    assert floor.baseline_epochs(cfg) == 2 * 20 + 5 * 20 + 3 * 10
+    assert floor.validation_passes(cfg) == (1 + 5) * 20 + 3 * 30
+    cfg.evaluate.methods = ["sgd", "mcdropout", "sgld", "apd"]
+    assert floor.baseline_epochs(cfg) == 2 * 20 and floor.validation_passes(cfg) == 20
