@@ -27,8 +27,8 @@ is
 
     T_floor = Σ FLOPs / peak + Gaussian draws / draw rate,
 
-each stage's arithmetic at the machine's best rate with nothing else to do. A target below it cannot be met by
-any implementation of the protocol on this machine.
+each stage's arithmetic at the machine's best rate with nothing else to do. A target below it cannot be met on
+this machine by any implementation of the protocol that draws its noise with torch's generator.
 
 Run: ``.venv/bin/python benchmarks/pipeline_floor.py fashion-fc1 fashion-fc2 fashion-lenet5 [--out-dir DIR]``,
 nothing else running; with ``--out-dir`` each pipeline's record goes to ``DIR/PIPELINE/floor.json``
@@ -198,7 +198,7 @@ def count_parts(pipeline: str, root: Path) -> list[Part]:
     one_network = prediction_flops(spec, data.x_test, inputs)
     rows = yardstick_rows(results["yardstick"], chain_lengths(samples, results))
     drawn = sum(results["runs"] * results["ensemble"][m] for m in DRAWN if m in results["ensemble"])
-    judged = d.seeds * (d.steps // d.eval_every) * d.eval_networks
+    judged, monitored = d.seeds * (d.steps // d.eval_every) * d.eval_networks, min(MONITOR_SIZE, len(data.y_val))
     parts = [
         Part("sample", f"SGLD iterations' products ({s.chains} chains × {s.iterations:,})", s.chains * s.iterations,
              flops=iteration),
@@ -213,8 +213,8 @@ def count_parts(pipeline: str, root: Path) -> list[Part]:
              b.epochs * b.mc_passes, flops=tail_flops(spec, len(data.y_val))),
         Part("distill", f"GAN steps ({d.seeds} seeds × {d.steps:,})", d.seeds * d.steps,
              flops=gan_step_flops(cfg, code_dim, samples["chains"])),
-        Part("distill", f"generated networks the selection judges ({min(MONITOR_SIZE, len(data.y_val)):,} validation "
-             "inputs each)", judged, flops=prediction_flops(spec, data.x_val, min(MONITOR_SIZE, len(data.y_val)))),
+        Part("distill", f"generated networks the selection judges ({monitored:,} validation inputs each)", judged,
+             flops=prediction_flops(spec, data.x_val, monitored)),
         *[Part("evaluate", f"stored samples the yardstick predicts at {precision} ({inputs:,} inputs each)", count,
                flops=one_network) for precision, count in rows.items()],
         Part("evaluate", f"drawn networks of the methods with weights ({inputs:,} inputs each)", drawn,
