@@ -15,7 +15,8 @@ how often the published run does it, read from the pipeline's file and its publi
 - ``apd evaluate``: every stored sample the yardstick predicts on the stacked evaluation inputs, once per
   precision it is judged at (the reference's rows and the union of the kept selections' and random subsets'
   rows, the subsets drawn again with :func:`~apd.posteriors.kept.random_rows` over the published chains'
-  lengths), every network the methods that draw weight vectors predict (runs × ensemble size), and Stein
+  lengths), every network the methods that draw weight vectors must predict (runs × ensemble size; members that
+  share all but their last layer, that layer alone), and Stein
   thinning's full-training-set gradient of each candidate.
 
 Left out, so the floor is below what the protocol needs: the alignment, the mixtures' and Laplace fits, the
@@ -62,10 +63,11 @@ from apd.posteriors.kept import evenly_spaced_rows, last_rows, random_rows
 from apd.samplers.chain import ChainSeeds, SGLDChains
 
 RESULTS = Path("docs/results")
-# The methods whose every member is a network predicted whole on the stacked inputs (the stored samples' rows are
-# counted with the yardstick's; MC dropout shares its trunk and the GLM predictive linearises: not counted).
-DRAWN = (MethodName.SGD, MethodName.APD, MethodName.MOG, MethodName.MODES, MethodName.SWAG, MethodName.ENSEMBLE,
-         MethodName.LAPLACE_KFAC, MethodName.LAPLACE_LL)
+# The methods whose members differ in every layer, so that each is a network predicted whole on the stacked inputs
+# (the stored samples' rows are counted with the yardstick's; MC dropout shares its trunk and the GLM predictive
+# linearises: not counted; the last-layer Laplace and the one SGD network are counted apart).
+WHOLE = (MethodName.APD, MethodName.MOG, MethodName.MODES, MethodName.SWAG, MethodName.ENSEMBLE,
+         MethodName.LAPLACE_KFAC)
 COUNTED_INPUTS = 100  # inputs one network's prediction is counted on, scaled to the stacked inputs (linear in them)
 
 
@@ -174,6 +176,21 @@ def validation_passes(cfg: PipelineConfig) -> int:
             + (len(p.swag_lrs) * p.swag_val_samples if MethodName.SWAG in methods else 0))
 
 
+def whole_networks(results: dict) -> int:
+    """Networks the evaluation must predict whole on the stacked inputs for the methods that draw weight vectors:
+    every member of every run of the methods of :data:`WHOLE`, the SGD network once (every run's is the same), and
+    the last-layer Laplace's layers before its last once a run (its members differ in the last layer alone)."""
+    runs, ensemble = results["runs"], results["ensemble"]
+    return (sum(runs * ensemble[m] for m in WHOLE if m in ensemble) + (MethodName.SGD in ensemble)
+            + (runs if MethodName.LAPLACE_LL in ensemble else 0))
+
+
+def last_layer_flops(spec: ParamSpec, inputs: int) -> int:
+    """One pass of the network's last linear layer on ``inputs`` inputs (what a last-layer Laplace member adds)."""
+    last = ParamSpec(spec.names[-2:], spec.shapes[-2:])  # the last linear layer's weight and bias
+    return prediction_flops(last, torch.zeros(COUNTED_INPUTS, last.linear_layers()[0][3]), inputs)
+
+
 def tail_flops(spec: ParamSpec, inputs: int) -> int:
     """One pass of the layers after the network's first linear layer (:meth:`ParamSpec.trunk_and_tail`: those
     MC dropout's masks reach) on ``inputs`` inputs."""
@@ -197,15 +214,15 @@ def count_parts(pipeline: str, root: Path) -> list[Part]:
     inputs = stacked_inputs(results)
     one_network = prediction_flops(spec, data.x_test, inputs)
     rows = yardstick_rows(results["yardstick"], chain_lengths(samples, results))
-    drawn = sum(results["runs"] * results["ensemble"][m] for m in DRAWN if m in results["ensemble"])
+    epochs = baseline_epochs(cfg)
     judged, monitored = d.seeds * (d.steps // d.eval_every) * d.eval_networks, min(MONITOR_SIZE, len(data.y_val))
     parts = [
         Part("sample", f"SGLD iterations' products ({s.chains} chains × {s.iterations:,})", s.chains * s.iterations,
              flops=iteration),
         Part("sample", f"SGLD's Gaussian noise ({spec.numel:,} per iteration)", s.chains * s.iterations,
              draws=spec.numel),
-        Part("sample", f"the baselines' and peers' SGD steps ({baseline_epochs(cfg)} epochs)",
-             baseline_epochs(cfg) * MinibatchOrder(n_train, b.batch_size, 0).batches_per_epoch,
+        Part("sample", f"the baselines' and peers' SGD steps ({epochs} epochs)",
+             epochs * MinibatchOrder(n_train, b.batch_size, 0).batches_per_epoch,
              flops=round(per_example * b.batch_size)),
         Part("sample", f"the baselines' and peers' validation predictions ({len(data.y_val):,} inputs each)",
              validation_passes(cfg), flops=prediction_flops(spec, data.x_val, len(data.y_val))),
@@ -217,9 +234,12 @@ def count_parts(pipeline: str, root: Path) -> list[Part]:
              flops=prediction_flops(spec, data.x_val, monitored)),
         *[Part("evaluate", f"stored samples the yardstick predicts at {precision} ({inputs:,} inputs each)", count,
                flops=one_network) for precision, count in rows.items()],
-        Part("evaluate", f"drawn networks of the methods with weights ({inputs:,} inputs each)", drawn,
-             flops=one_network),
+        Part("evaluate", f"drawn networks of the methods with weights ({inputs:,} inputs each)",
+             whole_networks(results), flops=one_network),
     ]
+    if MethodName.LAPLACE_LL in results["ensemble"]:
+        parts.append(Part("evaluate", "the last-layer Laplace's members, their last layer", results["runs"]
+                          * results["ensemble"][MethodName.LAPLACE_LL], flops=last_layer_flops(spec, inputs)))
     if MethodName.STEIN in e.methods:
         parts.append(Part("evaluate", f"Stein thinning's full-training-set gradients ({n_train:,} examples each)",
                           e.stein_candidates, flops=round(per_example * n_train)))

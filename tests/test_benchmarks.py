@@ -100,3 +100,15 @@ def test_floor_counts_the_baselines_training_and_validation_by_their_settings(mo
     assert floor.validation_passes(cfg) == (1 + 5) * 20 + 3 * 30
     cfg.evaluate.methods = ["sgd", "mcdropout", "sgld", "apd"]
     assert floor.baseline_epochs(cfg) == 2 * 20 and floor.validation_passes(cfg) == 20
+
+
+def test_floor_predicts_only_the_networks_a_method_needs_whole(monkeypatch):
+    """Every member of every run of a method whose members differ in every layer; the SGD network once; the
+    last-layer Laplace's earlier layers once a run and each member's last layer ([8, 4, 3]: 2N·4·3 on N inputs)."""
+    from apd.nets import ParamSpec, network
+
+    floor = _floor_module(monkeypatch)
+    results = {"runs": 3, "ensemble": {"apd": 100, "swag": 100, "sgd": 1, "laplace-ll": 100, "mcdropout": 200,
+                                       "sgld": 100, "kept": 4}}
+    assert floor.whole_networks(results) == 3 * 200 + 1 + 3
+    assert floor.last_layer_flops(ParamSpec.from_module(network([8, 4, 3])), 1000) == 2 * 1000 * 4 * 3
