@@ -78,7 +78,12 @@ class ChainTrainers:
         """:meth:`GANTrainer.step` of every chain at once, chain j's real batches from ``real_batches[j]``
         (each called once per critic step, in chain order); each statistic averaged over the chains by their
         shares."""
-        return self.trainer.step(lambda: torch.stack([batches() for batches in real_batches]), n_critic)
+        return self.trainer.averaged(self.step_by_chain(real_batches, n_critic))
+
+    def step_by_chain(self, real_batches: Sequence[Callable[[], Tensor]], n_critic: int = 5) -> dict[str, Tensor]:
+        """:meth:`step`, its statistics each chain's own ([C] float64 tensors,
+        :meth:`GANTrainer.step_by_chain`)."""
+        return self.trainer.step_by_chain(lambda: torch.stack([batches() for batches in real_batches]), n_critic)
 
     def state_dict(self) -> dict[str, Any]:
         """The stacked trainer's :meth:`GANTrainer.state_dict` (every chain's random stream included)."""

@@ -400,7 +400,7 @@ class GANTrainer:
         GAN)."""
         stats = self._critic_update(self._checked_batch(real))
         self.critic_steps += 1
-        return self._checked(stats, f"critic step {self.critic_steps}")
+        return self.averaged(self._checked(stats, f"critic step {self.critic_steps}"))
 
     def generator_step(self, batch_size: int) -> dict[str, float]:
         """One generator update on ``batch_size`` fresh samples; returns ``{"generator_loss": …}``.
@@ -410,7 +410,7 @@ class GANTrainer:
         """
         stats = self._generator_update(batch_size)
         self.generator_steps += 1
-        return self._checked(stats, f"generator step {self.generator_steps}")
+        return self.averaged(self._checked(stats, f"generator step {self.generator_steps}"))
 
     def _checked_batch(self, real: Tensor) -> Tensor:
         """``real`` on the trainer's device and dtype, or a :class:`DataError` for a batch of another shape."""
@@ -453,7 +453,14 @@ class GANTrainer:
         """``n_critic`` critic updates, each on a fresh real batch, then one generator update of the same
         batch size (Gulrajani et al., 2017, Algorithm 1). ``real_batches`` is a zero-argument callable or
         an iterator (consumed across calls). Returns the critic stats averaged over the critic updates
-        together with ``generator_loss``."""
+        together with ``generator_loss`` (the chains' averaged with ``chain_weights``)."""
+        return self.averaged(self.step_by_chain(real_batches, n_critic))
+
+    def step_by_chain(
+        self, real_batches: Iterable[Tensor] | Callable[[], Tensor], n_critic: int = 5
+    ) -> dict[str, Tensor]:
+        """:meth:`step`, its statistics each chain's own: float64 tensors [*chains] on the CPU (0-d for
+        unstacked modules)."""
         if n_critic < 1:
             raise ValueError(f"n_critic must be at least 1, got {n_critic}")
         next_real = real_batches if callable(real_batches) else iter(real_batches).__next__
@@ -465,7 +472,7 @@ class GANTrainer:
                 real = self._checked_batch(next_real())
                 critic_stats.append(self._critic_update(real))
             generator_stats = self._generator_update(real.shape[-2])
-        totals: dict[str, float] = {}
+        totals: dict[str, Tensor] = {}
         for stats in critic_stats:
             self.critic_steps += 1
             for name, value in self._checked(stats, f"critic step {self.critic_steps}").items():
@@ -546,15 +553,21 @@ class GANTrainer:
         for rng, chain_state in zip(self.rng, state, strict=True):
             rng.set_state(chain_state.cpu())
 
-    def _checked(self, stats: dict[str, Tensor], where: str) -> dict[str, float]:
-        """The statistics as floats (the chains' averaged with ``chain_weights``); a non-finite one (of any
-        chain) raises :class:`DivergenceError`."""
+    def _checked(self, stats: dict[str, Tensor], where: str) -> dict[str, Tensor]:
+        """The statistics as float64 tensors on the CPU, each chain's own; a non-finite one (of any chain)
+        raises :class:`DivergenceError`."""
         values = torch.stack(list(stats.values())).cpu()
         if not bool(values.isfinite().all()):
             name, *chain = (values.isfinite().logical_not().nonzero()[0]).tolist()
             value = values[(name, *chain)].item()
             where = f"{where} (chain {chain[0]})" if chain else where
             raise DivergenceError(f"GAN training diverged: {list(stats)[name]} is {value} at {where}")
-        if self.chains:
-            values = values.double() @ self.chain_weights
-        return dict(zip(stats, values.tolist(), strict=True))
+        return dict(zip(stats, values.double().unbind(), strict=True))
+
+    def averaged(self, stats: dict[str, Tensor], weights: Tensor | None = None) -> dict[str, float]:
+        """Per-chain statistics (:meth:`step_by_chain`) as floats: Σ_j w_j s_j over the chains, with
+        ``weights`` (default ``chain_weights``) [C]; those of unstacked modules as they are."""
+        if not self.chains:
+            return {name: value.item() for name, value in stats.items()}
+        weights = self.chain_weights if weights is None else weights.double()
+        return {name: (value @ weights).item() for name, value in stats.items()}
