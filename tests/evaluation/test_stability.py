@@ -67,7 +67,8 @@ def test_reference_numbers_are_the_pooled_ensembles_nll_and_aurocs():
     numbers = reference_numbers(sums, [0, 2], y)
     chosen = weights[torch.as_tensor(np.flatnonzero(chains != 1))]
     probs = {name: predict_probs(spec, chosen, x).double() for name, x in named.items()}
-    assert numbers["nll"] == pytest.approx(nll(probs["test"], y), rel=1e-12)
+    # the sums predicted every set stacked in one batch, this each set alone: float32 rounding apart on some CPUs
+    assert numbers["nll"] == pytest.approx(nll(probs["test"], y), rel=1e-6)
     assert set(numbers["auroc"]) == {"far"}
     expected_bald = 100 * auroc(bald(probs["in"]), bald(probs["far"]))["auroc"]
     expected_max_prob = 100 * auroc(max_prob(probs["in"]), max_prob(probs["far"]))["auroc"]

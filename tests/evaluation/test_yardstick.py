@@ -241,8 +241,10 @@ def test_the_references_chain_sums_split_its_chains_into_halves_whose_numbers_ar
     weights, chains = store.read_all(), store.chains
     for half, (chain,) in zip(stability["split_half"]["numbers"], stability["split_half"]["halves"], strict=True):
         probs = predict_probs(SPEC, weights[torch.as_tensor(chains == chain)], inputs.x_test).double().mean(0)
-        assert half["nll"] == pytest.approx(nll(probs, inputs.y_test), rel=1e-12)
+        # the stored predictions are of every set stacked in one batch, these of the test set alone: float32
+        # rounding apart on some CPUs
+        assert half["nll"] == pytest.approx(nll(probs, inputs.y_test), rel=1e-6)
     whole = predict_probs(SPEC, weights, inputs.x_test).double().mean(0)
-    assert stability["numbers"]["nll"] == pytest.approx(nll(whole, inputs.y_test), rel=1e-12)
+    assert stability["numbers"]["nll"] == pytest.approx(nll(whole, inputs.y_test), rel=1e-6)
     assert stability["split_half"]["nll_gap"] == pytest.approx(
         abs(stability["split_half"]["numbers"][0]["nll"] - stability["split_half"]["numbers"][1]["nll"]))
