@@ -19,16 +19,18 @@ With ``[distill] seeds`` K > 1 the stage trains K generators, on ``[distill] wor
 another on each), each from its own seed streams (:func:`~apd.pipeline.recipes.distill_seed`) into its own
 files (generator seed k: ``generator-seedK.pt``; seed 0 is ``generator.pt``), each with its manifest, reused
 or resumed on its own. The samples are aligned once, before the workers start, and stored for every process
-that needs them (:mod:`apd.pipeline.stored_alignment`).
+that needs them (:mod:`apd.pipeline.stored_alignment`). On a CUDA device the seeds still to train train as one
+batch (:func:`trains_seeds_together`), each seed's GANs drawing from their own streams, so a seed's generator
+is the one it is alone to float rounding; such a group checkpoints and resumes as one. The GAN loop itself
+is :mod:`apd.pipeline.distill_loop`.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,28 +38,29 @@ import torch
 from torch import Tensor
 
 from apd.config import config_hash
-from apd.distillation.chain_generators import ChainTrainers
+from apd.distillation.chain_generators import ChainGenerators, ChainTrainers
 from apd.distillation.codec import WeightCodec
 from apd.distillation.conditioned import ConditionedTrainer
-from apd.distillation.gan import GANTrainer
-from apd.distillation.generator import DistilledGenerator, architecture
+from apd.distillation.gan import GANTrainer, Generator
+from apd.distillation.generator import architecture
 from apd.distillation.precision import in_samples
 from apd.distillation.training import (
     StoreBatches,
-    ValidationMonitor,
     evenly_spaced,
     make_chain_trainers,
     make_conditioned_trainer,
     make_trainer,
 )
-from apd.errors import ConfigError, DivergenceError
-from apd.io import nonfinite_tensor, read_json, save_torch_atomic
+from apd.errors import ConfigError
+from apd.io import read_json
 from apd.nets import ParamSpec
+from apd.pipeline.distill_loop import SeedRun, train
 from apd.pipeline.layout import checkpoint_of, manifest_of, partial_of
-from apd.pipeline.manifests import load_checkpoint, manifest_record
+from apd.pipeline.manifests import manifest_record
 from apd.pipeline.parallel import split_work, worker_count
 from apd.pipeline.recipes import (
     REFERENCE_SAMPLES,
+    TrainingSamples,
     codec_for,
     distill_seed,
     store_alignment,
@@ -91,16 +94,6 @@ def seed_reusable(ctx: RunContext, k: int, inputs: dict) -> bool:
             and read_json(manifest_of(path)).get("generator_seed", 0) == k)
 
 
-def _check_finite(trainer: GANTrainer, step: int) -> None:
-    """Stop with a :class:`DivergenceError` once the generator's or the critic's weights are not finite,
-    before anything is judged, kept or checkpointed with them."""
-    for part in ("generator", "critic"):
-        bad = nonfinite_tensor(getattr(trainer, part).state_dict())
-        if bad is not None:
-            raise DivergenceError(f"GAN training diverged by generator step {step} (the {part}'s {bad} is not "
-                                  "finite); try a smaller distill.lr; complete artifacts are unchanged")
-
-
 def distill_offline(ctx: RunContext) -> Path:
     """Every generator seed not complete yet, on up to ``[distill] workers`` processes
     (:func:`~apd.pipeline.parallel.split_work`: seed k's generator is the same on any of them)."""
@@ -115,8 +108,17 @@ def distill_offline(ctx: RunContext) -> Path:
     return ctx.layout.generator
 
 
+def trains_seeds_together(ctx: RunContext, seeds: Sequence[int]) -> bool:
+    """Whether generator seeds ``seeds`` train as one batch: on a CUDA device, where the seeds' small GANs
+    stepped in turn leave the card waiting on their kernels, for one generator or one per chain (a
+    conditioned generator trains alone). On a CPU they train in turn, so a seed's generator is the same bit
+    for bit on any number of workers."""
+    return ctx.device.type == "cuda" and len(seeds) > 1 and not ctx.cfg.distill.mode_embedding
+
+
 def distill_seeds(ctx: RunContext, seeds: list[int]) -> None:
-    """Generator seeds ``seeds``, one after another, from the samples prepared once (:func:`training_samples`)."""
+    """Generator seeds ``seeds``, one after another or as one batch (:func:`trains_seeds_together`), from the
+    samples prepared once (:func:`training_samples`)."""
     d, source = ctx.cfg.distill, ctx.layout.samples
     inputs = {"samples": require_input(ctx, source, "sample")}
     spec = ParamSpec.from_module(ctx.network())
@@ -126,38 +128,51 @@ def distill_seeds(ctx: RunContext, seeds: list[int]) -> None:
         data = training_samples(ctx, store, d)
         # SGLD's predictive is the same aligned or not: the reference stays as stored
         reference = store.read(evenly_spaced(len(store), REFERENCE_SAMPLES))
-        for k in seeds:
+        for group in [seeds] if trains_seeds_together(ctx, seeds) else [[k] for k in seeds]:
             started = time.perf_counter()
-            codec = codec_for(ctx, data.fit, seed=k)
-            real = data.batches(ctx, store, codec, d, seed=k)
-            monitor = validation_monitor(ctx, spec, reference, seed=k)
-            if d.per_chain:
-                trainer, by_chain = chain_trainers(ctx, codec, real, store.chains, seed=k)
-                summary = _train(ctx, trainer, codec, by_chain, monitor, inputs,
-                                 generators=tuple(b.rng for b in by_chain), seed=k)
-            elif d.mode_embedding:
-                trainer, labelled = conditioned_trainer(ctx, codec, real, store.chains, seed=k)
-                summary = _train(ctx, trainer, codec, labelled, monitor, inputs, generators=(labelled.rng,), seed=k)
-            else:
-                trainer = make_trainer(d, codec.code_dim, distill_seed(ctx, k, "gan"), ctx.device)
-                summary = _train(ctx, trainer, codec, real, monitor, inputs, generators=(real.rng,), seed=k)
-            summary["alignment"] = data.alignment
-            summary["seconds"] = round(time.perf_counter() - started, 2)  # the seed's own: alignment has its own
-            _finish(ctx, spec, summary, inputs, len(store), store.file_bytes, len(np.unique(store.chains)), seed=k)
+            trainer, runs, step = _seed_group(ctx, store, data, spec, reference, group)
+            summaries = train(ctx, trainer, runs, step, inputs)
+            seconds = round(time.perf_counter() - started, 2)  # the group's own: alignment has its own
+            for k, summary in zip(group, summaries, strict=True):
+                summary |= {"alignment": data.alignment, "seconds": seconds}
+                if len(group) > 1:
+                    summary["trained_with_seeds"] = group  # the seconds are the group's
+                _finish(ctx, spec, summary, inputs, len(store), store.file_bytes, len(np.unique(store.chains)),
+                        seed=k)
+            for k in group:  # the group's checkpoint is its first seed's; the others' are of earlier runs
+                checkpoint_of(ctx.layout.generator_of(k)).unlink(missing_ok=True)
 
 
-def chain_trainers(ctx: RunContext, codec: WeightCodec, batches: StoreBatches,
-                   chains: np.ndarray, seed: int = 0) -> tuple[ChainTrainers, list[StoreBatches]]:
-    """One GAN per chain of the store (seed stream ``distill/gan/chain/C`` of generator seed ``seed``), weighted
-    by the chain's share of the store's rows, all trained as one
-    (:func:`~apd.distillation.training.make_chain_trainers`), and each chain's real batches (``batches``
-    restricted to its rows, stream ``distill/batches/chain/C``)."""
+@dataclass
+class SeedGANs:
+    """Generator seed k's GANs in codec ``codec``'s space: one per chain of the store (``per_chain``) or
+    one; each GAN's stream seed, its share (its weight in the statistics and, per chain, in a draw; on the
+    run's device) and its real batches."""
+
+    codec: WeightCodec
+    per_chain: bool
+    seeds: list[int]
+    shares: Tensor
+    batches: list[StoreBatches]
+
+    def generator(self, generators: Sequence[Generator]) -> ChainGenerators | Generator:
+        """The seed's generator of ``generators`` (its GANs' trained generators)."""
+        return ChainGenerators(generators, self.shares) if self.per_chain else generators[0]
+
+
+def seed_gans(ctx: RunContext, codec: WeightCodec, batches: StoreBatches, chains: np.ndarray,
+              seed: int = 0) -> SeedGANs:
+    """Generator seed ``seed``'s GANs: with ``per_chain`` one per chain of the store (stream
+    ``distill/gan/chain/C``), weighted by the chain's share of the store's rows, its real batches ``batches``
+    restricted to its rows (stream ``distill/batches/chain/C``); else one GAN (stream ``distill/gan``) on
+    ``batches``."""
+    if not ctx.cfg.distill.per_chain:
+        return SeedGANs(codec, False, [distill_seed(ctx, seed, "gan")], torch.ones(1, device=ctx.device), [batches])
     ids, rows, shares = chain_partition(chains)
-    seeds = [distill_seed(ctx, seed, "gan", "chain", c) for c in ids]
     log.info("one generator per chain: %d chains, shares %s", len(ids), [round(float(w), 4) for w in shares])
-    return (make_chain_trainers(ctx.cfg.distill, codec.code_dim, seeds, shares, ctx.device),
-            [batches.restricted(r, distill_seed(ctx, seed, "batches", "chain", c))
-             for c, r in zip(ids, rows, strict=True)])
+    return SeedGANs(codec, True, [distill_seed(ctx, seed, "gan", "chain", c) for c in ids], shares.to(ctx.device),
+                    [batches.restricted(r, distill_seed(ctx, seed, "batches", "chain", c))
+                     for c, r in zip(ids, rows, strict=True)])
 
 
 def conditioned_trainer(ctx: RunContext, codec: WeightCodec, batches: StoreBatches,
@@ -173,89 +188,48 @@ def conditioned_trainer(ctx: RunContext, codec: WeightCodec, batches: StoreBatch
                                      ctx.device), batches.with_labels(labels))
 
 
-def _train(ctx: RunContext, trainer: GANTrainer | ChainTrainers, codec: WeightCodec,
-           real: Callable[[], Tensor] | Sequence[Callable[[], Tensor]], monitor: ValidationMonitor, inputs: dict,
-           between_steps: Callable[[int], None] | None = None, generators: tuple[torch.Generator, ...] = (),
-           seed: int = 0) -> dict:
-    """The GAN loop shared by both modes: checkpoints, judging, keeping the best step, and at the end the
-    residual's scale matched to SGLD's (:mod:`apd.distillation.residual`) when so configured. The kept
-    and the last generator are written to their partial files, stored at ``[distill] precision`` (the
-    generator networks at ``generators_at`` where given); stored below float32, the stored generator is
-    judged once more (``selection.stored``). The files are generator seed ``seed``'s.
-
-    ``generators`` (e.g. the real-batch sampler's) are checkpointed with the trainer, so a resumed run
-    repeats an uninterrupted one exactly."""
-    generators = (*generators, monitor.rng)
+def _seed_group(ctx: RunContext, store: SampleStore, data: TrainingSamples, spec: ParamSpec, reference: Tensor,
+                group: list[int]) -> tuple[GANTrainer | ChainTrainers | ConditionedTrainer, list[SeedRun],
+                                           Callable[[], list[dict[str, float]]]]:
+    """The trainer of generator seeds ``group``, their runs and the step that returns each run's statistics.
+    One seed trains as it always has: a conditioned generator, one per chain
+    (:func:`~apd.distillation.training.make_chain_trainers`) or one. Several train as one stack of every
+    seed's GANs, each GAN drawing from its own streams as it would alone, each seed's statistics its own GANs'
+    averaged by their shares."""
     d = ctx.cfg.distill
-    stage_hash = config_hash(ctx.cfg, "distill")
-    model = DistilledGenerator(trainer.generator, codec, d.precision, d.generator_precision())
-    path, last_path = ctx.layout.generator_of(seed), ctx.layout.generator_last_of(seed)
-    checkpoint = checkpoint_of(path)
-    history: list[dict] = []
-    best: dict = {"step": 0, "criterion": math.inf, "state": None}
-    resumable = between_steps is None  # online runs hold SGLD chains and a buffer: they start afresh
-    ckpt = load_checkpoint(checkpoint, config_hash=stage_hash, inputs=inputs) if resumable and not ctx.force else None
-    if ckpt is not None:
-        trainer.load_state_dict(ckpt["trainer"])
-        history, best = ckpt["history"], ckpt["best"]
-        for rng, state in zip(generators, ckpt["generators"], strict=True):
-            rng.set_state(state)
-        log.info("resuming distillation at generator step %d", trainer.generator_steps)
-    bar = ctx.progress(total=d.steps, initial=trainer.generator_steps, desc="WGAN-GP" if d.loss == "wgan-gp"
-                       else d.loss.upper(), unit="step")
-    stats: dict[str, float] = {}
-    with bar:
-        while trainer.generator_steps < d.steps:
-            if between_steps is not None:
-                between_steps(trainer.generator_steps)
-            stats = trainer.step(real, d.n_critic)
-            bar.update()
-            step = trainer.generator_steps
-            if step % d.eval_every == 0 or step == d.steps or (resumable and step % d.checkpoint_every == 0):
-                _check_finite(trainer, step)
-            if step % d.eval_every == 0 or step == d.steps:
-                model.eval()
-                judged = monitor.judge(model)
-                history.append({"step": step, **{k: round(v, 6) for k, v in {**judged, **stats}.items()}})
-                if d.selection == "last" or judged["criterion"] < best["criterion"]:
-                    best = {"step": step, "criterion": judged["criterion"], "state": copy.deepcopy(model.state_dict())}
-                ctx.show(bar, f"generator step {step}/{d.steps}", W=f"{stats.get('wasserstein', math.nan):.3f}",
-                         criterion=f"{judged['criterion']:.4f}", acc=f"{judged['accuracy']:.4f}")
-            if resumable and step % d.checkpoint_every == 0 and step < d.steps:
-                save_torch_atomic(checkpoint, {"config_hash": stage_hash, "inputs": inputs,
-                                               "trainer": trainer.state_dict(), "history": history, "best": best,
-                                               "generators": [rng.get_state() for rng in generators]})
-    if best["state"] is None:
-        last = history[-1]
-        raise DivergenceError(f"no generator step had a finite selection criterion (step {last['step']}: "
-                              f"{last['criterion']}); try a smaller distill.lr; complete artifacts are unchanged")
-    last = copy.deepcopy(model.state_dict())
-    model.load_state_dict(best["state"])
-    residual = _match_residual(ctx, model, monitor) if codec.has_residual else {}
-    last.update({f"codec.{name}": value.clone() for name, value in codec.state_dict().items()})
-    save_torch_atomic(partial_of(last_path), model.pack(last))
-    stored = model.pack(model.state_dict())
-    save_torch_atomic(partial_of(path), stored)
-    kept = next(entry for entry in history if entry["step"] == best["step"])
-    selection = {"criterion": "mean KL(SGLD ‖ generated) + mean |BALD gap| on validation inputs (nats)",
-                 "rule": d.selection, "inputs": len(monitor.x), "reference_samples": REFERENCE_SAMPLES,
-                 "kept_step": best["step"], "kept": kept, "last": history[-1]}
-    if model.rounds():  # what the stored numbers give, judged as the kept step was
-        model.load_state_dict(model.unpack(stored))
-        selection["stored"] = {key: round(value, 6) for key, value in monitor.judge(model.eval()).items()}
-    return {"selection": selection, "history": history, "sgld_val_accuracy": monitor.reference.accuracy,
-            "sgld_val_mean_bald": monitor.reference.mean_information,
-            "generator_parameters": model.stored_parameters(), "stored_bytes": model.stored_bytes(),
-            "final_stats": stats, **residual}
+    parts = []
+    for k in group:
+        codec = codec_for(ctx, data.fit, seed=k)
+        parts.append((k, codec, data.batches(ctx, store, codec, d, seed=k),
+                      validation_monitor(ctx, spec, reference, seed=k)))
+    if d.mode_embedding:
+        (k, codec, real, monitor), = parts
+        trainer, labelled = conditioned_trainer(ctx, codec, real, store.chains, seed=k)
+        return (trainer, [SeedRun.of(ctx, k, trainer.generator, codec, monitor, (labelled.rng,))],
+                lambda: [trainer.step(labelled, d.n_critic)])
+    gans = [seed_gans(ctx, codec, real, store.chains, seed=k) for k, codec, real, _ in parts]
+    if len(group) == 1 and not gans[0].per_chain:
+        (k, codec, real, monitor), = parts
+        trainer = make_trainer(d, codec.code_dim, gans[0].seeds[0], ctx.device)
+        return (trainer, [SeedRun.of(ctx, k, trainer.generator, codec, monitor, (real.rng,))],
+                lambda: [trainer.step(real, d.n_critic)])
+    trainer = make_chain_trainers(d, gans[0].codec.code_dim, [s for g in gans for s in g.seeds],
+                                  torch.cat([g.shares for g in gans]), ctx.device)
+    runs, weights, start = [], [], 0
+    for (k, codec, _, monitor), g in zip(parts, gans, strict=True):
+        members = slice(start, start + len(g.seeds))
+        runs.append(SeedRun.of(ctx, k, g.generator(trainer.generator.generators[members]), codec, monitor,
+                               tuple(b.rng for b in g.batches)))
+        weights.append(torch.zeros(len(trainer.generator.generators), dtype=torch.float64))
+        weights[-1][members] = g.shares.double().cpu()
+        start = members.stop
+    batches = [b for g in gans for b in g.batches]
 
+    def step() -> list[dict[str, float]]:
+        by_gan = trainer.step_by_chain(batches, d.n_critic)
+        return [trainer.trainer.averaged(by_gan, w) for w in weights]
 
-def _match_residual(ctx: RunContext, model: DistilledGenerator, monitor: ValidationMonitor) -> dict:
-    """Scale the codec's residual as configured (``matched``: α from :meth:`ValidationMonitor.scale_residual`;
-    ``fitted``: α = 1); returns what goes into the manifest."""
-    if ctx.cfg.distill.residual.scale == "fitted":
-        return {"residual_scale": 1.0}
-    scale = monitor.scale_residual(model.codec, lambda k, rng: model.generator.sample(k, generator=rng))
-    return {"residual_scale": scale}
+    return trainer, runs, step
 
 
 def _finish(ctx: RunContext, spec: ParamSpec, summary: dict, inputs: dict, n_samples: int, store_bytes: int,
@@ -275,7 +249,6 @@ def _finish(ctx: RunContext, spec: ParamSpec, summary: dict, inputs: dict, n_sam
                                       "store_samples": n_samples, "store_bytes": store_bytes},
                              **summary)
     publish({partial_of(path): path, partial_of(last_path): last_path}, manifest_of(path), record)
-    checkpoint_of(path).unlink(missing_ok=True)
     kept = summary["selection"]["kept"]
     log.info("generator seed %d: step %d kept (criterion %.4f, KL %.4f, BALD gap %.4f; validation accuracy %.4f vs "
              "SGLD's %.4f); %s parameters at %s (%.2f SGLD samples' worth); %.0f s → %s", seed, kept["step"],
@@ -326,7 +299,7 @@ def distill_online(ctx: RunContext, seed: int = 0) -> Path:
 
     monitor = validation_monitor(ctx, spec, buffer[evenly_spaced(d.buffer_size, REFERENCE_SAMPLES)].clone(), seed)
     trainer = make_trainer(d, codec.code_dim, distill_seed(ctx, seed, "gan"), ctx.device)
-    model = DistilledGenerator(trainer.generator, codec)
+    run = SeedRun.of(ctx, seed, trainer.generator, codec, monitor, ())
 
     def between_steps(step: int) -> None:
         if step == 0 or step % d.t_gan:
@@ -334,9 +307,9 @@ def distill_online(ctx: RunContext, seed: int = 0) -> Path:
         add_samples(d.t_sgld)
         position["round"] += 1
         if d.restart_every and position["round"] % d.restart_every == 0:
-            chains.theta.copy_(model.sample_weights(len(chains)))
+            chains.theta.copy_(run.model.sample_weights(len(chains)))
 
-    summary = _train(ctx, trainer, codec, real_batch, monitor, {}, between_steps, seed=seed)
+    summary, = train(ctx, trainer, [run], lambda: [trainer.step(real_batch, d.n_critic)], {}, between_steps)
     summary["seconds"] = round(time.perf_counter() - started, 2)
     summary["sgld_samples_seen"] = position["count"]
     _finish(ctx, spec, summary, {}, 0, 0, seed=seed)

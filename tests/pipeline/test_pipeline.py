@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -103,23 +104,28 @@ def test_evaluate_without_generator_names_the_stage(tmp_path, capsys):
     assert "run `apd sample" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("settings", [{}, {"per_chain": True}, {"mode_embedding": 2}])
-def test_interrupted_distillation_resumes_to_the_same_generator(pipeline, tmp_path, monkeypatch, settings):
+@pytest.mark.parametrize("settings", [{}, {"per_chain": True}, {"mode_embedding": 2},
+                                      {"per_chain": True, "seeds": 2}])
+def test_interrupted_distillation_resumes_to_the_same_generator(pipeline, tmp_path, monkeypatch, caplog, settings):
     """Interrupted after 100 GAN trainer steps (per chain: steps of the chains trained as one; conditioned on
-    the chain: of the one generator), the resumed run ends with the generator an uninterrupted run gives."""
+    the chain: of the one generator; two seeds: of both seeds' chains trained as one batch, as on a GPU), the
+    resumed run ends with the generators an uninterrupted run gives."""
     from apd.distillation.gan import GANTrainer
     from apd.pipeline import distill
 
     root, _ = pipeline
+    monkeypatch.setattr(distill, "trains_seeds_together", lambda ctx, seeds: len(seeds) > 1)
     if settings:  # both read the store's chains: two of them
         copy_samples_as_two_chains(root, tmp_path / "straight")
         distill.run_distill(tiny_context(tmp_path / "straight", distill=settings))
-        reference = torch.load(tiny_context(tmp_path / "straight").layout.generator_last, weights_only=True)
+        straight = tiny_context(tmp_path / "straight").layout
+        references = [torch.load(straight.generator_last_of(k), weights_only=True)
+                      for k in range(settings.get("seeds", 1))]
         copy_samples_as_two_chains(root, tmp_path / "resumed")
     else:
-        reference = torch.load(tiny_context(root).layout.generator_last, weights_only=True)
+        references = [torch.load(tiny_context(root).layout.generator_last, weights_only=True)]
         copy_samples(root, tmp_path / "resumed")
-    real_step, calls = GANTrainer.step, []
+    real_step, calls = GANTrainer.step_by_chain, []
 
     def step_then_interrupt(self, *args, **kwargs):
         calls.append(1)
@@ -127,16 +133,19 @@ def test_interrupted_distillation_resumes_to_the_same_generator(pipeline, tmp_pa
             raise KeyboardInterrupt
         return real_step(self, *args, **kwargs)
 
-    monkeypatch.setattr(GANTrainer, "step", step_then_interrupt)
+    monkeypatch.setattr(GANTrainer, "step_by_chain", step_then_interrupt)
     ctx = tiny_context(tmp_path / "resumed", distill=settings)
     with pytest.raises(KeyboardInterrupt):
         distill.run_distill(ctx)
-    monkeypatch.setattr(GANTrainer, "step", real_step)
-    distill.run_distill(ctx)
-    resumed = torch.load(ctx.layout.generator_last, weights_only=True)
-    assert set(resumed) == set(reference)
-    for key, value in reference.items():
-        torch.testing.assert_close(resumed[key], value, msg=key)
+    monkeypatch.setattr(GANTrainer, "step_by_chain", real_step)
+    with caplog.at_level(logging.INFO, logger="apd.pipeline.distill_loop"):
+        distill.run_distill(ctx)
+    assert "resuming distillation at generator step 80" in caplog.text  # the checkpoint of step 80 (every 40)
+    for k, reference in enumerate(references):
+        resumed = torch.load(ctx.layout.generator_last_of(k), weights_only=True)
+        assert set(resumed) == set(reference)
+        for key, value in reference.items():
+            torch.testing.assert_close(resumed[key], value, msg=key)
 
 
 def test_one_generator_per_chain_stored_at_int8_is_what_evaluate_loads(pipeline, tmp_path, monkeypatch):
@@ -621,6 +630,59 @@ def test_the_mode_mixture_weighs_each_chains_aligned_mean_against_its_plain_one(
     tables = (out / "tiny" / "eval" / "tables.md").read_text()
     assert "| mode mixture | each chain's mean |" in tables
     assert f"chain 0: {as_stored:.3f} as stored, {aligned:.3f} aligned" in tables
+
+
+def _seeds_in_turn_and_together(root: Path, tmp_path: Path, monkeypatch, settings: dict,
+                                device: str = "cpu") -> list[tuple[dict, dict, dict, dict]]:
+    """Generator seeds 0 and 1 of ``settings`` distilled from the tiny pipeline's samples (two chains) in turn
+    and as one batch (:func:`~apd.pipeline.distill.trains_seeds_together` made to say so); each seed's
+    generator files and manifests, in turn and together."""
+    from apd.pipeline import distill
+
+    for how, together in (("turn", False), ("together", True)):
+        copy_samples_as_two_chains(root, tmp_path / how)
+        monkeypatch.setattr(distill, "trains_seeds_together", lambda ctx, seeds, together=together: together)
+        cfg = tiny_context(tmp_path / how, distill={**settings, "seeds": 2}).cfg
+        distill.run_distill(RunContext(cfg=cfg, artifacts_root=tmp_path / how, device_name=device, quiet=True))
+    return [tuple(loader(tmp_path / how / "tiny" / f"generator{suffix}{ext}") for how in ("turn", "together")
+                  for loader, ext in ((lambda p: torch.load(p, weights_only=True), ".pt"),
+                                      (lambda p: json.loads(p.read_text()), ".json")))
+            for suffix in ("", "-seed1")]
+
+
+@pytest.mark.parametrize(("settings", "tolerance"), [({"per_chain": True}, {"rtol": 1e-5, "atol": 1e-6}),
+                                                     ({}, {"rtol": 1e-3, "atol": 1e-4})])
+def test_generator_seeds_trained_as_one_batch_are_the_seeds_trained_in_turn(pipeline, tmp_path, monkeypatch,
+                                                                            settings, tolerance):
+    """Trained as one stack, each seed's GANs draw from their own streams as they do alone, so each seed's
+    generator, judged steps and kept step are those of the seed trained alone, to float rounding: one per
+    chain, the stack of both seeds' four GANs against each seed's stack of two (the same batched kernels); one
+    generator, a stack of two against one unstacked GAN each (other kernels, so rounding parts them more).
+    Each manifest records the seeds it trained with, the seconds being the group's."""
+    for turn, turn_record, together, together_record in _seeds_in_turn_and_together(pipeline[0], tmp_path,
+                                                                                    monkeypatch, settings):
+        assert set(turn) == set(together)
+        for key, value in turn.items():
+            torch.testing.assert_close(together[key], value, msg=key, **tolerance)
+        assert together_record["selection"]["kept_step"] == turn_record["selection"]["kept_step"]
+        for mine, theirs in zip(together_record["history"], turn_record["history"], strict=True):
+            assert mine == pytest.approx(theirs, rel=tolerance["rtol"] * 10, abs=1e-5)
+        assert together_record["trained_with_seeds"] == [0, 1] and "trained_with_seeds" not in turn_record
+
+
+@pytest.mark.cuda
+def test_generator_seeds_trained_as_one_batch_on_cuda_are_the_seeds_trained_in_turn(pipeline, tmp_path, monkeypatch):
+    """On a CUDA device (where the seeds train as one batch unasked), the stack's recorded CUDA graph gives each
+    seed the generator and kept step it has trained alone there, to float rounding."""
+    from apd.pipeline import distill
+
+    assert distill.trains_seeds_together(tiny_context(tmp_path, distill={"per_chain": True, "seeds": 2}), [0, 1])
+    for turn, turn_record, together, together_record in _seeds_in_turn_and_together(
+            pipeline[0], tmp_path, monkeypatch, {"per_chain": True}, device="cuda"):
+        for key, value in turn.items():
+            torch.testing.assert_close(together[key], value, msg=key, rtol=1e-3, atol=1e-4)
+        assert together_record["selection"]["kept_step"] == turn_record["selection"]["kept_step"]
+        assert together_record["machine"]["device"].startswith("cuda")
 
 
 def test_generator_seeds_are_trained_and_judged_each_on_its_own(pipeline, tmp_path):
