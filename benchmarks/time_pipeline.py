@@ -45,12 +45,21 @@ def recorded_parts(artifacts: Path) -> dict[str, float]:
         **{f"baseline {path.stem}": seconds(f"baselines/{path.name}", "seconds")
            for path in sorted((artifacts / "baselines").glob("*.json"))},
         "alignment": seconds("generator.json", "alignment", "seconds"),
-        **{"distillation" if path.name == "generator.json" else f"distillation, {path.stem.removeprefix('generator-')}":
-           seconds(path.name, "seconds")
+        **{_distillation_part(path): seconds(path.name, "seconds")
            for path in sorted(artifacts.glob("generator*.json"), key=lambda p: (p.name != "generator.json", p.name))},
         "evaluation": seconds("eval/evaluate.json", "seconds"),
     }
     return {name: round(value, 2) for name, value in parts.items() if value is not None}
+
+
+def _distillation_part(manifest: Path) -> str:
+    """The part a generator's manifest times: its seed's training ("distillation" for seed 0,
+    "distillation, seed1", …), or that of the seeds it trained with as one batch, named once for them all."""
+    group = json.loads(manifest.read_text()).get("trained_with_seeds")
+    if group is not None:
+        return f"distillation, seeds {', '.join(map(str, group))} as one batch"
+    seed = manifest.stem.removeprefix("generator").removeprefix("-")
+    return f"distillation, {seed}" if seed else "distillation"
 
 
 def main() -> int:

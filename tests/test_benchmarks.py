@@ -29,6 +29,22 @@ def test_seed_workers_timing_distills_in_a_scratch_copy_of_the_store(tmp_path, m
     assert not (copied / "samples.json").is_symlink() and (copied / "samples.json").read_text() == "samples.json"
 
 
+def test_pipeline_timing_names_each_seed_and_a_batch_of_seeds_once(tmp_path, monkeypatch):
+    """``time_pipeline.py`` reads the stages' own seconds: a seed trained alone is its own part; seeds trained
+    as one batch (each manifest holding the group's seconds) are one part, named once."""
+    import json
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from time_pipeline import recorded_parts
+
+    for name, seconds in (("generator.json", 3.0), ("generator-seed1.json", 4.5)):
+        (tmp_path / name).write_text(json.dumps({"seconds": seconds, "alignment": {"seconds": 1.25}}))
+    assert recorded_parts(tmp_path) == {"alignment": 1.25, "distillation": 3.0, "distillation, seed1": 4.5}
+    for name in ("generator.json", "generator-seed1.json", "generator-seed2.json"):
+        (tmp_path / name).write_text(json.dumps({"seconds": 7.0, "trained_with_seeds": [0, 1, 2]}))
+    assert recorded_parts(tmp_path) == {"distillation, seeds 0, 1, 2 as one batch": 7.0}
+
+
 def _floor_module(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import pipeline_floor
