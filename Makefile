@@ -16,7 +16,7 @@ PY := $(VENV)/bin/python
 APD := $(VENV)/bin/apd
 STAMP := $(VENV)/.installed
 
-.PHONY: install sample distill evaluate report info experiment active docs publish reproduce test test-slow lint bench clean toy2d
+.PHONY: install sample distill evaluate report info experiment active docs publish reproduce test test-slow lint bench clean toy2d wheels bare-install
 
 $(STAMP): pyproject.toml constraints.txt requirements-nodeps.txt
 	python3 -m venv $(VENV)
@@ -80,6 +80,23 @@ test-slow: $(STAMP)
 BENCH_OUT ?= artifacts/benchmarks
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(PY) $$b --out $(BENCH_OUT)/$$(basename $$b .py).json || exit 1; done
+
+# A bare, offline GPU machine (Python with CUDA torch, numpy, scipy, scikit-learn, h5py, matplotlib, tqdm,
+# pytest, pandas, xarray, torchmetrics, einops, opt-einsum and linear-operator, as docs/gpu.md says): `make
+# wheels` here downloads the project's other packages, at the versions .venv holds, into .whl/ for Python
+# $(WHEELS_PYTHON); carried there beside the checkout, `make bare-install` installs them into .whl/site and
+# `PYTHONPATH=.whl/site:. python3 -m apd …` (or `… python3 -m pytest -m cuda`) runs from the checkout.
+WHEELS := .whl
+WHEELS_PYTHON ?= 3.12
+BARE_PACKAGES := arviz|platformdirs|xarray.einstats|h5netcdf|laplace.torch|backpack.for.pytorch|curvlinops.for.pytorch|asdfghjkl|einconv|unfoldnd|stein.thinning
+wheels: $(STAMP)
+	mkdir -p $(WHEELS)
+	$(PY) -m pip freeze | grep -i -E '^($(BARE_PACKAGES))==' > $(WHEELS)/requirements.txt
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version $(WHEELS_PYTHON) -d $(WHEELS) \
+		-r $(WHEELS)/requirements.txt
+
+bare-install:
+	python3 -m pip install -q --no-deps --no-index --target $(WHEELS)/site $(WHEELS)/*.whl
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
