@@ -673,14 +673,16 @@ def test_generator_seeds_trained_as_one_batch_are_the_seeds_trained_in_turn(pipe
 @pytest.mark.cuda
 def test_generator_seeds_trained_as_one_batch_on_cuda_are_the_seeds_trained_in_turn(pipeline, tmp_path, monkeypatch):
     """On a CUDA device (where the seeds train as one batch unasked), the stack's recorded CUDA graph gives each
-    seed the generator and kept step it has trained alone there, to float rounding."""
+    seed the generator and kept step it has trained alone there, to float rounding (which Adam can grow into
+    steps of its learning rate, 1e-3, on a coordinate whose gradient nearly cancels; a seed given another's
+    batches or streams would be 0.1 or more away)."""
     from apd.pipeline import distill
 
     assert distill.trains_seeds_together(tiny_context(tmp_path, distill={"per_chain": True, "seeds": 2}), [0, 1])
     for turn, turn_record, together, together_record in _seeds_in_turn_and_together(
             pipeline[0], tmp_path, monkeypatch, {"per_chain": True}, device="cuda"):
         for key, value in turn.items():
-            torch.testing.assert_close(together[key], value, msg=key, rtol=1e-3, atol=1e-4)
+            torch.testing.assert_close(together[key], value, msg=key, rtol=1e-3, atol=5e-3)
         assert together_record["selection"]["kept_step"] == turn_record["selection"]["kept_step"]
         assert together_record["machine"]["device"].startswith("cuda")
 
