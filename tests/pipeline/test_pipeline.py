@@ -494,6 +494,27 @@ def test_tiny_pipeline_runs_on_cuda(tmp_path):
     assert results["device"].startswith("cuda") and results["accuracy"]["apd"]["acc"]["mean"] > 0.8
 
 
+@pytest.mark.cuda
+def test_the_tiny_pipeline_with_fashion_fc1s_settings_runs_on_cuda(tmp_path):
+    """The settings of fcNN1's pipeline that the tiny pipeline lacks, every stage on a CUDA device: two chains
+    from the prior, aligned samples, one generator per chain stored at float16, two generator seeds (trained as
+    one batch there), the burn-in from the trace, the attacks; a short check before fcNN1 itself on a card."""
+    raw = json.loads(json.dumps(TINY))
+    raw["sgld"] |= {"chains": 2, "workers": 2, "init": "prior"}
+    raw["distill"] |= {"per_chain": True, "align": "permutation", "precision": "float16", "seeds": 2, "workers": 2}
+    raw["evaluate"] |= {"burn_in_from_trace": True,
+                        "adversarial": {"enabled": True, "examples": 20, "samples": 10, "whitebox_examples": 10}}
+    config = tmp_path / "tiny.toml"
+    config.write_text(toml(raw))
+    for stage in ("sample", "distill", "evaluate"):
+        assert main([stage, "--config", str(config), "--artifacts", str(tmp_path), "--quiet"]) == 0
+    root = tmp_path / "tiny"
+    results = json.loads((root / "eval" / "results.json").read_text())
+    assert results["device"].startswith("cuda") and results["replicates"]["apd"]["seeds"] == 2
+    for name in ("generator.json", "generator-seed1.json"):
+        assert json.loads((root / name).read_text())["trained_with_seeds"] == [0, 1]
+
+
 def test_a_convolutional_pipeline_runs_every_stage(tmp_path, capsys):
     """``net.conv``: SGLD, the baselines, the peers, APD and the evaluation (attacks included) on a LeNet-style
     CNN; every artifact holds the CNN's weights, and the API rebuilds its baselines from their manifests."""
