@@ -35,13 +35,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from apd.data import MinibatchOrder
 from apd.errors import DivergenceError
 from apd.nets import ParamSpec
 from apd.posteriors.base import Posterior
+from apd.samplers.baselines import MinibatchSGD
 
 VAR_CLAMP = 1e-30  # floor of the diagonal variance, as in the reference code
 
@@ -160,18 +160,14 @@ def swag_iterates(net: nn.Module, x_train: Tensor, y_train: Tensor, lr: float, e
     spec = ParamSpec.from_module(net)
     optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     order = MinibatchOrder(len(y_train), batch_size, seed, x_train.device)
+    sgd = MinibatchSGD(net, optimizer, x_train, y_train, batch_size)
     per_epoch = order.batches_per_epoch
     if snapshots_per_epoch > per_epoch:
         raise ValueError(f"{snapshots_per_epoch} snapshots per epoch, but an epoch has {per_epoch} minibatches")
     marks = {round((s + 1) * per_epoch / snapshots_per_epoch) for s in range(snapshots_per_epoch)}
     for t in range(epochs * per_epoch):
-        idx = order.indices(t)
-        loss = F.cross_entropy(net(x_train[idx]), y_train[idx])
-        if not torch.isfinite(loss):
+        if not torch.isfinite(sgd(order.indices(t))):
             raise DivergenceError(f"SWAG's SGD diverged at step {t} (lr {lr}); choose a smaller learning rate")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
         if (t % per_epoch) + 1 in marks:
             yield spec.flatten(net)
 

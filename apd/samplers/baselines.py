@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from apd.config import BaselineConfig
+from apd.cuda_graphs import RecordedStep
 from apd.data import MinibatchOrder
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,40 @@ class TrainedBaseline:
     best_epoch: int
     val_accuracy: float
     seconds: float
+
+
+def trains_alike_in_either_mode(net: nn.Module) -> bool:
+    """Whether ``net`` computes the same in training and evaluation mode: it holds no dropout and no batch
+    normalisation."""
+    return not any(isinstance(m, (nn.Dropout, nn.modules.batchnorm._BatchNorm)) for m in net.modules())
+
+
+class MinibatchSGD:
+    """One step of ``optimizer`` on ``net``'s mean cross-entropy over the rows ``idx`` of ``x``, ``y``
+    (:meth:`__call__`; the rows are copied into a tensor the step reads). On CUDA, for a network that trains
+    alike in either mode (:func:`trains_alike_in_either_mode`), the step is recorded as a CUDA graph and
+    replayed (:class:`~apd.cuda_graphs.RecordedStep`; ``cuda_graph`` False: never): a step of these small
+    networks is a few dozen short kernels, which the replay launches in one call, making the same updates."""
+
+    def __init__(self, net: nn.Module, optimizer: torch.optim.Optimizer, x: Tensor, y: Tensor, batch_size: int,
+                 cuda_graph: bool | None = None) -> None:
+        self.net, self.optimizer, self.x, self.y = net, optimizer, x, y
+        self.rows = torch.empty(batch_size, dtype=torch.long, device=x.device)
+        record = x.is_cuda and trains_alike_in_either_mode(net) if cuda_graph is None else cuda_graph
+        self._step = RecordedStep(self._update, "SGD training") if record else self._update
+
+    def _update(self) -> Tensor:
+        loss = F.cross_entropy(self.net(self.x[self.rows]), self.y[self.rows])
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        return loss.detach()
+
+    def __call__(self, idx: Tensor) -> Tensor:
+        """The step on rows ``idx``; returns the minibatch loss before it (recorded: the same tensor at every
+        call, holding the new value)."""
+        self.rows.copy_(idx)
+        return self._step()
 
 
 @torch.no_grad()
@@ -75,22 +110,20 @@ def validation_accuracy(net: nn.Module, x: Tensor, y: Tensor, mc_passes: int = 0
 
 def train_baseline(net: nn.Module, cfg: BaselineConfig, x_train: Tensor, y_train: Tensor, x_val: Tensor,
                    y_val: Tensor, seed: int, mc_passes: int = 0, progress=None) -> TrainedBaseline:
-    """Train ``net`` in place with SGD (lr, momentum, weight decay) for ``cfg.epochs`` epochs and return
-    the state_dict of the epoch with the best validation accuracy (MC predictive if ``mc_passes``)."""
+    """Train ``net`` in place with SGD (lr, momentum, weight decay) for ``cfg.epochs`` epochs
+    (:class:`MinibatchSGD`: recorded as a CUDA graph on a GPU) and return the state_dict of the epoch with the
+    best validation accuracy (MC predictive if ``mc_passes``)."""
     start = time.perf_counter()
     optimizer = torch.optim.SGD(net.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                 weight_decay=cfg.weight_decay)
     order = MinibatchOrder(len(y_train), cfg.batch_size, seed, x_train.device)
+    sgd = MinibatchSGD(net, optimizer, x_train, y_train, cfg.batch_size)
     best = TrainedBaseline(copy.deepcopy(net.state_dict()), -1, -1.0, 0.0)
     epochs = range(cfg.epochs) if progress is None else progress(range(cfg.epochs))
     for epoch in epochs:
         net.train()
         for t in range(epoch * order.batches_per_epoch, (epoch + 1) * order.batches_per_epoch):
-            idx = order.indices(t)
-            loss = F.cross_entropy(net(x_train[idx]), y_train[idx])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            sgd(order.indices(t))
         accuracy = validation_accuracy(net, x_val, y_val, mc_passes)
         if accuracy > best.val_accuracy:
             best = TrainedBaseline(copy.deepcopy(net.state_dict()), epoch, accuracy, 0.0)

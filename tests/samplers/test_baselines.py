@@ -1,12 +1,14 @@
-"""MC-dropout predictions of the baselines' validation: passes stacked into one call are passes."""
+"""MC-dropout predictions of the baselines' validation: passes stacked into one call are passes; the SGD step
+the baselines and SWAG train with, as a plain loop and (on CUDA) replayed from its graph."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from apd.data import MinibatchOrder
 from apd.nets import mlp, network
-from apd.samplers.baselines import mc_dropout_probs, split_at_dropout
+from apd.samplers.baselines import MinibatchSGD, mc_dropout_probs, split_at_dropout, trains_alike_in_either_mode
 
 
 @pytest.mark.parametrize("batch", [4, 4096])  # one pass in pieces; many passes per call
@@ -49,3 +51,50 @@ def test_a_net_without_dropout_is_not_split():
     net = mlp([5, 4, 3])
     unmasked, masked = split_at_dropout(net)
     assert isinstance(unmasked, torch.nn.Identity) and masked is net
+
+
+def _sgd_runs(device: str, steps: int, **options) -> tuple[torch.nn.Module, list[float], MinibatchSGD]:
+    """``steps`` steps of :class:`MinibatchSGD` (momentum, weight decay) on an MLP and random data on ``device``."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(60, 5, generator=g).to(device), torch.randint(3, (60,), generator=g).to(device)
+    torch.manual_seed(1)
+    net = mlp([5, 16, 3]).to(device)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    order, sgd = MinibatchOrder(60, 10, 2, device), MinibatchSGD(net, optimizer, x, y, 10, **options)
+    return net, [float(sgd(order.indices(t))) for t in range(steps)], sgd
+
+
+def test_the_sgd_step_is_the_plain_loop_bit_for_bit():
+    """On the CPU :class:`MinibatchSGD` makes the updates the plain loop (loss, zero_grad, backward, step) makes."""
+    net, losses, sgd = _sgd_runs("cpu", 12)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(60, 5, generator=g), torch.randint(3, (60,), generator=g)
+    torch.manual_seed(1)
+    plain = mlp([5, 16, 3])
+    optimizer = torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    order, expected = MinibatchOrder(60, 10, 2), []
+    for t in range(12):
+        idx = order.indices(t)
+        loss = torch.nn.functional.cross_entropy(plain(x[idx]), y[idx])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        expected.append(loss.item())
+    assert losses == expected and sgd._step == sgd._update  # on the CPU, never recorded
+    for a, b in zip(net.state_dict().values(), plain.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert trains_alike_in_either_mode(net) and not trains_alike_in_either_mode(mlp([5, 4, 3], dropout=0.5))
+
+
+@pytest.mark.cuda
+def test_the_recorded_sgd_step_makes_the_updates_of_the_step_as_usual():
+    """On CUDA the step of a network without dropout is recorded (at its fourth call) and replayed: 30 steps give
+    the losses and weights of 30 steps as usual."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    recorded_net, recorded, sgd = _sgd_runs("cuda", 30)
+    usual_net, usual, _ = _sgd_runs("cuda", 30, cuda_graph=False)
+    assert sgd._step.recorded
+    assert recorded == pytest.approx(usual, rel=1e-6, abs=1e-7)
+    for a, b in zip(recorded_net.state_dict().values(), usual_net.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b)
