@@ -84,9 +84,11 @@ bench: $(STAMP)
 # A bare, offline GPU machine (Python with CUDA torch, numpy, scipy, scikit-learn, h5py, matplotlib, tqdm,
 # pytest, pandas, xarray, torchmetrics, einops, opt-einsum and linear-operator, as docs/gpu.md says): `make
 # wheels` here downloads the project's other packages, at the versions .venv holds, into .whl/ for Python
-# $(WHEELS_PYTHON); carried there beside the checkout, `make bare-install` installs them into .whl/site and
-# `PYTHONPATH=.whl/site:. python3 -m apd …` (or `… python3 -m pytest -m cuda`) runs from the checkout.
+# $(WHEELS_PYTHON), with Fashion-MNIST's files where the Debian package put them; carried there beside the
+# checkout, `make bare-install` installs them into .whl/site and `PYTHONPATH=.whl/site:. python3 -m apd …`
+# runs from the checkout (benchmarks/on_a_card.sh runs the GPU checks so).
 WHEELS := .whl
+FASHION := /usr/share/datasets/fashion-mnist
 WHEELS_PYTHON ?= 3.12
 BARE_PACKAGES := arviz|platformdirs|xarray.einstats|h5netcdf|laplace.torch|backpack.for.pytorch|curvlinops.for.pytorch|asdfghjkl|einconv|unfoldnd|stein.thinning
 wheels: $(STAMP)
@@ -94,6 +96,7 @@ wheels: $(STAMP)
 	$(PY) -m pip freeze | grep -i -E '^($(BARE_PACKAGES))==' > $(WHEELS)/requirements.txt
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version $(WHEELS_PYTHON) -d $(WHEELS) \
 		-r $(WHEELS)/requirements.txt
+	if [ -d $(FASHION) ]; then mkdir -p $(WHEELS)/fashion-mnist && cp $(FASHION)/*.gz $(WHEELS)/fashion-mnist/; fi
 
 bare-install:
 	python3 -m pip install -q --no-deps --no-index --target $(WHEELS)/site $(WHEELS)/*.whl

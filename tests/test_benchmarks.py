@@ -45,6 +45,18 @@ def test_pipeline_timing_names_each_seed_and_a_batch_of_seeds_once(tmp_path, mon
     assert recorded_parts(tmp_path) == {"distillation, seeds 0, 1, 2 as one batch": 7.0}
 
 
+def test_the_card_checks_refuse_an_unknown_check_in_one_line():
+    """``on_a_card.sh`` names the checks it knows, in one line and exit code 2, before it installs or runs anything."""
+    import subprocess
+
+    for args in ([], ["gpu"]):
+        run = subprocess.run(["bash", str(ROOT / "benchmarks" / "on_a_card.sh"), *args], capture_output=True,
+                             text=True, check=False)
+        assert run.returncode == 2 and run.stdout == "" and len(run.stderr.splitlines()) == 1
+        assert run.stderr.startswith("on_a_card.sh: ") and "tests, digits, fashion-fc1, chains or gans" in run.stderr
+    assert "unknown check 'gpu'" in run.stderr
+
+
 def _floor_module(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import pipeline_floor
