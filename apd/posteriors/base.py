@@ -107,8 +107,14 @@ class Posterior(ABC):
         return self.stored_parameters() / self.spec.numel
 
     def on_device(self, generator: torch.Generator | None) -> torch.Generator | None:
-        """``generator``, or a generator on this posterior's device seeded from it."""
-        if generator is None or generator.device == self.device:
+        """``generator``, or a generator on this posterior's device seeded from it. A device named without an
+        index ("cuda") is the one a tensor made there lands on (the current "cuda:N"), as a generator's is."""
+        if generator is None or _resolved(generator.device) == _resolved(self.device):
             return generator
         seed = int(torch.randint(2**62, (1,), generator=generator, device=generator.device))
         return torch.Generator(device=self.device).manual_seed(seed)
+
+
+def _resolved(device: torch.device | str) -> torch.device:
+    """The device a tensor made on ``device`` lands on: "cuda" names the current card, "cuda:N"."""
+    return torch.empty(0, device=device).device

@@ -89,3 +89,19 @@ def test_aligned_sgld_samples_permute_each_drawn_row_and_keep_its_function(tmp_p
     assert not torch.equal(aligned, plain)
     x = torch.randn(8, 4)
     torch.testing.assert_close(predict_probs(spec, aligned, x), predict_probs(spec, plain, x))
+
+
+@pytest.mark.cuda
+def test_a_generator_on_the_posteriors_card_is_used_as_it_is():
+    """A posterior on "cuda" takes a generator on "cuda:0" (where that is the current card) as it is, and one on the
+    CPU by a card generator seeded from it."""
+    from apd.posteriors.kept import FixedEnsemble
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    net = mlp([3, 4, 2])
+    spec = ParamSpec.from_module(net)
+    post = FixedEnsemble(spec.flatten(net)[None], spec, torch.device("cuda"))
+    on_card = torch.Generator(device="cuda")
+    assert post.on_device(on_card) is on_card
+    assert post.on_device(torch.Generator()).device.type == "cuda"
