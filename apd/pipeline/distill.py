@@ -145,11 +145,9 @@ def distill_seeds(ctx: RunContext, seeds: list[int]) -> None:
 
 @dataclass
 class SeedGANs:
-    """Generator seed k's GANs in codec ``codec``'s space: one per chain of the store (``per_chain``) or
-    one; each GAN's stream seed, its share (its weight in the statistics and, per chain, in a draw; on the
-    run's device) and its real batches."""
+    """Generator seed k's GANs: one per chain of the store (``per_chain``) or one; each GAN's stream seed, its
+    share (its weight in the statistics and, per chain, in a draw; on the run's device) and its real batches."""
 
-    codec: WeightCodec
     per_chain: bool
     seeds: list[int]
     shares: Tensor
@@ -160,17 +158,16 @@ class SeedGANs:
         return ChainGenerators(generators, self.shares) if self.per_chain else generators[0]
 
 
-def seed_gans(ctx: RunContext, codec: WeightCodec, batches: StoreBatches, chains: np.ndarray,
-              seed: int = 0) -> SeedGANs:
+def seed_gans(ctx: RunContext, batches: StoreBatches, chains: np.ndarray, seed: int = 0) -> SeedGANs:
     """Generator seed ``seed``'s GANs: with ``per_chain`` one per chain of the store (stream
     ``distill/gan/chain/C``), weighted by the chain's share of the store's rows, its real batches ``batches``
     restricted to its rows (stream ``distill/batches/chain/C``); else one GAN (stream ``distill/gan``) on
     ``batches``."""
     if not ctx.cfg.distill.per_chain:
-        return SeedGANs(codec, False, [distill_seed(ctx, seed, "gan")], torch.ones(1, device=ctx.device), [batches])
+        return SeedGANs(False, [distill_seed(ctx, seed, "gan")], torch.ones(1, device=ctx.device), [batches])
     ids, rows, shares = chain_partition(chains)
     log.info("one generator per chain: %d chains, shares %s", len(ids), [round(float(w), 4) for w in shares])
-    return SeedGANs(codec, True, [distill_seed(ctx, seed, "gan", "chain", c) for c in ids], shares.to(ctx.device),
+    return SeedGANs(True, [distill_seed(ctx, seed, "gan", "chain", c) for c in ids], shares.to(ctx.device),
                     [batches.restricted(r, distill_seed(ctx, seed, "batches", "chain", c))
                      for c, r in zip(ids, rows, strict=True)])
 
@@ -207,13 +204,13 @@ def _seed_group(ctx: RunContext, store: SampleStore, data: TrainingSamples, spec
         trainer, labelled = conditioned_trainer(ctx, codec, real, store.chains, seed=k)
         return (trainer, [SeedRun.of(ctx, k, trainer.generator, codec, monitor, (labelled.rng,))],
                 lambda: [trainer.step(labelled, d.n_critic)])
-    gans = [seed_gans(ctx, codec, real, store.chains, seed=k) for k, codec, real, _ in parts]
+    gans = [seed_gans(ctx, real, store.chains, seed=k) for k, _, real, _ in parts]
     if len(group) == 1 and not gans[0].per_chain:
         (k, codec, real, monitor), = parts
         trainer = make_trainer(d, codec.code_dim, gans[0].seeds[0], ctx.device)
         return (trainer, [SeedRun.of(ctx, k, trainer.generator, codec, monitor, (real.rng,))],
                 lambda: [trainer.step(real, d.n_critic)])
-    trainer = make_chain_trainers(d, gans[0].codec.code_dim, [s for g in gans for s in g.seeds],
+    trainer = make_chain_trainers(d, parts[0][1].code_dim, [s for g in gans for s in g.seeds],
                                   torch.cat([g.shares for g in gans]), ctx.device)
     runs, weights, start = [], [], 0
     for (k, codec, _, monitor), g in zip(parts, gans, strict=True):
