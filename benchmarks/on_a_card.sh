@@ -10,7 +10,11 @@
 # RESULTS is $OUT where it is set (a folder that comes back), else docs/results. On a machine without the
 # project's pip packages, .whl/ from `make wheels` is installed into .whl/site first (`make bare-install`),
 # and Fashion-MNIST's four .gz files in .whl/fashion-mnist/, if there, are copied where the pipeline reads
-# them. A record is written as each stage ends, so a run stopped early keeps what it finished.
+# them. A pipeline's artifacts and record stay in artifacts/on-a-card/ (kept while the machine is): with
+# BUDGET=SECONDS the check is stopped as Ctrl-C would stop it after that long, its record (the stages it
+# finished) copied to RESULTS all the same, and the same command run again goes on with the stage it stopped
+# in, timed again from that stage's start (benchmarks/time_pipeline.py --resume); remove artifacts/on-a-card
+# to start over.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 checks="tests, digits, fashion-fc1, chains or gans"
@@ -28,13 +32,24 @@ fashion=/usr/share/datasets/fashion-mnist
 if [ -d .whl/fashion-mnist ] && [ ! -e "$fashion/train-images-idx3-ubyte.gz" ]; then
     mkdir -p "$fashion" && cp .whl/fashion-mnist/*.gz "$fashion/"
 fi
+budget=${BUDGET:-0}
+within_budget() {
+    if [ "$budget" -gt 0 ]; then timeout --signal=INT "$budget" "$@"; else "$@"; fi
+}
 if command -v nvidia-smi > /dev/null; then nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader; fi
 case "$check" in
-    tests) python3 -m pytest -m cuda -q -x ;;
+    tests) within_budget python3 -m pytest -m cuda -q -x ;;
     digits | fashion-fc1)
-        python3 benchmarks/time_pipeline.py --config "pipelines/$check.toml" --out "$results/$check-gpu/end_to_end.json" ;;
+        record="artifacts/on-a-card/$check.json" status=0
+        mkdir -p artifacts/on-a-card "$results/$check-gpu"
+        resume=()
+        if [ -f "$record" ]; then resume=(--resume); fi
+        within_budget python3 benchmarks/time_pipeline.py --config "pipelines/$check.toml" \
+            --artifacts "artifacts/on-a-card/$check" --out "$record" "${resume[@]}" || status=$?
+        if [ -f "$record" ]; then cp "$record" "$results/$check-gpu/end_to_end.json"; fi
+        exit "$status" ;;
     chains)
-        python3 benchmarks/bench_chains.py --cuda-only --reps 3 --steps 100 --out "$results/gpu/bench_chains_cuda.json" ;;
+        within_budget python3 benchmarks/bench_chains.py --cuda-only --reps 3 --steps 100 --out "$results/gpu/bench_chains_cuda.json" ;;
     gans)
-        python3 benchmarks/bench_chain_gans.py --device cuda --chains 4 12 --out "$results/gpu/bench_chain_gans_cuda.json" ;;
+        within_budget python3 benchmarks/bench_chain_gans.py --device cuda --chains 4 12 --out "$results/gpu/bench_chain_gans_cuda.json" ;;
 esac

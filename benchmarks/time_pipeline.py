@@ -9,7 +9,11 @@ run and the commit (after every stage, so that a run stopped midway keeps the st
 docs/performance.md's end-to-end row is rendered from a committed file
 (``<!-- results:digits:end-to-end -->``, published next to the pipeline's results). The artifacts go to
 ``--artifacts`` (a directory that must not exist yet, kept for ``apd report --publish``) or to a temporary
-directory removed afterwards: the project's own are never touched.
+directory removed afterwards: the project's own are never touched. The total is the stages' wall clocks
+summed. ``--resume`` goes on with a run that stopped (a machine lent for less time than the pipeline takes):
+the stages its ``--out`` record has not finished, in its ``--artifacts``, at the same commit, the stage it
+stopped in run again from its start (``--force``: not from its checkpoint), so that every stage's time is
+that of one whole run; the record notes when and on what load each resumption started.
 """
 
 from __future__ import annotations
@@ -67,19 +71,26 @@ def main() -> int:
     parser.add_argument("--config", default="pipelines/digits.toml")
     parser.add_argument("--out", type=Path, help="write the timing as JSON here")
     parser.add_argument("--artifacts", type=Path, help="a new directory for the artifacts, kept afterwards")
+    parser.add_argument("--resume", action="store_true",
+                        help="go on with the stopped run whose record is --out and whose artifacts are --artifacts")
     args = parser.parse_args()
-    if args.artifacts is not None and args.artifacts.exists():
-        parser.error(f"--artifacts {args.artifacts}: exists already; the timing starts from nothing")
     record = {"config": args.config, **run_header(), "stages": {}}
+    if args.resume:
+        record = resumed_record(parser, args, record)
+    elif args.artifacts is not None and args.artifacts.exists():
+        parser.error(f"--artifacts {args.artifacts}: exists already; the timing starts from nothing")
     with contextlib.ExitStack() as stack:
         root = str(args.artifacts) if args.artifacts else stack.enter_context(
             tempfile.TemporaryDirectory(prefix="apd-timing-"))
-        started = time.perf_counter()
-        record["unfinished"] = PIPELINE_STAGES[0]  # the first stage a run stopped now would not have finished
+        record["unfinished"] = stopped_in = next(s for s in PIPELINE_STAGES if s not in record["stages"])
+        write(record, args.out)
         for position, stage in enumerate(PIPELINE_STAGES):
+            if stage in record["stages"]:
+                continue
+            again = ["--force"] if args.resume and stage == stopped_in else []  # timed whole, not from its checkpoint
             t0 = time.perf_counter()
             subprocess.run([sys.executable, "-m", "apd", stage, "--config", args.config, "--artifacts", root,
-                            "--quiet"], check=True)
+                            "--quiet", *again], check=True)
             record["stages"][stage] = round(time.perf_counter() - t0, 2)
             record["parts"] = recorded_parts(next(Path(root).glob("*/samples.json")).parent)
             print(f"{stage}: {record['stages'][stage]:.1f} s", flush=True)
@@ -87,7 +98,7 @@ def main() -> int:
                 record["unfinished"] = PIPELINE_STAGES[position + 1]
                 write(record, args.out)  # a run stopped later keeps the stages it finished
         del record["unfinished"]
-        record["total"] = round(time.perf_counter() - started, 2)
+        record["total"] = round(sum(record["stages"].values()), 2)
     for part, value in record["parts"].items():
         print(f"  {part}: {value:.1f} s")
     print(f"total: {record['total']:.1f} s ({record['total'] / 60:.2f} min)")
@@ -95,6 +106,22 @@ def main() -> int:
     if args.out:
         print(f"wrote {args.out}")
     return 0
+
+
+def resumed_record(parser: argparse.ArgumentParser, args: argparse.Namespace, header: dict) -> dict:
+    """The stopped run's record (``--out``), to go on with in its ``--artifacts`` at ``header``'s commit, with
+    ``header``'s start and load average added to its resumptions; anything else is a parser error."""
+    if args.out is None or args.artifacts is None or not args.out.is_file() or not args.artifacts.is_dir():
+        parser.error("--resume needs --out, the stopped run's record, and --artifacts, its artifacts")
+    record = json.loads(args.out.read_text())
+    if "unfinished" not in record:
+        parser.error(f"--resume: {args.out} is the record of a finished run")
+    if (record["config"], record["commit"]) != (args.config, header["commit"]):
+        parser.error(f"--resume: {args.out} times {record['config']} at {record['commit']}, not "
+                     f"{args.config} at {header['commit']}")
+    resumption = {"stage": record["unfinished"], "started": header["started"],
+                  "load_average_before": header["machine"]["load_average_before"]}
+    return record | {"resumed": [*record.get("resumed", []), resumption]}
 
 
 def write(record: dict, path: Path | None) -> None:

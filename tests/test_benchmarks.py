@@ -45,6 +45,59 @@ def test_pipeline_timing_names_each_seed_and_a_batch_of_seeds_once(tmp_path, mon
     assert recorded_parts(tmp_path) == {"distillation, seeds 0, 1, 2 as one batch": 7.0}
 
 
+def test_a_stopped_pipeline_timing_resumes_at_the_stage_it_stopped_in_timed_whole(tmp_path, monkeypatch):
+    """``time_pipeline.py --resume`` goes on with the record of a run stopped in ``apd evaluate``: the stages it
+    finished are kept, the one it stopped in runs again from its start (``--force``), the total is the stages'
+    sum and the resumption is noted; a finished record, or one of another commit, is refused (exit 2)."""
+    import json
+    import subprocess
+    import sys
+
+    import pytest
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import time_pipeline
+
+    calls, stop = [], {"in": "evaluate"}
+
+    def run(command, check):
+        stage, root = command[3], Path(command[command.index("--artifacts") + 1])
+        calls.append((stage, "--force" in command))
+        (root / "demo").mkdir(parents=True, exist_ok=True)
+        (root / "demo" / "samples.json").write_text(json.dumps({"seconds": 1.5}))
+        if stage == stop["in"]:
+            raise subprocess.CalledProcessError(137, command)
+
+    header = {"commit": "abc", "started": "2026-12-01T00:00:00+00:00", "machine": {"load_average_before": [0.1]}}
+    monkeypatch.setattr(time_pipeline.subprocess, "run", run)
+    monkeypatch.setattr(time_pipeline, "run_header", lambda: dict(header))
+    out, artifacts = tmp_path / "end_to_end.json", tmp_path / "artifacts"
+    argv = ["time_pipeline.py", "--config", "demo.toml", "--out", str(out), "--artifacts", str(artifacts)]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(subprocess.CalledProcessError):
+        time_pipeline.main()
+    stopped = json.loads(out.read_text())
+    assert stopped["unfinished"] == "evaluate" and list(stopped["stages"]) == ["sample", "distill"]
+    stop["in"], calls[:] = None, []
+    header["started"], header["machine"] = "2026-12-01T01:00:00+00:00", {"load_average_before": [0.2]}
+    monkeypatch.setattr(sys, "argv", [*argv, "--resume"])
+    assert time_pipeline.main() == 0
+    assert calls == [("evaluate", True)]
+    record = json.loads(out.read_text())
+    assert "unfinished" not in record and list(record["stages"]) == ["sample", "distill", "evaluate"]
+    assert record["total"] == pytest.approx(sum(record["stages"].values()), abs=0.01)
+    assert record["resumed"] == [{"stage": "evaluate", "started": "2026-12-01T01:00:00+00:00",
+                                  "load_average_before": [0.2]}]
+    assert record["stages"]["sample"] == stopped["stages"]["sample"] and record["parts"] == {"sampling": 1.5}
+    with pytest.raises(SystemExit) as finished:
+        time_pipeline.main()
+    out.write_text(json.dumps(stopped))
+    header["commit"] = "def"
+    with pytest.raises(SystemExit) as elsewhere:
+        time_pipeline.main()
+    assert finished.value.code == elsewhere.value.code == 2 and calls == [("evaluate", True)]
+
+
 def test_the_card_checks_refuse_an_unknown_check_in_one_line():
     """``on_a_card.sh`` names the checks it knows, in one line and exit code 2, before it installs or runs anything."""
     import subprocess
