@@ -210,8 +210,9 @@ def _seed_group(ctx: RunContext, store: SampleStore, data: TrainingSamples, spec
         trainer = make_trainer(d, codec.code_dim, gans[0].seeds[0], ctx.device)
         return (trainer, [SeedRun.of(ctx, k, trainer.generator, codec, monitor, (real.rng,))],
                 lambda: [trainer.step(real, d.n_critic)])
-    trainer = make_chain_trainers(d, parts[0][1].code_dim, [s for g in gans for s in g.seeds],
-                                  torch.cat([g.shares for g in gans]), ctx.device)
+    code_dim = parts[0][1].code_dim  # every seed's codec is of the configured kind and rank
+    trainer = make_chain_trainers(d, code_dim, [s for g in gans for s in g.seeds], torch.cat([g.shares for g in gans]),
+                                  ctx.device)
     runs, weights, start = [], [], 0
     for (k, codec, _, monitor), g in zip(parts, gans, strict=True):
         members = slice(start, start + len(g.seeds))

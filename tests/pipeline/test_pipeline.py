@@ -665,10 +665,11 @@ def _seeds_in_turn_and_together(root: Path, tmp_path: Path, monkeypatch, setting
         monkeypatch.setattr(distill, "trains_seeds_together", lambda ctx, seeds, together=together: together)
         cfg = tiny_context(tmp_path / how, distill={**settings, "seeds": 2}).cfg
         distill.run_distill(RunContext(cfg=cfg, artifacts_root=tmp_path / how, device_name=device, quiet=True))
-    return [tuple(loader(tmp_path / how / "tiny" / f"generator{suffix}{ext}") for how in ("turn", "together")
-                  for loader, ext in ((lambda p: torch.load(p, weights_only=True), ".pt"),
-                                      (lambda p: json.loads(p.read_text()), ".json")))
-            for suffix in ("", "-seed1")]
+    def files(how: str, suffix: str) -> tuple[dict, dict]:
+        generator = tmp_path / how / "tiny" / f"generator{suffix}.pt"
+        return torch.load(generator, weights_only=True), json.loads(generator.with_suffix(".json").read_text())
+
+    return [(*files("turn", suffix), *files("together", suffix)) for suffix in ("", "-seed1")]
 
 
 @pytest.mark.parametrize(("settings", "tolerance"), [({"per_chain": True}, {"rtol": 1e-5, "atol": 1e-6}),
