@@ -261,9 +261,9 @@ class EvaluateConfig:
     :data:`YARDSTICK_SUBSETS`, so that a percentile rank of 95 is resolved to half a percent), for the sizes
     ``yardstick_sizes`` and each method's own storage, against SGLD's predictive over at most
     ``yardstick_reference`` samples. ``burn_in_from_trace`` (off by default, so that results are read as
-    before): SGLD's reference and the kept samples (``sgld``, ``kept``, the yardstick) drop each chain's
-    burn-in read from its log-likelihood trace (:mod:`apd.samplers.burn_in`); the evaluation records that
-    burn-in either way.
+    before): SGLD's reference, the kept samples and Stein's candidates (``sgld``, ``kept``, ``stein``, the
+    yardstick) drop each chain's burn-in read from its log-likelihood trace (:mod:`apd.samplers.burn_in`); the
+    evaluation records that burn-in either way.
 
     ``mog_growth`` adds the table of mixtures with each number of components of ``mog_components`` (one EM
     fit and :data:`~apd.pipeline.evaluate.MIXTURE_DRAWS` judged draws each) beside APD; off, only the mixture

@@ -169,17 +169,22 @@ def _load_kept(sources: Sources) -> Posterior:
 
 
 def _load_stein(sources: Sources) -> Posterior:
-    ctx, store, k = sources.ctx, sources.store, equal_storage(sources)
-    candidates = min(ctx.cfg.evaluate.stein_candidates, len(store))
+    """⌈S⌉ samples chosen by Stein thinning among candidates spread over the samples SGLD's reference and the
+    kept samples are read from (:func:`sgld_samples`: with ``evaluate.burn_in_from_trace``, those after the
+    trace's burn-in), so that no compared method keeps a sample the others drop as burn-in. The ensemble reads
+    them as rows of the store itself, as the rows the details record are."""
+    ctx, pool, k = sources.ctx, sources.sgld_store, equal_storage(sources)
+    candidates = min(ctx.cfg.evaluate.stein_candidates, len(pool))
     started = time.perf_counter()
-    rows = stein_rows(store, k, ctx.data.x_train, ctx.data.y_train, ctx.cfg.sgld.prior_var, candidates=candidates,
-                      temperature=ctx.cfg.sgld.temperature, device=ctx.device)
+    picks = stein_rows(pool, k, ctx.data.x_train, ctx.data.y_train, ctx.cfg.sgld.prior_var, candidates=candidates,
+                       temperature=ctx.cfg.sgld.temperature, device=ctx.device)
+    rows = pool.rows[picks] if isinstance(pool, StoreRows) else picks
     seconds = time.perf_counter() - started
     sources.details["stein"] = {"k": k, "candidates": candidates, "seconds": round(seconds, 2),
                                 "rows": rows.tolist()}
     log.info("Stein thinning: %d of %d candidate samples (full-training-set gradients) in %.1f s", k, candidates,
              seconds)
-    return KeptSamples.from_store(store, rows, ctx.device, name="stein")
+    return KeptSamples.from_store(sources.store, rows, ctx.device, name="stein")
 
 
 def _load_swag(sources: Sources) -> Posterior:

@@ -47,7 +47,7 @@ from torch import Tensor
 
 from apd.nets import ParamSpec, gradient_blocks, predict_logits
 from apd.posteriors.kept import evenly_spaced_rows
-from apd.samplers.store import SampleStore
+from apd.samplers.store import SampleStore, StoreRows
 
 _MEDIAN_SUBSET = 1000  # the package's subset size for the median heuristic
 _ROW_CHUNK_BYTES = 64 * 2**20  # float64 bytes of one block of rows in the kernel column
@@ -145,12 +145,13 @@ def stein_thin(points: Tensor | np.ndarray, gradients: Tensor | np.ndarray, k: i
     return chosen
 
 
-def stein_rows(store: SampleStore, k: int, x_train: Tensor, y_train: Tensor, prior_var: float,
+def stein_rows(store: SampleStore | StoreRows, k: int, x_train: Tensor, y_train: Tensor, prior_var: float,
                candidates: int = 1000, preconditioner: str | float = "sclmed", temperature: float = 1.0,
                device: torch.device | str = "cpu") -> np.ndarray:
-    """k distinct store rows chosen by Stein thinning, sorted ascending.
+    """k distinct rows of ``store`` (of the view, for a :class:`~apd.samplers.store.StoreRows`) chosen by
+    Stein thinning, sorted ascending.
 
-    The candidates are ``min(candidates, len(store))`` rows spread evenly over the whole store
+    The candidates are ``min(candidates, len(store))`` rows spread evenly over all of ``store``
     (:func:`apd.posteriors.kept.evenly_spaced_rows` without chains: each chain in proportion to its length,
     as the store holds the chains one after another); their scores are computed on the full
     training set (x_train, y_train) with :func:`log_posterior_gradients` — training data only, as SGLD.

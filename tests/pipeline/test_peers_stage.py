@@ -104,6 +104,40 @@ def test_kept_and_stein_samples_are_rows_of_the_store_and_laplace_sits_at_the_sg
         torch.testing.assert_close(methods[name].base, sgd, rtol=0, atol=0)
 
 
+def test_stein_thinning_and_the_kept_samples_choose_among_the_samples_after_the_trace_burn_in(tiny_pipeline,
+                                                                                             monkeypatch):
+    """With ``evaluate.burn_in_from_trace`` Stein's candidates, like the kept samples, are the samples after the
+    trace's burn-in (here all of its last quarter, so that whole-store candidates would mostly lie before it);
+    Stein's rows are the store's, the kept samples' those of the samples after the burn-in."""
+    from apd.pipeline import methods as loaders
+    from apd.posteriors.stein import stein_rows
+    from apd.samplers.burn_in import retained_rows
+    from apd.samplers.store import StoreRows
+
+    root, _ = tiny_pipeline
+    with SampleStore.open(tiny_context(root).layout.samples) as store:
+        chains = store.chains
+    burn_in = 3 * len(chains) // 4  # the tiny store holds one chain
+    pool_size = len(chains) - burn_in
+    monkeypatch.setattr(loaders, "trace_burn_in", lambda log_liks, chains: {"burn_in": burn_in, "rhat": 1.0,
+                                                                             "reached": True})
+    ctx = tiny_context(root, evaluate={"burn_in_from_trace": True, "stein_candidates": pool_size,
+                                       "methods": ["sgld", "apd", "kept", "stein"]})
+    details = {}
+    with ExitStack() as stack:
+        methods, _ = load_methods(ctx, stack, details)
+        kept = methods["kept"]  # rows of the pool it was read from
+        assert isinstance(kept.source, StoreRows) and kept.source.rows[kept.rows].min() >= burn_in
+        assert methods["stein"].source is not kept.source and methods["stein"].rows.min() >= burn_in
+        assert details["stein"]["rows"] == methods["stein"].rows.tolist()
+        assert details["stein"]["candidates"] == pool_size
+        store = stack.enter_context(SampleStore.open(ctx.layout.samples))
+        pool = StoreRows(store, retained_rows(store.chains, burn_in))
+        picks = stein_rows(pool, len(methods["stein"].rows), ctx.data.x_train, ctx.data.y_train,
+                           ctx.cfg.sgld.prior_var, candidates=pool_size, temperature=ctx.cfg.sgld.temperature)
+        assert (methods["stein"].rows == burn_in + picks).all()
+
+
 def test_results_hold_the_yardstick_and_every_method_in_every_table(tiny_pipeline, results):
     root, _ = tiny_pipeline
     y = results["yardstick"]
