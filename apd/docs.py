@@ -6,6 +6,10 @@ Prose stays hand-written; numbers never are. A document marks each generated reg
     …generated Markdown…
     <!-- end -->
 
+and each number its prose quotes from a results file as an inline value (:func:`render_value`),
+
+    <!-- value:PIPELINE:FILE.KEY.KEY…:FORMAT -->…<!-- /value -->
+
 and the region's body is replaced by TABLE rendered from ``docs/results/PIPELINE/`` (``results.json``
 from ``apd evaluate``, the stage manifests, the experiments' JSON) or, for PIPELINE ``paper``, from
 ``docs/paper-numbers.json``. TABLE names one of :data:`RESULT_TABLES` (a table of ``tables.md``),
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +53,8 @@ from apd.schedules import thinned_count
 
 REGION = re.compile(r"(<!-- results:(?P<pipeline>[\w.,-]+):(?P<table>[\w.:-]+) -->\n)(?P<body>.*?)(<!-- end -->)",
                     re.S)
+VALUE = re.compile(r"(<!-- value:(?P<pipeline>[\w.-]+):(?P<file>[\w-]+)(?P<path>(?:\.[\w-]+)+)"
+                   r"(?::(?P<format>[^ >]+))? -->)(?P<body>[^<\n]*)(<!-- /value -->)")
 RESULT_TABLES = {build.__name__.removesuffix("_table"): build for build in TABLE_BUILDERS}
 RESULTS_DIR = Path("docs/results")
 # what each pipeline should take end to end on a 2-core CPU with nothing else running, venv built (seconds)
@@ -446,20 +453,49 @@ def _read(path: Path) -> dict:
     return _Traced(read_json(path), path, "")
 
 
+def render_value(pipeline: str, file: str, path: str, spec: str | None, root: Path) -> str:
+    """One number of the prose: the value at key path ``path`` (".key.key…", a list's item by its index) of
+    ``docs/results/PIPELINE/FILE.json``, written with the format ``spec``: ``duration``
+    (:func:`~apd.pipeline.table_format.format_duration` of seconds), or a Python format specification, one
+    ending in ``%`` writing the value times 100 followed by " %" as the docs write percentages. Without
+    ``spec`` a whole number is written with thousands separators and a string as it is; any other value
+    needs one, so that the precision quoted is chosen where it is quoted."""
+    value: Any = _read(root / RESULTS_DIR / pipeline / f"{file}.json")
+    for key in path.strip(".").split("."):
+        value = value[int(key)] if isinstance(value, list) else value[key]
+    if spec == "duration":
+        return format_duration(float(value))
+    if spec is not None:
+        written = format(value, spec)
+        return written[:-1] + " %" if spec.endswith("%") else written
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(f"a {type(value).__name__} needs a format (:SPEC)")
+    return f"{value:,}" if isinstance(value, int) else value
+
+
 def render_document(text: str, root: Path) -> str:
-    """``text`` with every marked region's body rendered afresh. A results file the region's table cannot
-    be rendered from (a key missing, a value of the wrong type) is an :class:`ArtifactError` naming the file
-    and the key last read from it."""
-    def fill(match: re.Match) -> str:
+    """``text`` with every marked region's body and every inline value rendered afresh. A results file a
+    region's table or a value cannot be rendered from (a key missing, a value of the wrong type) is an
+    :class:`ArtifactError` naming the file and the key last read from it."""
+    def rendered(what: str, pipeline: str, render: Callable[[], str]) -> str:
         _LAST_READ.clear()
         try:
-            body = render_table(match["pipeline"], match["table"], root)
+            return render()
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-            where = f"{_LAST_READ[0]}: field '{_LAST_READ[1]}'" if _LAST_READ else f"results:{match['pipeline']}"
-            raise ArtifactError(f"{where}: missing or of the wrong type for table {match['table']!r} "
+            where = f"{_LAST_READ[0]}: field '{_LAST_READ[1]}'" if _LAST_READ else f"results:{pipeline}"
+            raise ArtifactError(f"{where}: missing or of the wrong type for {what} "
                                 f"({type(exc).__name__}: {exc})") from None
+
+    def fill(match: re.Match) -> str:
+        body = rendered(f"table {match['table']!r}", match["pipeline"],
+                        lambda: render_table(match["pipeline"], match["table"], root))
         return f"{match.group(1)}{body}\n{match.group(5)}"
-    return REGION.sub(fill, text)
+
+    def fill_value(match: re.Match) -> str:
+        value = rendered(f"value '{match['file']}{match['path']}'", match["pipeline"],
+                         lambda: render_value(match["pipeline"], match["file"], match["path"], match["format"], root))
+        return f"{match.group(1)}{value}{match.group(7)}"
+    return VALUE.sub(fill_value, REGION.sub(fill, text))
 
 
 def documents(root: Path) -> list[Path]:

@@ -68,6 +68,39 @@ def test_a_results_file_that_does_not_render_leaves_every_document_as_it_was(pro
     assert sorted(p.name for p in project.rglob("*.tmp")) == []
 
 
+def test_inline_values_are_rendered_from_results_files_with_their_formats(project):
+    results = project / "docs" / "results" / "demo"
+    (results / "samples.json").write_text(json.dumps({"burn_in": {"burn_in": 1990, "rhat": 1.04191},
+                                                      "seconds": [12.0, 3725.4], "name": "fcNN1"}))
+    text = ("Dropped <!-- value:demo:samples.burn_in.burn_in -->old<!-- /value --> samples, R-hat "
+            "<!-- value:demo:samples.burn_in.rhat:.3f --><!-- /value -->, in "
+            "<!-- value:demo:samples.seconds.1:duration -->1 h<!-- /value --> on "
+            "<!-- value:demo:samples.name -->x<!-- /value -->, accuracy "
+            "<!-- value:demo:results.accuracy.apd.acc.mean:.1% -->90 %<!-- /value -->.\n")
+    rendered = render_document(text, project)
+    percent = 100 * json.loads((results / "results.json").read_text())["accuracy"]["apd"]["acc"]["mean"]
+    assert rendered == ("Dropped <!-- value:demo:samples.burn_in.burn_in -->1,990<!-- /value --> samples, R-hat "
+                        "<!-- value:demo:samples.burn_in.rhat:.3f -->1.042<!-- /value -->, in "
+                        "<!-- value:demo:samples.seconds.1:duration -->1 h 2 min<!-- /value --> on "
+                        "<!-- value:demo:samples.name -->fcNN1<!-- /value -->, accuracy "
+                        f"<!-- value:demo:results.accuracy.apd.acc.mean:.1% -->{percent:.1f} %<!-- /value -->.\n")
+    assert render_document(rendered, project) == rendered
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("samples.burn_in.rhat", "field 'burn_in.rhat': missing or of the wrong type for value 'samples.burn_in.rhat' "
+                             "(TypeError: a float needs a format (:SPEC))"),
+    ("samples.burn_in.steps", "field 'burn_in.steps': missing or of the wrong type"),
+    ("samples.seconds.2:.1f", "field 'seconds': missing or of the wrong type for value 'samples.seconds.2' (Index"),
+])
+def test_an_inline_value_that_cannot_be_rendered_is_one_error_naming_file_and_field(project, value, message):
+    path = project / "docs" / "results" / "demo" / "samples.json"
+    path.write_text(json.dumps({"burn_in": {"rhat": 1.04191}, "seconds": [12.0, 3725.4]}))
+    with pytest.raises(ArtifactError) as err:
+        render_document(f"R-hat <!-- value:demo:{value} -->1.04<!-- /value -->\n", project)
+    assert str(err.value).startswith(f"{path}: ") and message in str(err.value)
+
+
 @pytest.mark.parametrize(("file", "change", "table", "field"), [
     ("results.json", lambda d: d.update(machine=5), "machine", "'machine'"),
     ("results.json", lambda d: d["accuracy"]["apd"]["acc"].update(mean="high"), "accuracy", "'accuracy.apd.acc.mean'"),
