@@ -99,6 +99,7 @@ def main() -> int:
             ceiling = judged_row(ctx, f"ceiling: SGLD coordinates r={cfg.distill.subspace_rank}, "
                                       f"{cfg.distill.precision}", coordinates, inputs, reference)
         ceiling.pop("criteria")
+        ceiling["storage_precision"] = coordinates.precision
     budget = None if math.isinf(args.budget) else args.budget
     record = {"budget": budget, "runs": e.runs, "networks": e.networks, "ood": list(inputs.ood),
               "recorded": list(RECORDED), "rows": rows, **({"ceiling": ceiling} if ceiling else {}),

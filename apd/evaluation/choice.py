@@ -62,8 +62,9 @@ def choose(candidates: Sequence[Candidate], budget: float = math.inf) -> dict:
 def choice_markdown(record: dict) -> str:
     """A choice as ``benchmarks/choose_distiller.py`` records it (``rows`` of name, storage, criterion and its
     std, and the recorded gaps ``recorded``; the judging ``runs``, ``networks`` and OOD tuning sets ``ood``;
-    optionally a ``ceiling`` row, judged alike but no candidate; and :func:`choose`'s answer): one line on how
-    the candidates were judged, their table, and the choice."""
+    optionally a ``ceiling`` row, judged alike but no candidate, its storage counted at ``storage_precision``,
+    which records made before it was recorded counted at float32 whatever precision the row's name gives; and
+    :func:`choose`'s answer): one line on how the candidates were judged, their table, and the choice."""
     keys = record["recorded"]
     budget = "no budget" if record["budget"] is None else f"budget {record['budget']:g} samples' worth"
     lines = [f"{len(record['rows'])} candidates ({budget}), {record['runs']} runs × {record['networks']} networks, "
@@ -71,8 +72,10 @@ def choice_markdown(record: dict) -> str:
              f"{' + '.join(FUNCTION_KEYS)} (nats)", "",
              "| candidate | storage | criterion | " + " | ".join(keys) + " |",
              "|---|---|---|" + "---|" * len(keys)]
-    ceiling = [{**record["ceiling"], "name": record["ceiling"]["name"] + " (not a candidate)"}] if record.get(
-        "ceiling") else []
+    ceiling = []
+    if record.get("ceiling"):
+        counted = "" if "storage_precision" in record["ceiling"] else "; storage counted at float32"
+        ceiling = [{**record["ceiling"], "name": f"{record['ceiling']['name']} (not a candidate{counted})"}]
     lines += [f"| {row['name']} | {row['storage']:.2f} | {row['criterion']:.4f} ± {row['criterion_std']:.4f} | "
               + " | ".join(f"{row[key]:.4f}" for key in keys) + " |" for row in [*record["rows"], *ceiling]]
     lines += ["", f"lowest: {record['lowest']}; tied (within {record['threshold']:.4f}): {', '.join(record['tied'])}; "

@@ -177,10 +177,13 @@ def train_chain_generators(ctx: RunContext, store: SampleStore, coordinates: Sto
 
 class StoredCoordinates(Posterior):
     """Every SGLD sample's coordinates in a subspace codec's principal subspace, θ_i ↦ μ + U·diag(σ)·c_i with
-    c_i = Uᵀ(θ_i − μ)/σ, kept ([n, r]); a member is one of them decoded (rows drawn without replacement)."""
+    c_i = Uᵀ(θ_i − μ)/σ, kept ([n, r]) at ``precision``; a member is one of them decoded (rows drawn without
+    replacement)."""
 
-    def __init__(self, codec: WeightCodec, coordinates: Tensor, spec: ParamSpec, name: str) -> None:
+    def __init__(self, codec: WeightCodec, coordinates: Tensor, spec: ParamSpec, name: str,
+                 precision: str = "float32") -> None:
         self.codec, self.coordinates, self.spec, self.name = codec, coordinates, spec, name
+        self.precision = precision
         self.device = codec.mean.device
 
     def max_members(self) -> int:
@@ -198,10 +201,15 @@ class StoredCoordinates(Posterior):
         """Bytes of the codec and every sample's coordinates stored at ``precision``."""
         return module_bytes(self.codec, precision) + stored_bytes(self.coordinates.numel(), precision)
 
+    def storage_in_samples(self) -> float:
+        """:meth:`stored_bytes` at the precision they are stored at, in SGLD samples' worth."""
+        return in_samples(self.stored_bytes(self.precision), self.spec.numel)
+
     def stored_at(self, precision: str) -> StoredCoordinates:
-        """A copy with the codec and the coordinates read back from ``precision``."""
+        """A copy with the codec and the coordinates read back from ``precision``, counted at it."""
         return StoredCoordinates(round_trip_module_(copy.deepcopy(self.codec), precision),
-                                 round_trip(self.coordinates, precision), self.spec, f"{self.name}, {precision}")
+                                 round_trip(self.coordinates, precision), self.spec, f"{self.name}, {precision}",
+                                 precision)
 
 
 def sgld_coordinates(ctx: RunContext, store: SampleStore, data: TrainingSamples, rank: int) -> StoredCoordinates:

@@ -46,7 +46,10 @@ def test_a_choice_renders_its_candidates_and_the_rule_applied_to_them():
     assert "| embedding-4 | 3.80 | 0.6000 ± 0.1000 | 2.0000 |" in markdown
     assert markdown.endswith("lowest: embedding-4; tied (within 0.7000): embedding-4; chosen: embedding-4")
     assert "not a candidate" not in markdown
-    record["ceiling"] = {**rows[0], "name": "ceiling", "criterion": 0.1}  # judged alike, never chosen
+    record["ceiling"] = {**rows[0], "name": "ceiling, int8", "criterion": 0.1,  # judged alike, never chosen
+                         "storage_precision": "int8"}
     markdown = choice_markdown(record)
-    assert "| ceiling (not a candidate) | 3.79 | 0.1000 ± 0.1000 | 2.0000 |" in markdown
+    assert "| ceiling, int8 (not a candidate) | 3.79 | 0.1000 ± 0.1000 | 2.0000 |" in markdown
     assert markdown.endswith("chosen: embedding-4")
+    del record["ceiling"]["storage_precision"]  # a record from before the ceiling was counted at its precision
+    assert "| ceiling, int8 (not a candidate; storage counted at float32) | 3.79 |" in choice_markdown(record)

@@ -18,6 +18,7 @@ from apd.distillation.generator import DistilledGenerator, architecture, build_g
 from apd.distillation.precision import module_bytes, module_tensors, round_trip_module_
 from apd.evaluation.yardstick import kept_for
 from apd.experiments.precision import (
+    StoredCoordinates,
     apd_bytes,
     chain_generators_storage,
     coordinates_storage,
@@ -55,6 +56,17 @@ def test_the_budget_buys_the_largest_rank_and_the_fewest_samples_that_take_it():
     # the coordinates' codec: mean, basis and scales; then 200 samples × r coordinates, all at 4 bytes
     assert coordinates_storage(3, SPEC, 200, "float32") == pytest.approx((SPEC.numel * 4 + 3 + 600) / SPEC.numel)
     assert kept_for(4.0, SPEC.numel, "int8", available=10) == 10
+
+
+def test_the_samples_coordinates_are_counted_at_the_precision_they_are_stored_at():
+    codec = WeightCodec.empty("subspace", SPEC.numel, 3, residual=False)
+    exact = StoredCoordinates(codec, torch.randn(200, 3), SPEC, "SGLD coordinates r=3")
+    assert exact.storage_in_samples() == pytest.approx(exact.stored_parameters() / SPEC.numel)
+    for precision in ("float32", "float16", "int8", "int4"):
+        stored = exact.stored_at(precision)
+        assert stored.precision == precision and stored.name == f"SGLD coordinates r=3, {precision}"
+        assert stored.storage_in_samples() == pytest.approx(coordinates_storage(3, SPEC, 200, precision))
+    assert exact.stored_at("int8").storage_in_samples() < 0.3 * exact.storage_in_samples()
 
 
 def test_one_generator_per_chain_is_counted_with_its_codec_and_shares_and_stored_at_int8():
