@@ -38,7 +38,7 @@ within_budget() {
 }
 if command -v nvidia-smi > /dev/null; then nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader; fi
 case "$check" in
-    tests) within_budget python3 -m pytest -m cuda -q -x ;;
+    tests) within_budget python3 -m pytest -m cuda -q -rfE ;;  # every failure in one call: card time is scarce
     digits | fashion-fc1)
         record="artifacts/on-a-card/$check.json" status=0
         mkdir -p artifacts/on-a-card "$results/$check-gpu"
