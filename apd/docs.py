@@ -6,10 +6,6 @@ Prose stays hand-written; numbers never are. A document marks each generated reg
     …generated Markdown…
     <!-- end -->
 
-and each number its prose quotes from a results file as an inline value (:func:`render_value`),
-
-    <!-- value:PIPELINE:FILE.KEY.KEY…:FORMAT -->…<!-- /value -->
-
 and the region's body is replaced by TABLE rendered from ``docs/results/PIPELINE/`` (``results.json``
 from ``apd evaluate``, the stage manifests, the experiments' JSON) or, for PIPELINE ``paper``, from
 ``docs/paper-numbers.json``. TABLE names one of :data:`RESULT_TABLES` (a table of ``tables.md``),
@@ -26,7 +22,12 @@ pipelines, PIPELINE a comma-separated list, from their files), ``performance`` (
 pipelines' SGLD runs side by side:
 PIPELINE is then a comma-separated list) or a study's region (:func:`render_study`, from the study registry
 :data:`apd.experiments.studies.STUDIES`). For PIPELINE ``code``, TABLE ``studies`` is the list of studies
-itself. ``--check`` renders without writing and fails on any difference.
+itself. A number the prose quotes from a results file is marked inline,
+
+    <!-- value:PIPELINE:FILE.KEY.KEY…:FORMAT -->…<!-- /value -->
+
+and written afresh from ``docs/results/PIPELINE/FILE.json`` (:func:`render_value`). ``--check`` renders
+without writing and fails on any difference.
 
 ``apd report --publish`` fills ``docs/results/NAME/`` from a finished pipeline's artifacts (:func:`publish`):
 the small JSON files only (results, the stage manifests with diagnostics and timings, every generator
