@@ -138,6 +138,25 @@ def test_stein_thinning_and_the_kept_samples_choose_among_the_samples_after_the_
         assert (methods["stein"].rows == burn_in + picks).all()
 
 
+def test_a_trace_burn_in_of_zero_leaves_stein_thinning_as_it_is_on_the_whole_store(tiny_pipeline, monkeypatch):
+    """Where the trace drops nothing, Stein's candidates and picks are those of the whole store: the published
+    pipelines whose trace burn-in is 0 keep their Stein numbers."""
+    from apd.pipeline import methods as loaders
+    from apd.posteriors.stein import stein_rows
+
+    root, _ = tiny_pipeline
+    monkeypatch.setattr(loaders, "trace_burn_in", lambda log_liks, chains: {"burn_in": 0, "rhat": 1.0,
+                                                                             "reached": True})
+    ctx = tiny_context(root, evaluate={"burn_in_from_trace": True, "methods": ["sgld", "apd", "stein"]})
+    with ExitStack() as stack:
+        stein = load_methods(ctx, stack)[0]["stein"]
+        store = stack.enter_context(SampleStore.open(ctx.layout.samples))
+        whole = stein_rows(store, len(stein.rows), ctx.data.x_train, ctx.data.y_train, ctx.cfg.sgld.prior_var,
+                           candidates=ctx.cfg.evaluate.stein_candidates, temperature=ctx.cfg.sgld.temperature)
+        assert stein.rows.tolist() == whole.tolist()
+        torch.testing.assert_close(stein.vectors, store.read(whole), rtol=0, atol=0)
+
+
 def test_results_hold_the_yardstick_and_every_method_in_every_table(tiny_pipeline, results):
     root, _ = tiny_pipeline
     y = results["yardstick"]
