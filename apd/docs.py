@@ -454,14 +454,16 @@ def _read(path: Path) -> dict:
     return _Traced(read_json(path), path, "")
 
 
-def render_value(pipeline: str, file: str, path: str, spec: str | None, root: Path) -> str:
+def render_value(pipeline: str, file: str, path: str, spec: str | None, root: Path,
+                 read: Callable[[Path], Any] = _read) -> str:
     """One number of the prose: the value at key path ``path`` (".key.key…", a list's item by its index) of
     ``docs/results/PIPELINE/FILE.json``, written with the format ``spec``: ``duration``
     (:func:`~apd.pipeline.table_format.format_duration` of seconds), or a Python format specification, one
     ending in ``%`` writing the value times 100 followed by " %" as the docs write percentages. Without
     ``spec`` a whole number is written with thousands separators and a string as it is; any other value
-    needs one, so that the precision quoted is chosen where it is quoted."""
-    value: Any = _read(root / RESULTS_DIR / pipeline / f"{file}.json")
+    needs one, so that the precision quoted is chosen where it is quoted. ``read`` reads the results file
+    (:func:`_read`; a document's values share one read of each file)."""
+    value: Any = read(root / RESULTS_DIR / pipeline / f"{file}.json")
     for key in path.strip(".").split("."):
         value = value[int(key)] if isinstance(value, list) else value[key]
     if spec == "duration":
@@ -492,9 +494,17 @@ def render_document(text: str, root: Path) -> str:
                         lambda: render_table(match["pipeline"], match["table"], root))
         return f"{match.group(1)}{body}\n{match.group(5)}"
 
+    files: dict[Path, Any] = {}  # each results file the document's values quote, read once
+
+    def read_once(path: Path) -> Any:
+        if path not in files:
+            files[path] = _read(path)
+        return files[path]
+
     def fill_value(match: re.Match) -> str:
         value = rendered(f"value '{match['file']}{match['path']}'", match["pipeline"],
-                         lambda: render_value(match["pipeline"], match["file"], match["path"], match["format"], root))
+                         lambda: render_value(match["pipeline"], match["file"], match["path"], match["format"], root,
+                                              read_once))
         return f"{match.group(1)}{value}{match.group(7)}"
     return VALUE.sub(fill_value, REGION.sub(fill, text))
 
