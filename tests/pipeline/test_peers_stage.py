@@ -104,12 +104,22 @@ def test_kept_and_stein_samples_are_rows_of_the_store_and_laplace_sits_at_the_sg
         torch.testing.assert_close(methods[name].base, sgd, rtol=0, atol=0)
 
 
+def _with_trace_burn_in(root, monkeypatch, burn_in: int, **evaluate):
+    """A context for the tiny pipeline under ``root`` that drops the first ``burn_in`` samples of each chain as
+    the trace's burn-in (``evaluate.burn_in_from_trace``, the trace's reading replaced), with ``evaluate``'s
+    other settings."""
+    from apd.pipeline import methods as loaders
+
+    monkeypatch.setattr(loaders, "trace_burn_in", lambda log_liks, chains: {"burn_in": burn_in, "rhat": 1.0,
+                                                                             "reached": True})
+    return tiny_context(root, evaluate={"burn_in_from_trace": True, **evaluate})
+
+
 def test_stein_thinning_and_the_kept_samples_choose_among_the_samples_after_the_trace_burn_in(tiny_pipeline,
                                                                                              monkeypatch):
     """With ``evaluate.burn_in_from_trace`` Stein's candidates, like the kept samples, are the samples after the
     trace's burn-in (here all of its last quarter, so that whole-store candidates would mostly lie before it);
     Stein's rows are the store's, the kept samples' those of the samples after the burn-in."""
-    from apd.pipeline import methods as loaders
     from apd.posteriors.stein import stein_rows
     from apd.samplers.burn_in import retained_rows
     from apd.samplers.store import StoreRows
@@ -119,10 +129,8 @@ def test_stein_thinning_and_the_kept_samples_choose_among_the_samples_after_the_
         chains = store.chains
     burn_in = 3 * len(chains) // 4  # the tiny store holds one chain
     pool_size = len(chains) - burn_in
-    monkeypatch.setattr(loaders, "trace_burn_in", lambda log_liks, chains: {"burn_in": burn_in, "rhat": 1.0,
-                                                                             "reached": True})
-    ctx = tiny_context(root, evaluate={"burn_in_from_trace": True, "stein_candidates": pool_size,
-                                       "methods": ["sgld", "apd", "kept", "stein"]})
+    ctx = _with_trace_burn_in(root, monkeypatch, burn_in, stein_candidates=pool_size,
+                              methods=["sgld", "apd", "kept", "stein"])
     details = {}
     with ExitStack() as stack:
         methods, _ = load_methods(ctx, stack, details)
@@ -141,13 +149,10 @@ def test_stein_thinning_and_the_kept_samples_choose_among_the_samples_after_the_
 def test_a_trace_burn_in_of_zero_leaves_stein_thinning_as_it_is_on_the_whole_store(tiny_pipeline, monkeypatch):
     """Where the trace drops nothing, Stein's candidates and picks are those of the whole store: the published
     pipelines whose trace burn-in is 0 keep their Stein numbers."""
-    from apd.pipeline import methods as loaders
     from apd.posteriors.stein import stein_rows
 
     root, _ = tiny_pipeline
-    monkeypatch.setattr(loaders, "trace_burn_in", lambda log_liks, chains: {"burn_in": 0, "rhat": 1.0,
-                                                                             "reached": True})
-    ctx = tiny_context(root, evaluate={"burn_in_from_trace": True, "methods": ["sgld", "apd", "stein"]})
+    ctx = _with_trace_burn_in(root, monkeypatch, 0, methods=["sgld", "apd", "stein"])
     with ExitStack() as stack:
         stein = load_methods(ctx, stack)[0]["stein"]
         store = stack.enter_context(SampleStore.open(ctx.layout.samples))
