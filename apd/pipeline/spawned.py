@@ -14,7 +14,9 @@ milliseconds after the process starts, before torch is imported (about 3 s on a 
    starts ends the worker silently; during the work it stops at once, quietly, leaving what a kill leaves
    (resumable shards and checkpoints), and a publication under way completes first
    (:func:`apd.interrupts.interrupts_deferred`);
-3. loads its task (the pickled worker function and arguments, written by the parent into its private
+3. prints the stack of each of its threads to stderr on SIGUSR1 (``kill -USR1 PID``: where a worker that
+   seems stuck is);
+4. loads its task (the pickled worker function and arguments, written by the parent into its private
    temporary folder), runs it and leaves with :func:`os._exit`, past the interpreter's teardown: a finished
    worker was once aborted there ("terminate called without an active exception", SIGABRT), and a signal
    there printed tracebacks from exit handlers. A user error goes to the parent as ``FOLDER/RANK.json``
@@ -24,6 +26,7 @@ milliseconds after the process starts, before torch is imported (about 3 s on a 
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import json
 import os
 import pickle
@@ -61,7 +64,7 @@ def _watch_parent(parent: int) -> None:
 
 
 def run(rank: int, task: Path) -> int:
-    """Run the task in ``task`` as worker ``rank``; its exit code (module docstring, 3.)."""
+    """Run the task in ``task`` as worker ``rank``; its exit code (module docstring, 4.)."""
     worker, size, init_method, args = pickle.loads(task.read_bytes())
     with noting_interrupts():  # SIGTERM stops the work; a Ctrl-C swallowed in a destructor stops it too
         try:
@@ -82,6 +85,7 @@ def main() -> None:
     parent, task, rank = int(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
     die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     code = run(rank, task)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import faulthandler
 import gzip
 import hashlib
 import io
@@ -38,6 +39,7 @@ from benchmarks.process_tree import running as _running
 from tests.tiny_pipeline import toml
 
 REPO = Path(__file__).resolve().parents[2]
+HANG_SECONDS = 600  # an apd run of the tiny pipeline taking longer than this has hung
 CONFIG = {
     "name": "nl", "threads": 1,
     "data": {"dataset": "digits", "train_size": 1000, "val_size": 300, "ood": ["gaussian"]},
@@ -145,6 +147,7 @@ class Child:
                 os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
                 sys.stderr, sys.stdout = os.fdopen(2, "w"), os.fdopen(1, "w")  # past pytest's capture
                 signal.signal(signal.SIGINT, signal.default_int_handler)
+                faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it hangs: Child.wait's report
                 code = main(argv)
             except BaseException:
                 traceback.print_exc()
@@ -154,22 +157,34 @@ class Child:
                 os._exit(code)
         self.rc: int | None = None
 
-    def poll(self) -> int | None:
+    def poll(self, block: bool = False) -> int | None:
+        """Its exit code (minus the signal that ended it), or None while it runs (``block``: wait for it)."""
         if self.rc is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
             if pid:
                 self.rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
         return self.rc
 
-    def wait(self) -> int:
-        while self.poll() is None:
+    def wait(self, timeout: float = HANG_SECONDS) -> int:
+        """Its exit code; one still running after ``timeout`` seconds is killed and fails the test with the
+        stacks of its threads, so that a hang fails in minutes instead of holding the suite."""
+        deadline = time.monotonic() + timeout
+        while self.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
+        if self.rc is None:
+            for pid in (self.pid, *_children(self.pid)):  # sampling workers print their stacks on SIGUSR1 too
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGUSR1)
+            time.sleep(2)
+            self.stop()
+            pytest.fail(f"apd still running after {timeout:.0f} s; its stderr and stacks:\n"
+                        + self.err.read_text()[-20000:])
         return self.rc
 
     def stop(self) -> None:
         if self.poll() is None:
             os.kill(self.pid, signal.SIGKILL)
-            self.wait()
+            self.poll(block=True)
 
 
 def holding_lock(art: Artifacts, child: Child, timeout: float = 120) -> bool:
@@ -793,9 +808,11 @@ def _stop_sample(art: Artifacts, err: Path, sig: int, event: str, seconds: float
         time.sleep(0.002)
     if child.poll() is None:
         os.kill(child.pid, sig)
-    while child.poll() is None:
+    deadline = time.monotonic() + HANG_SECONDS
+    while child.poll() is None and time.monotonic() < deadline:
         workers |= _children(child.pid)
         time.sleep(0.002)
+    child.wait(timeout=0)
     problems, text = [], err.read_text()
     said = [line for line in text.strip().splitlines() if not WARNING_LINE.match(line)]
     if child.rc not in (128 + sig, 0) or len(said) != (1 if child.rc else 0):
@@ -864,6 +881,7 @@ def test_a_killed_parent_takes_its_workers(two_workers, tmp_path, after):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(6 * 3600 + 300)
 def test_nothing_lost_matrix():
     """The whole scenario matrix (benchmarks/nothing_lost.py): every case passes."""
     result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "nothing_lost.py")], cwd=REPO,

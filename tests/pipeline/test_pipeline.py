@@ -434,6 +434,7 @@ def test_generator_choice_is_recorded_with_its_criterion(pipeline):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(4 * 3600)
 def test_default_digits_pipeline(tmp_path):
     """`make sample distill evaluate` on the default pipeline: APD keeps ≥ 98 % of SGLD's accuracy, and
     SGLD's and APD's BALD AUROC on gaussian and uniform noise beat MC dropout's."""
@@ -454,6 +455,7 @@ def test_default_digits_pipeline(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(4 * 3600)
 def test_online_distillation_on_digits(tmp_path):
     """Online APD (SGLD and WGAN-GP alternating, no sample store) keeps ≥ 97 % of the SGLD ensemble's
     test accuracy, 100 networks each, averaged over 10 draws."""
