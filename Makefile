@@ -90,7 +90,7 @@ bench: $(STAMP)
 WHEELS := .whl
 FASHION := /usr/share/datasets/fashion-mnist
 WHEELS_PYTHON ?= 3.12
-BARE_PACKAGES := arviz|platformdirs|xarray.einstats|h5netcdf|laplace.torch|backpack.for.pytorch|curvlinops.for.pytorch|asdfghjkl|einconv|unfoldnd|stein.thinning
+BARE_PACKAGES := arviz|pytest.timeout|platformdirs|xarray.einstats|h5netcdf|laplace.torch|backpack.for.pytorch|curvlinops.for.pytorch|asdfghjkl|einconv|unfoldnd|stein.thinning
 wheels: $(STAMP)
 	mkdir -p $(WHEELS)
 	$(PY) -m pip freeze | grep -i -E '^($(BARE_PACKAGES))==' > $(WHEELS)/requirements.txt
