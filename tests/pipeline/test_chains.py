@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from apd.pipeline.sample import sample_sgld
 from apd.pipeline.sample_chains import Finished
 from apd.pipeline.sample_workers import _check_shards
 from apd.samplers.store import SampleStore
+from tests.spawned_tasks import signal_then_wait
 from tests.tiny_pipeline import TINY, toml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -223,6 +225,29 @@ def test_a_task_folder_left_by_a_killed_parent_is_removed_by_the_next_spawn(tmp_
         assert not killed.exists() and unlocked.is_dir()
         assert remove_orphaned_task_folders(tmp_path) == [] and running.is_dir()
     assert not running.exists() and sorted(tmp_path.iterdir()) == [unlocked]
+
+
+def test_a_worker_prints_its_stacks_on_sigusr1_and_goes_on(tmp_path):
+    """``kill -USR1`` on a sampling worker prints where each of its threads is, and the worker carries on to
+    exit 0 when its work is done."""
+    started, release = tmp_path / "started", tmp_path / "release"
+    task = tmp_path / "task.pickle"
+    task.write_bytes(pickle.dumps((signal_then_wait, 1, "unused", (str(started), str(release)))))
+    worker = subprocess.Popen([sys.executable, "-m", "apd.pipeline.spawned", str(os.getpid()), str(task), "0"],
+                              cwd=REPO, env=environment(), stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists():
+            assert worker.poll() is None and time.monotonic() < deadline, worker.stderr.read()
+            time.sleep(0.01)
+        worker.send_signal(signal.SIGUSR1)
+        time.sleep(0.5)
+        release.touch()
+        _, err = worker.communicate(timeout=120)
+    finally:
+        worker.kill()
+    assert worker.returncode == 0, err
+    assert "most recent call first" in err and "in signal_then_wait" in err
 
 
 def test_torchrun_with_two_nodes_on_the_loopback_address(one_worker, tmp_path):
