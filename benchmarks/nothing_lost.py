@@ -196,26 +196,27 @@ class Runner:
         if pid == 0:  # the child: run the CLI with its own stdout/stderr files and environment
             code = 1
             try:
-                for fd, path in ((1, out), (2, err)):
-                    handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                    os.dup2(handle, fd)
-                    os.close(handle)
-                os.environ.clear()
-                os.environ.update(environment)
-                os.chdir(cwd)
-                signal.signal(signal.SIGINT, signal.default_int_handler)
-                from apd.cli import main
+                try:
+                    for fd, path in ((1, out), (2, err)):
+                        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                        os.dup2(handle, fd)
+                        os.close(handle)
+                    os.environ.clear()
+                    os.environ.update(environment)
+                    os.chdir(cwd)
+                    signal.signal(signal.SIGINT, signal.default_int_handler)
+                    from apd.cli import main
 
-                code = main(argv)
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 1
-            except BaseException:
-                traceback.print_exc()
-                code = 1
-            finally:
-                with contextlib.suppress(Exception):
+                    code = main(argv)
+                except SystemExit as exc:
+                    code = exc.code if isinstance(exc.code, int) else 1
+                except BaseException:
+                    traceback.print_exc()
+                    code = 1
+                finally:
                     sys.stdout.flush()
                     sys.stderr.flush()
+            finally:  # a Ctrl-C during the flush too: the fork never returns into this script
                 os._exit(code)
         return Proc(pid, err)
 

@@ -142,18 +142,19 @@ class Child:
         if self.pid == 0:
             code = 1
             try:
-                fd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                os.dup2(fd, 2)
-                os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-                sys.stderr, sys.stdout = os.fdopen(2, "w"), os.fdopen(1, "w")  # past pytest's capture
-                signal.signal(signal.SIGINT, signal.default_int_handler)
-                faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it hangs: Child.wait's report
-                code = main(argv)
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                with contextlib.suppress(Exception):
+                try:
+                    fd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    os.dup2(fd, 2)
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+                    sys.stderr, sys.stdout = os.fdopen(2, "w"), os.fdopen(1, "w")  # past pytest's capture
+                    signal.signal(signal.SIGINT, signal.default_int_handler)
+                    faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it hangs: Child.wait's report
+                    code = main(argv)
+                except BaseException:
+                    traceback.print_exc()
+                finally:
                     sys.stderr.flush()
+            finally:  # a Ctrl-C during the flush too: the fork never returns into pytest's code
                 os._exit(code)
         self.rc: int | None = None
 
