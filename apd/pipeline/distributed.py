@@ -4,7 +4,7 @@ Two ways in, the same group afterwards:
 
 - **One machine** (``sgld.workers`` > 1, no launcher): :func:`spawn` starts the workers as fresh Python
   processes (:mod:`apd.pipeline.spawned`: each dies with its parent and leaves Ctrl-C to it) and joins them
-  on the loopback address at a free port.
+  through a file in its private temporary folder.
 - **Several machines**: ``torchrun`` starts the same ``apd sample`` command on every node and sets
   ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``; :func:`torchrun_env` reads
   them and the group forms through ``env://``.
@@ -32,7 +32,6 @@ import os
 import pickle
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -181,13 +180,6 @@ def _native_stderr_dropped() -> Iterator[None]:
         os.close(saved)
 
 
-def free_port() -> int:
-    """A TCP port free on the loopback address now (the OS's choice)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def spawn(worker: Callable[..., None], nprocs: int, *args: Any, on_death: Callable[[int, str], str]) -> None:
     """Run ``worker(rank, size, init_method, *args)`` in ``nprocs`` fresh processes on this machine and wait.
 
@@ -199,11 +191,13 @@ def spawn(worker: Callable[..., None], nprocs: int, *args: Any, on_death: Callab
     as a ``RuntimeError`` with its traceback. However this call ends (a Ctrl-C, SIGTERM, a failed worker), no
     worker is left running when it returns (:func:`_stop`): the caller still holds the artifact lock then.
     """
-    init_method = f"tcp://127.0.0.1:{free_port()}"
     # the workers import this checkout's apd, wherever the parent found it
     package_root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
     with task_folder() as folder:
+        # they meet at a file of the folder: no port to choose, which another process could take before the
+        # first worker listens on it (gloo binds the ports it sends on itself)
+        init_method = f"file://{folder / 'rendezvous'}"
         task = folder / "task.pickle"
         task.write_bytes(pickle.dumps((worker, nprocs, init_method, args)))
         command = [sys.executable, "-m", "apd.pipeline.spawned", str(os.getpid()), str(task)]

@@ -21,15 +21,15 @@ from apd.config import config_hash
 from apd.config_load import from_dict
 from apd.errors import ArtifactError, ConfigError
 from apd.io import read_json
-from apd.pipeline.distributed import free_port, remove_orphaned_task_folders, task_folder
+from apd.pipeline.distributed import remove_orphaned_task_folders, task_folder
 from apd.pipeline.layout import checkpoint_of, manifest_of, partial_of
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.sample import sample_sgld
 from apd.pipeline.sample_chains import Finished
 from apd.pipeline.sample_workers import _check_shards
 from apd.samplers.store import SampleStore
-from tests.spawned_tasks import signal_then_wait
 from tests.tiny_pipeline import TINY, toml
+from tests.worker_helpers import free_port, signal_then_wait
 
 REPO = Path(__file__).resolve().parents[2]
 CHAINS = {

@@ -515,7 +515,7 @@ def test_artifacts_pointing_at_a_file(art, tmp_path):
 @pytest.mark.parametrize("variables", [{"RANK": "1", "MASTER_PORT": "1"}, {"RANK": "0", "MASTER_PORT": "FREE"}],
                          ids=["rank1-nobody-listening", "rank0-alone"])
 def test_a_torchrun_worker_without_its_peers_gives_up_after_the_join_timeout(art, monkeypatch, variables):
-    from apd.pipeline.distributed import free_port
+    from tests.worker_helpers import free_port
 
     port = str(free_port()) if variables["MASTER_PORT"] == "FREE" else variables["MASTER_PORT"]
     for name, value in {**variables, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
