@@ -36,6 +36,7 @@ seed's, the experiments' summaries), never samples or weights, and its figures i
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 from collections.abc import Callable
@@ -494,12 +495,7 @@ def render_document(text: str, root: Path) -> str:
                         lambda: render_table(match["pipeline"], match["table"], root))
         return f"{match.group(1)}{body}\n{match.group(5)}"
 
-    files: dict[Path, Any] = {}  # each results file the document's values quote, read once
-
-    def read_once(path: Path) -> Any:
-        if path not in files:
-            files[path] = _read(path)
-        return files[path]
+    read_once = functools.cache(_read)  # each results file the document's values quote, read once
 
     def fill_value(match: re.Match) -> str:
         value = rendered(f"value '{match['file']}{match['path']}'", match["pipeline"],
