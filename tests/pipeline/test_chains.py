@@ -238,7 +238,8 @@ def test_a_worker_prints_its_stacks_on_sigusr1_and_goes_on(tmp_path):
     try:
         deadline = time.monotonic() + 120
         while not started.exists():
-            assert worker.poll() is None and time.monotonic() < deadline, worker.stderr.read()
+            assert worker.poll() is None, worker.communicate()[1]  # it has exited: its stderr reads whole
+            assert time.monotonic() < deadline, "the worker did not start its task within 120 s"
             time.sleep(0.01)
         worker.send_signal(signal.SIGUSR1)
         time.sleep(0.5)
