@@ -69,8 +69,11 @@ toy2d: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check apd tests benchmarks
 
+# The test files on TEST_WORKERS processes at once (pytest-xdist; a file's tests stay together on one, so
+# its fixtures are built once); TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow
