@@ -16,7 +16,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.stats
 import sklearn
 import torch
 from sklearn.metrics import auc, average_precision_score, roc_curve
@@ -126,15 +125,14 @@ def _score_array(scores: Tensor | np.ndarray | Sequence[float], name: str) -> np
 
 
 def auroc(scores_in: Tensor | np.ndarray | Sequence[float], scores_out: Tensor | np.ndarray | Sequence[float]) -> dict:
-    """``{"auroc"}`` alone, the area :func:`detection` gives, P(s_out > s_in) + ½ P(s_out = s_in), by the
-    Mann–Whitney statistic: (R_out − n_out(n_out + 1)/2) / (n_in · n_out), R_out the sum of the OOD scores'
-    ranks among all scores (ties given their mean rank). A tenth of :func:`detection`'s time, for the
-    yardstick's hundreds of random subsets, which need no AUPR or FPR."""
-    s_in = _score_array(scores_in, "scores_in")
+    """``{"auroc"}`` alone, the area :func:`detection` gives, by counting pairs (the Mann–Whitney statistic):
+    AUROC = (1 / (n_in · n_out)) Σ_j (#{i: s_in,i < s_out,j} + ½ #{i: s_in,i = s_out,j}), each count read off
+    the sorted in-distribution scores by a binary search. A small fraction of :func:`detection`'s time, for
+    the yardstick's hundreds of random subsets, which need no AUPR or FPR."""
+    s_in = np.sort(_score_array(scores_in, "scores_in"))
     s_out = _score_array(scores_out, "scores_out")
-    ranks = scipy.stats.rankdata(np.concatenate([s_in, s_out]))
-    r_out = ranks[s_in.size:].sum()
-    return {"auroc": float((r_out - s_out.size * (s_out.size + 1) / 2) / (s_in.size * s_out.size))}
+    below, up_to = np.searchsorted(s_in, s_out, side="left"), np.searchsorted(s_in, s_out, side="right")
+    return {"auroc": float((below.sum() + up_to.sum()) / (2 * s_in.size * s_out.size))}
 
 
 def detection(scores_in: Tensor | np.ndarray | Sequence[float],
