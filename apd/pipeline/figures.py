@@ -94,10 +94,11 @@ def storage_axes(ax: Any, ylabel: str, level: float | None, level_label: str | N
     ax.set(xscale="log", xlabel="storage (SGLD samples' worth)", ylabel=ylabel)
 
 
-def plot_kept_curve(ax: Any, curve: list[dict], key: str, scale: float = 1.0) -> None:
+def plot_kept_curve(ax: Any, curve: list[dict], key: str, scale: float = 1.0) -> bool:
     """The kept-samples yardstick (rows of :func:`apd.evaluation.yardstick.kept_curve`) on ``ax``: ``scale``
     times the ``key`` value of k evenly spaced samples as a black line, and of random subsets of k as their
-    mean ± std in grey, against k; sets whose value is undefined (BALD of one network) are left out."""
+    mean ± std in grey, against k; sets whose value is undefined (BALD of one network) are left out. Whether
+    anything was drawn."""
     even = [(r["k"], scale * r["evenly_spaced"][key]) for r in curve if r["evenly_spaced"][key] is not None]
     if even:
         ax.plot(*zip(*even, strict=True), "-", color="black", label="kept SGLD, evenly spaced")
@@ -106,6 +107,14 @@ def plot_kept_curve(ax: Any, curve: list[dict], key: str, scale: float = 1.0) ->
         ax.errorbar([k for k, _ in rand], [scale * stat.mean for _, stat in rand],
                     yerr=[scale * stat.std for _, stat in rand], fmt="--", color="grey", capsize=2,
                     label="kept SGLD, random subsets")
+    return bool(even or rand)
+
+
+def empty_panel(ax: Any, ylabel: str, why: str) -> None:
+    """A panel with nothing to plot: its y label and ``why`` in its middle, and no scale or ticks that would
+    read as data."""
+    ax.set(xticks=[], yticks=[], ylabel=ylabel)
+    ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, fontsize=8)
 
 
 def plot_growth(ax: Any, worth: Sequence[float], values: Sequence[float], label: str = "MoG growth") -> None:
@@ -282,12 +291,14 @@ def storage_quality_figure(results: dict) -> Figure | None:
     if not curve and not quality:
         return None
     figure, axes = new_figure(1, 2, panel=(5.2, 4.0))
-    panels = (("bald_gap", "worst per-set BALD AUROC gap to SGLD (points)"), ("nll_gap", "NLL gap to SGLD (nats)"))
+    panels = (("bald_gap", "worst per-set BALD AUROC gap to SGLD (points)", "\n(one network has no BALD)"),
+              ("nll_gap", "NLL gap to SGLD (nats)", ""))
     markers = "osD^v<>phX*P8"
     methods = [m for m in methods_in_order(results, quality) if m != "sgld"]
-    for ax, (key, ylabel) in zip(axes[0], panels, strict=True):
-        plot_kept_curve(ax, curve, key)
-        growth = [(r["in_sgld_samples"], Stat.of(r["quality"][key]).mean) for r in mog if key in r.get("quality", {})]
+    for ax, (key, ylabel, undefined) in zip(axes[0], panels, strict=True):
+        drawn = plot_kept_curve(ax, curve, key)
+        growth = [(r["in_sgld_samples"], Stat.of(r["quality"][key]).mean) for r in mog
+                  if r.get("quality", {}).get(key) is not None]
         if growth:
             plot_growth(ax, *zip(*growth, strict=True))
         points = {m: (quality[m]["in_sgld_samples"], quality[m][key]) for m in methods
@@ -299,7 +310,13 @@ def storage_quality_figure(results: dict) -> Figure | None:
                 ax.plot([worth], [value], markers[i % len(markers)], color=colour(m), markersize=8,
                         markeredgecolor="black", label=method_label(m),
                         transform=offset_copy(ax.transData, fig=figure, x=offsets[m], units="points"))
-        storage_axes(ax, ylabel, 0, "SGLD (gap 0)")
+        if points:  # a line drawn through an offset transform does not count in the data limits: the points do
+            ax.update_datalim(list(points.values()))
+            ax.autoscale_view()
+        if drawn or growth or points:
+            storage_axes(ax, ylabel, 0, "SGLD (gap 0)")
+        else:
+            empty_panel(ax, ylabel, "no kept size or method has this gap" + undefined)
     figure_legend(figure)
     figure.suptitle("Storage against quality: signed gap to SGLD (0 = SGLD; above 0 worse than SGLD, "
                     "below 0 better)\nmarkers at about one storage are spread sideways by a few pixels", fontsize=9)

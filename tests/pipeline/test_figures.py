@@ -227,3 +227,36 @@ def test_a_figure_not_drawn_again_leaves_no_old_png(tmp_path):
 
 def test_storage_figures_need_their_data():
     assert storage_share_figure({}) is None and storage_quality_figure({}) is None
+
+
+def test_a_gap_no_size_or_method_has_leaves_its_panel_saying_so():
+    """One kept sample and one mode (a single network each) have no BALD: the BALD panel says so, with no
+    log scale to draw on nothing, and the figure renders; the NLL panel is drawn as usual."""
+    results = {"methods": ["sgld", "modes"], "quality": {"sgld": {"in_sgld_samples": 100.0, "bald_gap": 0.0,
+                                                                  "nll_gap": 0.0},
+                                                         "modes": {"in_sgld_samples": 1.0, "bald_gap": None,
+                                                                   "nll_gap": 0.05}},
+               "yardstick": {"curve": [{"k": 1, "evenly_spaced": {"bald_gap": None, "nll_gap": 0.3},
+                                        "random": {"bald_gap": None, "nll_gap": _stat(0.2, 0.01)}}]}}
+    figure = storage_quality_figure(results)
+    figure.savefig(io.BytesIO(), format="png")
+    bald, nll = panels(figure)
+    assert bald.get_xscale() == "linear" and not bald.lines
+    assert "no kept size or method has this gap" in bald.texts[0].get_text() and "no BALD" in bald.texts[0].get_text()
+    assert nll.get_xscale() == "log" and nll.lines and not nll.texts
+
+
+def test_a_method_beyond_the_kept_curve_is_inside_its_panel():
+    """The kept curve reaches one sample's storage; a method storing 3.3 samples' worth, with a gap above the
+    curve's, is inside both panels' limits (markers drawn sideways of their point still set the limits)."""
+    results = {"methods": ["sgld", "modes"], "quality": {"sgld": {"in_sgld_samples": 100.0, "bald_gap": 0.0,
+                                                                  "nll_gap": 0.0},
+                                                         "modes": {"in_sgld_samples": 3.3, "bald_gap": 0.41,
+                                                                   "nll_gap": 0.5}},
+               "yardstick": {"curve": [{"k": 1, "evenly_spaced": {"bald_gap": None, "nll_gap": 0.3},
+                                        "random": {"bald_gap": None, "nll_gap": _stat(0.2, 0.01)}}]}}
+    figure = storage_quality_figure(results)
+    figure.savefig(io.BytesIO(), format="png")
+    for ax, gap in zip(panels(figure), (0.41, 0.5), strict=True):
+        (low, high), (bottom, top) = ax.get_xlim(), ax.get_ylim()
+        assert ax.get_xscale() == "log" and low < 3.3 < high and bottom < gap < top
