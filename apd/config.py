@@ -273,7 +273,9 @@ class EvaluateConfig:
 
     ``threads``: torch's CPU threads while evaluating (0: the pipeline's ``threads``). Evaluation multiplies
     large batches (K networks × thousands of inputs) and gains from every core, where a sampler's or a
-    trainer's small steps do not; a compute setting, it is not part of the stage's hash."""
+    trainer's small steps do not; a compute setting, it is not part of the stage's hash. ``figures`` off: the
+    evaluation writes its tables but draws no figures (seconds each on a CPU; ``apd report`` draws them later
+    from the same files); nor is it hashed."""
 
     methods: list[str] = bounded(list(ALL_METHODS))
     runs: int = bounded(10, ge=1)
@@ -293,6 +295,7 @@ class EvaluateConfig:
     burn_in_from_trace: bool = False
     mog_growth: bool = False
     threads: int = bounded(0, ge=0)
+    figures: bool = True
     adversarial: AdversarialConfig = field(default_factory=AdversarialConfig)
 
 
@@ -335,8 +338,8 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
 # Fields that say how a stage runs, not what it makes: left out of the config hash. ``distill.seeds`` says how
 # many generators the stage makes, none of which depends on it (the evaluation's inputs name every one), and
 # ``distill.workers`` how many processes make them.
-UNHASHED: tuple[tuple[str, str], ...] = (("sgld", "workers"), ("evaluate", "threads"), ("distill", "seeds"),
-                                         ("distill", "workers"))
+UNHASHED: tuple[tuple[str, str], ...] = (("sgld", "workers"), ("evaluate", "threads"), ("evaluate", "figures"),
+                                         ("distill", "seeds"), ("distill", "workers"))
 # Fields left out of the hash while they hold this value (what the pipelines made before the field existed),
 # so that existing artifacts stay reusable: an empty ``net.conv`` is the MLP every earlier pipeline had, an
 # empty ``distill.generators_at`` the generator stored at one precision throughout, ``distill.mode_embedding`` 0

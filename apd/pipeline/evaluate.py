@@ -69,7 +69,7 @@ def run_evaluate(ctx: RunContext) -> dict:
     restore_directory(layout.eval_dir)
     if not ctx.force and is_complete(layout.evaluate_manifest, stage_hash, method_inputs(ctx)):
         log.info("reusing %s (--force to redo)", layout.results)
-        print_summary(ctx, report_again(ctx)[0])
+        print_summary(ctx, report_again(ctx, cfg.evaluate.figures)[0])
         return {}
     if layout.eval_dir.is_symlink():
         raise ArtifactError(f"{layout.eval_dir}: a symbolic link; `apd evaluate` replaces this folder whole, so it "
@@ -94,7 +94,7 @@ def run_evaluate(ctx: RunContext) -> dict:
     write_json_atomic(built / "results.json", results)
     results = read_json(built / "results.json")  # tables from what results.json holds, as `apd report` makes them
     generator_json = layout.generator.with_suffix(".json")
-    write_report(built, results, generator_json if generator_json.is_file() else None)
+    write_report(built, results, generator_json if generator_json.is_file() else None, cfg.evaluate.figures)
     digests = {name: file_digest(built / name) for name in RECORDED_FILES}
     write_manifest(built / layout.evaluate_manifest.name,
                    {**manifest_record("evaluate", stage_hash, inputs, seconds=results["timing"]["total"]),

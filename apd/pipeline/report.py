@@ -16,17 +16,18 @@ from apd.pipeline.table_format import write_csv
 from apd.pipeline.tables import assemble, build_tables, summary
 
 
-def write_report(eval_dir: Path, results: dict, generator_json: Path | None = None) -> str:
+def write_report(eval_dir: Path, results: dict, generator_json: Path | None = None, figures: bool = True) -> str:
     """Write ``tables.md``, one CSV per table (``accuracy``, ``ood`` (long), ``mean_auroc``, ``storage``,
-    ``mog``, ``fidelity``, ``adversarial``, ``timing``, each when its data exist) and the figures into
-    ``eval_dir``; return the Markdown."""
+    ``mog``, ``fidelity``, ``adversarial``, ``timing``, each when its data exist) and, with ``figures``, the
+    figures into ``eval_dir``; return the Markdown."""
     eval_dir.mkdir(parents=True, exist_ok=True)
     tables = build_tables(results)
     for table in tables:
         write_csv(eval_dir / f"{table.name}.csv", table)
     markdown = assemble(results, tables)
     write_text_atomic(eval_dir / "tables.md", markdown)
-    write_figures(eval_dir, results, generator_json)
+    if figures:
+        write_figures(eval_dir, results, generator_json)
     return markdown
 
 
@@ -44,9 +45,9 @@ def print_summary(ctx: RunContext, results: dict) -> None:
         print(summary(results, ctx.layout.eval_dir / "tables.md"))
 
 
-def report_again(ctx: RunContext) -> tuple[dict, str]:
-    """Render the tables and figures again from ``eval/results.json`` (checked against the evaluation's
-    manifest); returns the results and the Markdown of ``tables.md``."""
+def report_again(ctx: RunContext, figures: bool = True) -> tuple[dict, str]:
+    """Render the tables and, with ``figures``, the figures again from ``eval/results.json`` (checked against the
+    evaluation's manifest); returns the results and the Markdown of ``tables.md``."""
     layout = ctx.layout
     restore_directory(layout.eval_dir)
     results_path = layout.results
@@ -59,7 +60,7 @@ def report_again(ctx: RunContext) -> tuple[dict, str]:
                                 f"--config {ctx.cfg.source} --force`")
     results = read_json(results_path)
     try:
-        markdown = write_report(layout.eval_dir, results, layout.generator.with_suffix(".json"))
+        markdown = write_report(layout.eval_dir, results, layout.generator.with_suffix(".json"), figures)
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise ArtifactError(f"{results_path}: malformed results ({type(exc).__name__}: {exc})") from None
     return results, markdown

@@ -525,6 +525,7 @@ def test_a_convolutional_pipeline_runs_every_stage(tmp_path, capsys):
     raw = json.loads(json.dumps(TINY))
     raw["net"] = {"conv": [4], "hidden": [32]}  # 8 × 8 digits → 4 maps of 4 × 4 → 32 → 10
     raw["evaluate"]["methods"] = ["sgd", "mcdropout", "sgld", "apd", "mog", "kept", "stein", "swag", "ensemble"]
+    raw["evaluate"].update(yardstick_sizes=[2], figures=False)
     raw["evaluate"]["adversarial"] = {"enabled": True, "examples": 20, "samples": 10, "whitebox_examples": 10}
     config = tmp_path / "tiny.toml"
     config.write_text(toml(raw))
@@ -572,7 +573,8 @@ def test_a_methods_numbers_do_not_depend_on_the_other_methods_compared(pipeline,
         out = tmp_path / "-".join(methods)
         copy_samples(root, out)
         assert main(["evaluate", "--config", str(config), "--artifacts", str(out), "--quiet",
-                     "--set", f"evaluate.methods={json.dumps(methods)}"]) == 0
+                     "--set", f"evaluate.methods={json.dumps(methods)}", "--set", "evaluate.yardstick_sizes=[1]",
+                     "--set", "evaluate.figures=false"]) == 0
         results[len(methods)] = json.loads((out / "tiny" / "eval" / "results.json").read_text())
     alone, beside = results[2], results[3]
     assert "modes" in beside["accuracy"] and "modes" not in alone["accuracy"]
@@ -644,7 +646,8 @@ def test_the_mode_mixture_weighs_each_chains_aligned_mean_against_its_plain_one(
     out = tmp_path / "aligned"
     copy_samples(root, out)
     assert main(["evaluate", "--config", str(config), "--artifacts", str(out), "--quiet",
-                 "--set", 'evaluate.methods=["sgld", "modes"]', "--set", 'distill.align="permutation"']) == 0
+                 "--set", 'evaluate.methods=["sgld", "modes"]', "--set", 'distill.align="permutation"',
+                 "--set", "evaluate.yardstick_sizes=[1]", "--set", "evaluate.figures=false"]) == 0
     results = json.loads((out / "tiny" / "eval" / "results.json").read_text())
     modes = results["peers"]["modes"]
     assert modes["align"] == "permutation" and len(modes["aligned"]) == 1  # the tiny store's one chain
@@ -653,6 +656,25 @@ def test_the_mode_mixture_weighs_each_chains_aligned_mean_against_its_plain_one(
     tables = (out / "tiny" / "eval" / "tables.md").read_text()
     assert "| mode mixture | each chain's mean |" in tables
     assert f"chain 0: {as_stored:.3f} as stored, {aligned:.3f} aligned" in tables
+
+
+def test_an_evaluation_without_figures_writes_its_tables_and_report_draws_them_later(pipeline, tmp_path):
+    """``evaluate.figures = false``: the tables and no figure, under the stage hash the figures' run has (the
+    setting changes no number); `apd report` then draws the figures from the same files."""
+    from apd.config import config_hash
+
+    root, config = pipeline
+    copy_samples(root, tmp_path)
+    settings = ["--set", 'evaluate.methods=["sgld", "modes"]', "--set", "evaluate.yardstick_sizes=[1]"]
+    argv = ["--config", str(config), "--artifacts", str(tmp_path), "--quiet", *settings]
+    assert main(["evaluate", *argv, "--set", "evaluate.figures=false"]) == 0
+    eval_dir = tmp_path / "tiny" / "eval"
+    assert (eval_dir / "tables.md").is_file() and not (eval_dir / "figures").exists()
+    drawn = tiny_context(tmp_path, evaluate={"methods": ["sgld", "modes"], "yardstick_sizes": [1], "figures": True}).cfg
+    assert json.loads((eval_dir / "evaluate.json").read_text())["config_hash"] == config_hash(drawn, "evaluate")
+    assert main(["report", *argv]) == 0
+    assert {path.name for path in (eval_dir / "figures").glob("*.png")} >= {"hist_bald.png", "reliability.png",
+                                                                         "storage_quality.png"}
 
 
 def _seeds_in_turn_and_together(root: Path, tmp_path: Path, monkeypatch, settings: dict,
@@ -728,7 +750,7 @@ def test_generator_seeds_are_trained_and_judged_each_on_its_own(pipeline, tmp_pa
     two, three = tmp_path / "two", tmp_path / "three"
     for target in (two, three):
         shutil.copytree(root, target / "tiny", ignore=shutil.ignore_patterns("eval", "experiments"))
-    ctx = tiny_context(two, distill={"seeds": 2}, evaluate={"methods": ["sgld", "apd"]})
+    ctx = tiny_context(two, distill={"seeds": 2}, evaluate={"methods": ["sgld", "apd"], "figures": False})
     distill.run_distill(ctx)
     on_two = tiny_context(three, distill={"seeds": 3, "workers": 2})
     on_two.cfg.threads = torch.get_num_threads()  # the workers compute on the threads this process does
