@@ -46,7 +46,8 @@ def evaluated(tmp_path_factory):
     root = tmp_path_factory.mktemp("artifacts")
     config = root / "tiny.toml"
     config.write_text(toml({**TINY, "evaluate": {**TINY["evaluate"], "methods": list(TARGETS),
-                                                 "adversarial": ADVERSARIAL}}))
+                                                 "adversarial": ADVERSARIAL, "yardstick_sizes": [2],
+                                                 "figures": False}}))
     for stage in ("sample", "distill", "evaluate"):
         assert main([stage, "--config", str(config), "--artifacts", str(root), "--quiet"]) == 0
     return root, json.loads((root / "tiny" / "eval" / "results.json").read_text())

@@ -285,7 +285,7 @@ def joined_pipeline(tmp_path_factory) -> tuple[Path, Path]:
     raw = json.loads(json.dumps(TINY))
     raw["sgld"].update({"chains": 2, "workers": 2, "iterations": 1500})
     raw["distill"].update({"steps": 40, "eval_every": 20, "checkpoint_every": 20})
-    raw["evaluate"].update({"runs": 1})
+    raw["evaluate"].update({"runs": 1, "yardstick_sizes": [2], "figures": False})
     root = tmp_path_factory.mktemp("joined")
     cfg_path = root / "tiny.toml"
     cfg_path.write_text(toml(raw))

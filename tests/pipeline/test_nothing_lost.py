@@ -51,7 +51,7 @@ CONFIG = {
                 "gen_hidden": [16], "critic_hidden": [16], "eval_networks": 10, "lr": 1e-3, "fit_samples": 20,
                 "residual": {"model": "none"}},
     "evaluate": {"runs": 1, "networks": 10, "sgld_samples": 10, "mc_passes": 5, "ood_size": 50, "mog_components": [1],
-                 "mog_fit_samples": 20, "scores": ["bald", "entropy"]},
+                 "mog_fit_samples": 20, "scores": ["bald", "entropy"], "yardstick_sizes": [2]},
 }
 WORK = re.compile(r"(^\.lock$|\.partial(\.|$)|\.ckpt\.pt$|\.tmp(\.|$)|\.probe\.h5$)")  # the probe: an unpublished join
 

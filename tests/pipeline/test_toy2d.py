@@ -22,6 +22,7 @@ TINY = [  # every stage in a few seconds: 2 chains × 1,000 SGLD iterations, 100
     "baselines.epochs=10", "distill.steps=100", "distill.eval_every=50", "distill.eval_networks=50",
     "evaluate.runs=1", "evaluate.networks=50", "evaluate.sgld_samples=50", "evaluate.mc_passes=50",
     "evaluate.ood_size=300", "evaluate.mog_components=[1, 2]", "evaluate.mog_fit_samples=100",
+    "evaluate.yardstick_sizes=[2]",
 ]
 
 
