@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
+import threadpoolctl
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `from tests.helpers import …`
@@ -15,7 +17,13 @@ from apd.data import load_dataset  # noqa: E402
 
 FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 
-# Tests use small tensors, which gain nothing from a second thread and lose much when cores are shared.
+# Tests use small tensors, which gain nothing from a second thread and lose much when cores are shared: `make
+# test` runs one test process per core, and two threads each (torch's, and the OpenMP and OpenBLAS pools of
+# numpy, scipy and scikit-learn, whose idle threads spin) took the suite 1.4 times as long (2 cores). One thread for
+# every pool here, and through the environment for the processes the tests start.
+for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(variable, "1")
+threadpoolctl.threadpool_limits(1)
 torch.set_num_threads(1)
 
 

@@ -22,7 +22,7 @@ TINY = {
     "evaluate": {"runs": 2, "networks": 20, "sgld_samples": 20, "mc_passes": 20, "ood_size": 100,
                  "mog_components": [1, 3], "mog_fit_samples": 100, "mog_growth": True,
                  "stein_candidates": 50, "yardstick_sizes": [1, 2, 5], "yardstick_subsets": 200,
-                 "yardstick_reference": 100, "threads": 2,
+                 "yardstick_reference": 100, "threads": 1,
                  "scores": ["variation_ratio", "bald", "entropy", "max_prob"]},
 }
 

@@ -58,7 +58,7 @@ def test_results_have_every_method_set_and_score(pipeline):
     assert set(results["fidelity"]) == set(methods) - {"sgld", "sgd", "laplace-glm"}  # weight-space methods
     assert all(row["draws"] == 3 and row["accuracy"]["std"] >= 0 for row in results["mog"])
     assert (root / "tiny" / "eval" / "tables.md").is_file()
-    assert results["machine"]["threads"] == 2  # [evaluate] threads, while evaluating
+    assert results["machine"]["threads"] == TINY["evaluate"]["threads"]
 
 
 def test_torch_threads_are_set_for_a_block_and_restored_after_it():
@@ -660,16 +660,19 @@ def test_the_mode_mixture_weighs_each_chains_aligned_mean_against_its_plain_one(
 
 def test_an_evaluation_without_figures_writes_its_tables_and_report_draws_them_later(pipeline, tmp_path):
     """``evaluate.figures = false``: the tables and no figure, under the stage hash the figures' run has (the
-    setting changes no number); `apd report` then draws the figures from the same files."""
+    setting changes no number, nor does ``evaluate.threads``, which the results record as the evaluation ran
+    on it); `apd report` then draws the figures from the same files."""
     from apd.config import config_hash
 
     root, config = pipeline
     copy_samples(root, tmp_path)
     settings = ["--set", 'evaluate.methods=["sgld", "modes"]', "--set", "evaluate.yardstick_sizes=[1]"]
     argv = ["--config", str(config), "--artifacts", str(tmp_path), "--quiet", *settings]
-    assert main(["evaluate", *argv, "--set", "evaluate.figures=false"]) == 0
+    assert main(["evaluate", *argv, "--set", "evaluate.figures=false", "--set", "evaluate.threads=2"]) == 0
     eval_dir = tmp_path / "tiny" / "eval"
     assert (eval_dir / "tables.md").is_file() and not (eval_dir / "figures").exists()
+    results = json.loads((eval_dir / "results.json").read_text())
+    assert results["machine"]["threads"] == 2 != torch.get_num_threads()  # [evaluate] threads, while evaluating
     drawn = tiny_context(tmp_path, evaluate={"methods": ["sgld", "modes"], "yardstick_sizes": [1], "figures": True}).cfg
     assert json.loads((eval_dir / "evaluate.json").read_text())["config_hash"] == config_hash(drawn, "evaluate")
     assert main(["report", *argv]) == 0
