@@ -48,6 +48,7 @@ from apd.errors import ArtifactError
 from apd.evaluation.choice import choice_markdown
 from apd.experiments.studies import STUDIES, resolve
 from apd.io import read_json, write_text_atomic, written_together
+from apd.pipeline.figures import EVALUATION_FIGURES
 from apd.pipeline.layout import PIPELINE_STAGES, Layout, manifest_of
 from apd.pipeline.table_format import format_duration, format_sample_count, markdown_table, method_label
 from apd.pipeline.tables import TABLE_BUILDERS, ood_table
@@ -528,16 +529,26 @@ def render_docs(root: Path, check: bool = False) -> list[Path]:
 
 def publish(layout: Layout, name: str, root: Path) -> list[Path]:
     """Copy the pipeline's committed-results files into ``docs/results/NAME/`` and its figures into
-    ``docs/figures/NAME/``, as far as its stages have finished; returns the files written. Raises when
-    ``apd sample`` has not finished."""
+    ``docs/figures/NAME/``, as far as its stages have finished; returns the files written. An evaluation figure
+    (:data:`~apd.pipeline.figures.EVALUATION_FIGURES`) published before and not drawn by this evaluation is
+    removed, so that no figure shows numbers the published results no longer hold. Raises when ``apd sample``
+    has not finished, or when the evaluation drew no figures (``[evaluate] figures = false``: `apd report`
+    draws them)."""
     sources = [layout.results, layout.evaluate_manifest, manifest_of(layout.samples), manifest_of(layout.generator),
                *sorted(layout.root.glob("generator-seed*.json")), layout.eval_dir / "toy2d.json",
                *sorted(layout.experiments.glob("*.json"))]
     if not manifest_of(layout.samples).is_file():
         raise ArtifactError(f"{manifest_of(layout.samples)}: missing; run `apd sample` first")
-    figures = [*sorted((layout.eval_dir / "figures").glob("*.png")), *sorted(layout.experiments.glob("*.png"))]
+    drawn = layout.eval_dir / "figures"
+    if layout.results.is_file() and not drawn.is_dir():
+        raise ArtifactError(f"{drawn}: the evaluation drew no figures; run `apd report` first")
+    figures = [*sorted(drawn.glob("*.png")), *sorted(layout.experiments.glob("*.png"))]
     if layout.diagnostics_figure.is_file():
         figures.append(layout.diagnostics_figure)
+    if layout.results.is_file():
+        for stem in EVALUATION_FIGURES:
+            if not (drawn / f"{stem}.png").is_file():
+                (root / FIGURES_DIR / name / f"{stem}.png").unlink(missing_ok=True)
     written = []
     for files, target in ((sources, root / RESULTS_DIR / name), (figures, root / FIGURES_DIR / name)):
         target.mkdir(parents=True, exist_ok=True)

@@ -148,6 +148,39 @@ def test_publish_copies_results_and_manifests_but_no_samples_or_weights(tiny_pip
     assert any((tmp_path / "docs" / "figures" / name).glob("*.png"))
 
 
+def test_publish_removes_an_evaluation_figure_this_evaluation_did_not_draw(tmp_path):
+    """An evaluation figure published before (``stale``) and not drawn by the evaluation published now is
+    removed; what the evaluation drew, and the other figures of the folder (a study's), are copied or kept."""
+    from apd import docs
+    from apd.pipeline.layout import Layout
+
+    layout = Layout(tmp_path / "art")
+    (layout.eval_dir / "figures").mkdir(parents=True)
+    (layout.root / "samples.json").write_text("{}")
+    layout.results.write_text("{}")
+    (layout.eval_dir / "figures" / "reliability.png").write_bytes(b"drawn")
+    published = tmp_path / "docs" / "figures" / "demo"
+    published.mkdir(parents=True)
+    for stem in ("storage_share", "reliability", "modes"):
+        (published / f"{stem}.png").write_bytes(b"stale")
+    docs.publish(layout, "demo", tmp_path)
+    assert sorted(p.name for p in published.iterdir()) == ["modes.png", "reliability.png"]
+    assert (published / "reliability.png").read_bytes() == b"drawn"
+
+
+def test_publishing_an_evaluation_without_figures_is_one_clear_error(tmp_path):
+    from apd import docs
+    from apd.pipeline.layout import Layout
+
+    layout = Layout(tmp_path / "art")
+    layout.eval_dir.mkdir(parents=True)
+    (layout.root / "samples.json").write_text("{}")
+    layout.results.write_text("{}")
+    with pytest.raises(ArtifactError, match="drew no figures; run `apd report` first"):
+        docs.publish(layout, "demo", tmp_path)
+    assert not (tmp_path / "docs").exists()
+
+
 def test_publish_before_sampling_is_one_clear_error(tmp_path, monkeypatch, capsys):
     from apd.cli import main
 

@@ -42,6 +42,9 @@ SCORE_UNITS = {"bald": "nats", "variation_ratio": "fraction of members"}
 CHANCE_AUROC = 50.0  # percent: a score that ranks OOD inputs no better than a coin
 DODGE_POINTS = 8.0  # sideways spacing, in typographic points, of markers at about one storage (a marker's width)
 DODGE_SPAN = 1.15  # storages within this factor are one run (on a two-decade axis, about a marker's width)
+# every figure an evaluation can draw, by file stem (:func:`build_figures`)
+EVALUATION_FIGURES = (*(f"hist_{score}" for score in HISTOGRAM_SCORES), "reliability", "sgld_first_layer",
+                      "storage_share", "storage_quality", "distillation")
 
 
 def save_figure(figure: Figure, path: Path) -> Path:

@@ -17,6 +17,7 @@ import pytest
 from apd.pipeline.figures import (
     CHANCE_AUROC,
     DODGE_POINTS,
+    EVALUATION_FIGURES,
     MIN_CURVE_POINTS,
     build_figures,
     distillation_figure,
@@ -107,7 +108,7 @@ def panels(figure) -> list:
 def test_every_figure_is_built_from_the_hand_made_inputs(figures):
     assert {name for name, figure in figures.items() if figure is not None} == {
         "hist_bald", "hist_variation_ratio", "reliability", "sgld_first_layer", "storage_share",
-        "storage_quality", "distillation"}
+        "storage_quality", "distillation"} == set(EVALUATION_FIGURES)
 
 
 @pytest.mark.parametrize("name", ["hist_bald", "hist_variation_ratio", "reliability", "storage_share",
