@@ -540,15 +540,14 @@ def publish(layout: Layout, name: str, root: Path) -> list[Path]:
     if not manifest_of(layout.samples).is_file():
         raise ArtifactError(f"{manifest_of(layout.samples)}: missing; run `apd sample` first")
     drawn = layout.eval_dir / "figures"
-    if layout.results.is_file() and not drawn.is_dir():
-        raise ArtifactError(f"{drawn}: the evaluation drew no figures; run `apd report` first")
+    if layout.results.is_file():
+        if not drawn.is_dir():
+            raise ArtifactError(f"{drawn}: the evaluation drew no figures; run `apd report` first")
+        for stem in (s for s in EVALUATION_FIGURES if not (drawn / f"{s}.png").is_file()):
+            (root / FIGURES_DIR / name / f"{stem}.png").unlink(missing_ok=True)
     figures = [*sorted(drawn.glob("*.png")), *sorted(layout.experiments.glob("*.png"))]
     if layout.diagnostics_figure.is_file():
         figures.append(layout.diagnostics_figure)
-    if layout.results.is_file():
-        for stem in EVALUATION_FIGURES:
-            if not (drawn / f"{stem}.png").is_file():
-                (root / FIGURES_DIR / name / f"{stem}.png").unlink(missing_ok=True)
     written = []
     for files, target in ((sources, root / RESULTS_DIR / name), (figures, root / FIGURES_DIR / name)):
         target.mkdir(parents=True, exist_ok=True)
