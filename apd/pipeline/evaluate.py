@@ -69,7 +69,9 @@ def run_evaluate(ctx: RunContext) -> dict:
     restore_directory(layout.eval_dir)
     if not ctx.force and is_complete(layout.evaluate_manifest, stage_hash, method_inputs(ctx)):
         log.info("reusing %s (--force to redo)", layout.results)
-        print_summary(ctx, report_again(ctx, cfg.evaluate.figures)[0])
+        # figures already drawn from these results stay as they are (`apd report` draws them again)
+        draw = cfg.evaluate.figures and not (layout.eval_dir / "figures").is_dir()
+        print_summary(ctx, report_again(ctx, draw)[0])
         return {}
     if layout.eval_dir.is_symlink():
         raise ArtifactError(f"{layout.eval_dir}: a symbolic link; `apd evaluate` replaces this folder whole, so it "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -657,10 +658,11 @@ def test_the_mode_mixture_weighs_each_chains_aligned_mean_against_its_plain_one(
     assert f"chain 0: {as_stored:.3f} as stored, {aligned:.3f} aligned" in tables
 
 
-def test_an_evaluation_without_figures_writes_its_tables_and_report_draws_them_later(pipeline, tmp_path):
+def test_an_evaluation_without_figures_writes_its_tables_and_a_reuse_draws_them_later(pipeline, tmp_path):
     """``evaluate.figures = false``: the tables and no figure, under the stage hash the figures' run has (the
     setting changes no number, nor does ``evaluate.threads``, which the results record as the evaluation ran
-    on it); `apd report` then draws the figures from the same files."""
+    on it); reusing it with figures draws them from the same files, reusing it again keeps them, and `apd
+    report` draws them again."""
     from apd.config import config_hash
 
     root, config = pipeline
@@ -674,9 +676,14 @@ def test_an_evaluation_without_figures_writes_its_tables_and_report_draws_them_l
     assert results["machine"]["threads"] == 2 != torch.get_num_threads()  # [evaluate] threads, while evaluating
     drawn = tiny_context(tmp_path, evaluate={"methods": ["sgld", "modes"], "yardstick_sizes": [1], "figures": True}).cfg
     assert json.loads((eval_dir / "evaluate.json").read_text())["config_hash"] == config_hash(drawn, "evaluate")
-    assert main(["report", *argv]) == 0
-    assert {path.name for path in (eval_dir / "figures").glob("*.png")} >= {"hist_bald.png", "reliability.png",
-                                                                         "storage_quality.png"}
+    assert main(["evaluate", *argv]) == 0  # reused, and the figures it lacks drawn
+    drawn = {path.name: path.stat().st_mtime_ns for path in (eval_dir / "figures").glob("*.png")}
+    assert set(drawn) >= {"hist_bald.png", "reliability.png", "storage_quality.png"}
+    assert main(["evaluate", *argv]) == 0  # reused again: the figures kept as they are
+    assert {path.name: path.stat().st_mtime_ns for path in (eval_dir / "figures").glob("*.png")} == drawn
+    time.sleep(0.01)
+    assert main(["report", *argv]) == 0  # drawn again
+    assert all(path.stat().st_mtime_ns > drawn[path.name] for path in (eval_dir / "figures").glob("*.png"))
 
 
 def _seeds_in_turn_and_together(root: Path, tmp_path: Path, monkeypatch, settings: dict,
