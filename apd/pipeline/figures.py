@@ -100,15 +100,15 @@ def storage_axes(ax: Any, ylabel: str, level: float | None, level_label: str | N
 def plot_kept_curve(ax: Any, curve: list[dict], key: str, scale: float = 1.0) -> bool:
     """The kept-samples yardstick (rows of :func:`apd.evaluation.yardstick.kept_curve`) on ``ax``: ``scale``
     times the ``key`` value of k evenly spaced samples as a black line, and of random subsets of k as their
-    mean ± std in grey, against k; sets whose value is undefined (BALD of one network) are left out. Whether
-    anything was drawn."""
+    mean ± std in grey, against k, a dot at each k measured (so that one k alone still shows); sets whose value
+    is undefined (BALD of one network) are left out. Whether anything was drawn."""
     even = [(r["k"], scale * r["evenly_spaced"][key]) for r in curve if r["evenly_spaced"][key] is not None]
     if even:
-        ax.plot(*zip(*even, strict=True), "-", color="black", label="kept SGLD, evenly spaced")
+        ax.plot(*zip(*even, strict=True), "-", marker=".", color="black", label="kept SGLD, evenly spaced")
     rand = [(r["k"], stat) for r in curve if (stat := Stat.of(r["random"][key])) is not None]
     if rand:
         ax.errorbar([k for k, _ in rand], [scale * stat.mean for _, stat in rand],
-                    yerr=[scale * stat.std for _, stat in rand], fmt="--", color="grey", capsize=2,
+                    yerr=[scale * stat.std for _, stat in rand], fmt="--", marker=".", color="grey", capsize=2,
                     label="kept SGLD, random subsets")
     return bool(even or rand)
 

@@ -245,6 +245,9 @@ def test_a_gap_no_size_or_method_has_leaves_its_panel_saying_so():
     assert bald.get_xscale() == "linear" and not bald.lines
     assert "no kept size or method has this gap" in bald.texts[0].get_text() and "no BALD" in bald.texts[0].get_text()
     assert nll.get_xscale() == "log" and nll.lines and not nll.texts
+    (even,) = [line for line in nll.lines if line.get_label() == "kept SGLD, evenly spaced"]
+    (subsets,) = [bars.lines[0] for bars in nll.containers if bars.get_label() == "kept SGLD, random subsets"]
+    assert even.get_marker() == subsets.get_marker() == "."  # one kept size alone still shows
 
 
 def test_a_method_beyond_the_kept_curve_is_inside_its_panel():
