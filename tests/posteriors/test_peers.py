@@ -163,8 +163,10 @@ def test_stein_thin_leaves_out_far_outliers():
 @pytest.mark.parametrize("conv, n_networks", [([], 3), ([3, 4], 25)])
 def test_log_posterior_gradients_match_autograd(conv, n_networks):
     """Each row is the module's own gradient, for an MLP and for a CNN whose 25 networks fill two blocks of
-    networks × images (``gradient_blocks``: 20 networks × 2 images from ``data_batch`` = 40)."""
+    networks × images (``gradient_blocks``: 20 networks × 2 images from ``data_batch`` = 40); to float32
+    rounding of sums over 30 images (the CNN's, each over 784 pixels, to 1e-4 relative)."""
     g = torch.Generator().manual_seed(2)
+    torch.manual_seed(2)  # the network's initial weights: the same whichever tests ran before
     if conv:
         net = network([784, 12, 3], conv)
         x = torch.rand(30, 784, generator=g)
@@ -182,7 +184,7 @@ def test_log_posterior_gradients_match_autograd(conv, n_networks):
         net.zero_grad()
         (len(y) * F.cross_entropy(net(x), y)).backward()
         grad = torch.cat([p.grad.reshape(-1) for p in net.parameters()])
-        torch.testing.assert_close(got[k], -grad - weights[k] / prior_var, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got[k], -grad - weights[k] / prior_var, rtol=1e-4 if conv else 1e-5, atol=1e-5)
 
 
 def test_stein_rows_are_distinct_sorted_store_rows(store):
