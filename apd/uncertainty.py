@@ -39,9 +39,17 @@ def _entropy(p: Tensor) -> Tensor:
     return -torch.special.xlogy(p, p).sum(-1)
 
 
-def _mutual_information(predictive_entropy: Tensor, probs: Tensor) -> Tensor:
-    """H[p̄] − mean_k H[p_k], clamped at 0 (the difference is ≥ 0 by concavity; rounding can dip below)."""
-    return (predictive_entropy - _entropy(probs).mean(0)).clamp_min(0.0)
+def _mutual_information(predictive_entropy: Tensor, member_entropy: Tensor) -> Tensor:
+    """H[p̄] − mean_k H[p_k] from H[p_k] [K, N], clamped at 0 (the difference is ≥ 0 by concavity; rounding
+    can dip below)."""
+    return (predictive_entropy - member_entropy.mean(0)).clamp_min(0.0)
+
+
+def member_entropies(probs: Tensor) -> Tensor:
+    """Each member's entropy H[p_k] = −Σ_c p_k(c | x_n) log p_k(c | x_n), [K, N] float64: BALD's costliest
+    part, which an ensemble of members whose entropies are known already (stored samples judged in many
+    subsets) can pass to :func:`bald` instead of recomputing; each member's is the one computed with any others."""
+    return _entropy(_checked(probs))
 
 
 def _one_minus_max(mean_probs: Tensor) -> Tensor:
@@ -81,16 +89,21 @@ def max_prob(probs: Tensor) -> Tensor:
     return _one_minus_max(probs.mean(0))
 
 
-def bald(probs: Tensor) -> Tensor:
+def bald(probs: Tensor, member_entropy: Tensor | None = None) -> Tensor:
     """Mutual information between the prediction and the weights (BALD; Houlsby et al., 2011):
 
         I[y; θ | x] = H[p̄] − (1/K) Σ_k H[p_k],
 
     the epistemic part of the predictive entropy. Zero when all members agree; tiny negative values
-    from rounding are clamped to 0.
+    from rounding are clamped to 0. ``member_entropy``: the members' H[p_k] [K, N]
+    (:func:`member_entropies`), where already known.
     """
     probs = _checked(probs)
-    return _mutual_information(_entropy(probs.mean(0)), probs)
+    if member_entropy is None:
+        member_entropy = _entropy(probs)
+    elif member_entropy.shape != probs.shape[:2]:
+        raise ValueError(f"member entropies {list(member_entropy.shape)} for members {list(probs.shape[:2])}")
+    return _mutual_information(_entropy(probs.mean(0)), member_entropy.double())
 
 
 def model_variance(probs: Tensor) -> Tensor:
@@ -136,7 +149,7 @@ def scores(probs: Tensor, names: Iterable[str] | None = None) -> dict[str, Tenso
         ensemble = dict.fromkeys(ENSEMBLE_SCORES, lambda: undefined)
     else:
         ensemble = {"variation_ratio": lambda: variation_ratio(probs),
-                    "bald": lambda: _mutual_information(entropy, probs),
+                    "bald": lambda: _mutual_information(entropy, _entropy(probs)),
                     "model_variance": lambda: model_variance(probs)}
     compute = {"entropy": lambda: entropy, "max_prob": lambda: _one_minus_max(mean_probs), **ensemble}
     return {name: compute[name]() for name in SCORE_FUNCTIONS if name in wanted}

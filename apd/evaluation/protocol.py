@@ -82,19 +82,21 @@ class Judgement:
 
 
 def judge_probs(probs: Tensor, inputs: EvaluationInputs, scores: list[str],
-                detect: Callable[[np.ndarray, np.ndarray], dict] = detection) -> Judgement:
+                detect: Callable[[np.ndarray, np.ndarray], dict] = detection,
+                member_entropy: Tensor | None = None) -> Judgement:
     """:class:`Judgement` of member probabilities ``probs`` [K, N, C] over ``inputs.stacked()``; ``detect``
-    gives each set's detection metrics (:func:`apd.metrics.auroc` where only the AUROC is needed)."""
+    gives each set's detection metrics (:func:`apd.metrics.auroc` where only the AUROC is needed);
+    ``member_entropy``: the members' entropies [K, N] (:func:`apd.uncertainty.member_entropies`) where known."""
     n_test, n_in = inputs.n_test, len(inputs.x_in)
     test_probs = probs[:, :n_test].mean(0)
     y = inputs.y_test.to(probs.device)
     metrics = {name: fn(test_probs, y) for name, fn in ACCURACY_METRICS.items()}
     several = probs.shape[0] > 1
     defined = [s for s in scores if several or s not in ENSEMBLE_SCORES]
-    # BALD's member entropies, the costliest part, computed once for every stacked input: the per-input BALD
-    # and the detection score alike (one network's is 0: its members agree).
+    # BALD's member entropies, the costliest part, computed (or given) once for every stacked input: the
+    # per-input BALD and the detection score alike (one network's is 0: its members agree).
     doubled = probs.double()  # once: the scores compute in float64 and take it as it is
-    information = bald(doubled) if several else doubled.new_zeros(doubled.shape[1])
+    information = bald(doubled, member_entropy) if several else doubled.new_zeros(doubled.shape[1])
     values = uncertainty_scores(doubled[:, n_test:], [s for s in defined if s != "bald"])
     values["bald"] = information[n_test:]
     per_input = {s: values[s].cpu().numpy() for s in defined}

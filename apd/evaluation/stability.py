@@ -66,12 +66,12 @@ class ChainSums:
         return predictive, information
 
 
-def chain_sums(predict: Callable[[np.ndarray], Tensor], rows: np.ndarray, chains: np.ndarray,
+def chain_sums(members: Callable[[np.ndarray], tuple[Tensor, Tensor]], rows: np.ndarray, chains: np.ndarray,
                parts: Mapping[str, slice], chunk: int = 200) -> ChainSums:
     """:class:`ChainSums` of the networks at ``rows`` (their chain ids ``chains``), whose member predictions
-    p_s(y | x) [k, N, K] on one stack of inputs ``predict`` gives (e.g.
-    :meth:`~apd.evaluation.stored.StoredPredictions.probs`), ``chunk`` rows at a time; ``parts`` names where
-    each input set lies in the stack."""
+    p_s(y | x) [k, N, K] on one stack of inputs and their entropies H[p_s] [k, N] ``members`` gives (e.g.
+    :meth:`~apd.evaluation.stored.StoredPredictions.members`), ``chunk`` rows at a time; ``parts`` names
+    where each input set lies in the stack."""
     rows, chains = np.asarray(rows), np.asarray(chains)
     if rows.shape != chains.shape or rows.size == 0:
         raise ValueError(f"{rows.size} rows with {chains.size} chain ids")
@@ -81,8 +81,7 @@ def chain_sums(predict: Callable[[np.ndarray], Tensor], rows: np.ndarray, chains
     entropy: Tensor | None = None
     for start in range(0, rows.size, chunk):
         part = slice(start, start + chunk)
-        predicted = predict(rows[part]).double().cpu()
-        entropies = predictive_entropy(predicted.flatten(0, 1)[None]).view(len(predicted), -1)
+        predicted, entropies = (found.double().cpu() for found in members(rows[part]))
         if probs is None:
             probs = torch.zeros(len(ids), *predicted.shape[1:], dtype=torch.float64)
             entropy = torch.zeros(len(ids), predicted.shape[1], dtype=torch.float64)

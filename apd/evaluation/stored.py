@@ -5,14 +5,18 @@ reference and its kept subsets are all ensembles of stored samples θ_s, scored 
 evaluation inputs x. Their member predictions p_s(y | x) = softmax(f(x; θ_s)) are rows of one
 [S, N, C] prediction of the S stored samples: :class:`StoredPredictions` computes a row the first time an
 ensemble needs it, at each storage precision it is asked at (θ_s as stored at that precision,
-:func:`apd.distillation.precision.round_trip`), and hands out later requests from what it kept.
+:func:`apd.distillation.precision.round_trip`), and hands out later requests from what it kept. With a row
+it keeps the row's entropies H[p_s(· | x_n)] [N] (float64), BALD's costliest part: an ensemble's BALD
+H[p̄] − (1/K) Σ_s H[p_s] then averages them (:meth:`StoredPredictions.members`) where computing them again
+for each of the yardstick's subsets took most of its time.
 
 A row's prediction does not depend on which other rows it is computed with (the batched
 :func:`apd.nets.predict_probs` computes each network on its own), so an ensemble read from here is the one
 its own prediction gives. Rows are kept while they take at most :data:`KEPT_SHARE` of the memory the
 device has available when the predictions are set up (:func:`available_bytes`); past it, a row is predicted
-again whenever it is asked for. Fashion-MNIST's 20,000 stacked inputs take 0.8 MB a row, so fcNN1's
-9,972 samples take 8 GB at float32: kept whole where 16 GB are available. The yardstick's kept subsets
+again whenever it is asked for. Fashion-MNIST's 20,000 stacked inputs take 0.96 MB a row (0.8 MB of
+probabilities, 0.16 MB of entropies), so fcNN1's 9,972 samples take 9.6 GB at float32: kept whole where
+19.2 GB are available. The yardstick's kept subsets
 draw from the whole store at every size, so a row not kept is predicted again many times over.
 """
 
@@ -29,8 +33,10 @@ from apd.distillation.precision import round_trip
 from apd.nets import predict_probs
 from apd.posteriors.base import Posterior
 from apd.samplers.store import SampleStore, StoreRows
+from apd.uncertainty import member_entropies
 
 READ_ROWS = 200  # rows read and predicted at a time (a LeNet-5 row is 0.25 MB, an fcNN2 row 1.9 MB)
+ENTROPY_ROWS = 50  # rows whose entropies are computed at a time (float64: 80 MB for Fashion's 20,000 inputs)
 KEPT_SHARE = 0.5  # of the device's available memory, the most the kept predictions take
 MEMINFO = Path("/proc/meminfo")
 
@@ -58,8 +64,9 @@ class StoredPredictions:
         self.kept_bytes = int(KEPT_SHARE * available_bytes(self.device)) if kept_bytes is None else kept_bytes
         self.x = x.to(self.device)
         self._kept: dict[str, dict[int, Tensor]] = {}
+        self._entropies: dict[str, dict[int, Tensor]] = {}  # of the rows kept, and only those
         self._bytes = 0
-        self._row_bytes = 4 * len(x) * store.spec.layer_sizes[-1]  # one row's float32 [N, C]
+        self._row_bytes = (4 * store.spec.layer_sizes[-1] + 8) * len(x)  # one row's float32 [N, C], float64 [N]
 
     def __len__(self) -> int:
         return len(self.store)
@@ -67,10 +74,24 @@ class StoredPredictions:
     def probs(self, rows: np.ndarray | Tensor | list[int], precision: str = "float32") -> Tensor:
         """The member predictions [k, N, C] of the store's ``rows`` (in their order, repeats allowed), each row
         stored at ``precision``."""
+        rows, kept, fresh = self._gather(rows, precision)
+        return torch.stack([kept[r] if r in kept else fresh[r] for r in rows])
+
+    def members(self, rows: np.ndarray | Tensor | list[int], precision: str = "float32") -> tuple[Tensor, Tensor]:
+        """:meth:`probs` of ``rows`` and their entropies H[p_s(· | x_n)] [k, N] (float64,
+        :func:`apd.uncertainty.member_entropies`), kept ones read, the others computed now."""
+        rows, kept, fresh = self._gather(rows, precision)
+        entropies = self._entropies[precision]
+        fresh_entropies = dict(zip(fresh, member_entropies(torch.stack(list(fresh.values()))), strict=True)) \
+            if fresh else {}
+        return (torch.stack([kept[r] if r in kept else fresh[r] for r in rows]),
+                torch.stack([entropies[r] if r in entropies else fresh_entropies[r] for r in rows]))
+
+    def _gather(self, rows: np.ndarray | Tensor | list[int], precision: str) -> tuple[list[int], dict, dict]:
+        """``rows`` as a list, the kept rows at ``precision`` and those predicted now (not kept: past the budget)."""
         rows = [int(r) for r in np.asarray(rows, dtype=np.int64).reshape(-1)]
         kept = self._kept.setdefault(precision, {})
-        fresh = self._fill(sorted(set(rows) - kept.keys()), precision, keep_only=False)
-        return torch.stack([kept[r] if r in kept else fresh[r] for r in rows])
+        return rows, kept, self._fill(sorted(set(rows) - kept.keys()), precision, keep_only=False)
 
     def prefetch(self, rows: np.ndarray | Tensor | list[int], precision: str = "float32") -> None:
         """Predict the store's ``rows`` not yet kept at ``precision``, :data:`READ_ROWS` at a time, and keep
@@ -82,17 +103,21 @@ class StoredPredictions:
         self._fill(sorted(wanted - kept.keys()), precision, keep_only=True)
 
     def _fill(self, missing: list[int], precision: str, keep_only: bool) -> dict[int, Tensor]:
-        """Predict the rows ``missing``, a block at a time, keeping each block while it fits
+        """Predict the rows ``missing``, a block at a time, keeping each block with its entropies while it fits
         (``kept_bytes``); the blocks that do not fit are returned, or with ``keep_only`` not predicted."""
         kept, fresh = self._kept[precision], {}
+        entropies = self._entropies.setdefault(precision, {})
         for start in range(0, len(missing), READ_ROWS):
             block = missing[start:start + READ_ROWS]
-            if keep_only and self._bytes + self._row_bytes * len(block) > self.kept_bytes:
+            fits = self._bytes + self._row_bytes * len(block) <= self.kept_bytes
+            if keep_only and not fits:
                 break
             predicted = self._predict(block, precision)
-            if self._bytes + predicted.nbytes <= self.kept_bytes:
+            if fits:
                 kept.update(zip(block, predicted, strict=True))
-                self._bytes += predicted.nbytes
+                block_entropies = torch.cat([member_entropies(part) for part in predicted.split(ENTROPY_ROWS)])
+                entropies.update(zip(block, block_entropies, strict=True))
+                self._bytes += self._row_bytes * len(block)
             else:
                 fresh.update(zip(block, predicted, strict=True))
         return fresh

@@ -81,7 +81,7 @@ def reference_sums(stored: StoredPredictions, inputs: EvaluationInputs, limit: i
     store is no larger), taken ``chunk`` at a time from ``stored`` (the store's predictions on
     ``inputs.stacked()``): SGLD's reference, and the split-half stability of its numbers."""
     rows = evenly_spaced_rows(len(stored), min(limit, len(stored)))
-    return chain_sums(stored.probs, rows, stored.store.chains[rows], inputs.parts(), chunk)
+    return chain_sums(stored.members, rows, stored.store.chains[rows], inputs.parts(), chunk)
 
 
 def reference_predictive(sums: ChainSums) -> tuple[dict, dict, int]:
@@ -277,9 +277,10 @@ def wins_over_kept(own_auroc: dict[str, dict[str, float | None]], own_nll: float
 def judge_rows(stored: StoredPredictions, rows: np.ndarray, inputs: EvaluationInputs, reference: Reference,
                precision: str = "float32") -> dict[str, float | None]:
     """:func:`summarise` of the ensemble of the store's ``rows``, each row stored at ``precision``
-    (:func:`apd.distillation.precision.round_trip`), their predictions from ``stored`` (on
+    (:func:`apd.distillation.precision.round_trip`), their predictions and entropies from ``stored`` (on
     ``inputs.stacked()``)."""
-    return summarise(judge_probs(stored.probs(rows, precision), inputs, SCORES, auroc), reference)
+    probs, entropies = stored.members(rows, precision)
+    return summarise(judge_probs(probs, inputs, SCORES, auroc, entropies), reference)
 
 
 def kept_samples(stored: StoredPredictions, k: int, inputs: EvaluationInputs, reference: Reference, subsets: int,

@@ -16,7 +16,7 @@ from apd.evaluation.stability import (
 )
 from apd.metrics import auroc, nll
 from apd.nets import ParamSpec, mlp, predict_probs
-from apd.uncertainty import bald, max_prob
+from apd.uncertainty import bald, max_prob, member_entropies
 
 
 def test_the_jackknife_of_the_mean_is_the_standard_error_of_the_mean():
@@ -41,7 +41,12 @@ def _sums(spec, weights, named, rows, chains, chunk=200) -> ChainSums:
     stacked = torch.cat(list(named.values()))
     bounds = np.cumsum([0, *(len(x) for x in named.values())])
     parts = {name: slice(a, b) for name, a, b in zip(named, bounds[:-1], bounds[1:], strict=True)}
-    return chain_sums(lambda r: predict_probs(spec, weights[torch.as_tensor(r)], stacked), rows, chains, parts, chunk)
+
+    def members(r: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        probs = predict_probs(spec, weights[torch.as_tensor(r)], stacked)
+        return probs, member_entropies(probs)
+
+    return chain_sums(members, rows, chains, parts, chunk)
 
 
 def test_chain_sums_add_each_chains_predictions_and_pool_to_the_direct_predictive():

@@ -9,11 +9,13 @@ import torch
 
 from apd.distillation.precision import round_trip
 from apd.evaluation import stored as stored_module
-from apd.evaluation.protocol import EvaluationInputs, judge
+from apd.evaluation.protocol import EvaluationInputs, judge, judge_probs
 from apd.evaluation.stored import StoredPredictions
+from apd.metrics import auroc
 from apd.nets import ParamSpec, mlp, network, predict_probs
 from apd.posteriors import GaussianMixture, KeptSamples, SGLDSamples
 from apd.samplers.store import SampleStore, StoreRows
+from apd.uncertainty import member_entropies
 
 SPEC = ParamSpec.from_module(mlp([16, 12, 3]))
 CNN = ParamSpec.from_module(network([784, 12, 3], [3, 4]))
@@ -70,6 +72,23 @@ def test_rows_are_their_own_predictions_and_predicted_once(tmp_path, monkeypatch
         assert calls == [3, 1, 3]
 
 
+@pytest.mark.parametrize("kept_bytes", [None, 0], ids=["kept", "past-the-budget"])
+def test_member_entropies_are_those_of_the_members_judged_together(store, inputs, monkeypatch, kept_bytes):
+    """Each row's entropies, kept with it (or computed for it past the budget), are to the bit those of the
+    rows' predictions judged together, and so are the judgement's BALD and every other score."""
+    monkeypatch.setattr(stored_module, "ENTROPY_ROWS", 3)  # several parts per block
+    shared = StoredPredictions(store, inputs.stacked("cpu"), "cpu", kept_bytes=kept_bytes)
+    shared.prefetch(np.arange(24))
+    rows = np.array([7, 2, 19, 2, 11])
+    probs, entropies = shared.members(rows)
+    direct = predict_probs(SPEC, store.read(rows), inputs.stacked("cpu"))
+    assert torch.equal(probs, direct) and torch.equal(entropies, member_entropies(direct))
+    given, computed = (judge_probs(probs, inputs, ["bald", "max_prob"], auroc, member_entropy)
+                       for member_entropy in (entropies, None))
+    assert all(torch.equal(given.information[name], computed.information[name]) for name in computed.information)
+    assert given.detection == computed.detection and given.accuracy == computed.accuracy
+
+
 def test_past_the_budget_rows_are_predicted_again(store, monkeypatch):
     x = torch.randn(40, 16)
     shared, calls = StoredPredictions(store, x, "cpu", kept_bytes=0), counting(monkeypatch)
@@ -80,7 +99,7 @@ def test_past_the_budget_rows_are_predicted_again(store, monkeypatch):
 
 def test_rows_are_kept_while_they_take_at_most_half_the_available_memory(store, monkeypatch):
     x = torch.randn(40, 16)
-    row = 40 * 3 * 4  # bytes of one row's predictions, [N, C] float32
+    row = 40 * (3 * 4 + 8)  # bytes of one row's predictions, [N, C] float32, and its entropies, [N] float64
     monkeypatch.setattr(stored_module, "available_bytes", lambda device: 5 * row)  # room for two rows and a half
     shared, calls = StoredPredictions(store, x, "cpu"), counting(monkeypatch)
     for _ in range(2):
@@ -93,7 +112,7 @@ def test_prefetched_rows_are_predicted_in_blocks_and_only_while_they_fit(store, 
     """A prefetch predicts the rows not yet kept in blocks of READ_ROWS and keeps them; later reads of them
     predict nothing. Past the budget it stops: a block that would not fit is left to be predicted when read."""
     x = torch.randn(40, 16)
-    row = 40 * 3 * 4  # bytes of one row's predictions, [N, C] float32
+    row = 40 * (3 * 4 + 8)  # bytes of one row's predictions, [N, C] float32, and its entropies, [N] float64
     monkeypatch.setattr(stored_module, "READ_ROWS", 4)
     shared, calls = StoredPredictions(store, x, "cpu"), counting(monkeypatch)
     shared.probs([0])
