@@ -6,17 +6,18 @@ evaluation inputs x. Their member predictions p_s(y | x) = softmax(f(x; θ_s)) a
 [S, N, C] prediction of the S stored samples: :class:`StoredPredictions` computes a row the first time an
 ensemble needs it, at each storage precision it is asked at (θ_s as stored at that precision,
 :func:`apd.distillation.precision.round_trip`), and hands out later requests from what it kept. With a row
-it keeps the row's entropies H[p_s(· | x_n)] [N] (float64), BALD's costliest part: an ensemble's BALD
-H[p̄] − (1/K) Σ_s H[p_s] then averages them (:meth:`StoredPredictions.members`) where computing them again
-for each of the yardstick's subsets took most of its time.
+it keeps the row's entropies H[p_s(· | x_n)] [N] (float64), BALD's costliest part, once computed: an
+ensemble's BALD H[p̄] − (1/K) Σ_s H[p_s] then averages them (:meth:`StoredPredictions.members`) where
+computing them again for each of the yardstick's subsets took most of its judging time.
 
 A row's prediction does not depend on which other rows it is computed with (the batched
 :func:`apd.nets.predict_probs` computes each network on its own), so an ensemble read from here is the one
 its own prediction gives. Rows are kept while they take at most :data:`KEPT_SHARE` of the memory the
 device has available when the predictions are set up (:func:`available_bytes`); past it, a row is predicted
-again whenever it is asked for. Fashion-MNIST's 20,000 stacked inputs take 0.96 MB a row (0.8 MB of
-probabilities, 0.16 MB of entropies), so fcNN1's 9,972 samples take 9.6 GB at float32: kept whole where
-19.2 GB are available. The yardstick's kept subsets
+again whenever it is asked for. Entropies are kept in what the predictions leave of that share, and give
+way to them: a prediction that needs their room drops them (oldest first), since they are quick to compute
+again. Fashion-MNIST's 20,000 stacked inputs take 0.8 MB a row (and 0.16 MB of entropies), so fcNN1's 9,972
+samples take 8 GB at float32: kept whole where 16 GB are available. The yardstick's kept subsets
 draw from the whole store at every size, so a row not kept is predicted again many times over.
 """
 
@@ -64,9 +65,10 @@ class StoredPredictions:
         self.kept_bytes = int(KEPT_SHARE * available_bytes(self.device)) if kept_bytes is None else kept_bytes
         self.x = x.to(self.device)
         self._kept: dict[str, dict[int, Tensor]] = {}
-        self._entropies: dict[str, dict[int, Tensor]] = {}  # of the rows kept, and only those
-        self._bytes = 0
-        self._row_bytes = (4 * store.spec.layer_sizes[-1] + 8) * len(x)  # one row's float32 [N, C], float64 [N]
+        self._entropies: dict[tuple[str, int], Tensor] = {}  # (precision, row) of a kept row, oldest first
+        self._bytes = self._entropy_bytes = 0
+        self._row_bytes = 4 * len(x) * store.spec.layer_sizes[-1]  # one row's float32 [N, C]
+        self._entropy_row_bytes = 8 * len(x)  # its entropies, float64 [N]
 
     def __len__(self) -> int:
         return len(self.store)
@@ -74,24 +76,33 @@ class StoredPredictions:
     def probs(self, rows: np.ndarray | Tensor | list[int], precision: str = "float32") -> Tensor:
         """The member predictions [k, N, C] of the store's ``rows`` (in their order, repeats allowed), each row
         stored at ``precision``."""
-        rows, kept, fresh = self._gather(rows, precision)
-        return torch.stack([kept[r] if r in kept else fresh[r] for r in rows])
+        rows, found = self._gather(rows, precision)
+        return torch.stack([found[r] for r in rows])
 
     def members(self, rows: np.ndarray | Tensor | list[int], precision: str = "float32") -> tuple[Tensor, Tensor]:
         """:meth:`probs` of ``rows`` and their entropies H[p_s(· | x_n)] [k, N] (float64,
-        :func:`apd.uncertainty.member_entropies`), kept ones read, the others computed now."""
-        rows, kept, fresh = self._gather(rows, precision)
-        entropies = self._entropies[precision]
-        fresh_entropies = dict(zip(fresh, member_entropies(torch.stack(list(fresh.values()))), strict=True)) \
-            if fresh else {}
-        return (torch.stack([kept[r] if r in kept else fresh[r] for r in rows]),
-                torch.stack([entropies[r] if r in entropies else fresh_entropies[r] for r in rows]))
+        :func:`apd.uncertainty.member_entropies`): read where kept, else computed now and kept with a kept row
+        while they fit beside the predictions (which come first: :meth:`_room_for`)."""
+        rows, found = self._gather(rows, precision)
+        kept = self._kept[precision]
+        missing = sorted({r for r in rows if (precision, r) not in self._entropies})
+        computed = {}
+        for start in range(0, len(missing), ENTROPY_ROWS):
+            part = missing[start:start + ENTROPY_ROWS]
+            computed.update(zip(part, member_entropies(torch.stack([found[r] for r in part])), strict=True))
+        for r in missing:
+            if r in kept and self._bytes + self._entropy_bytes + self._entropy_row_bytes <= self.kept_bytes:
+                self._entropies[precision, r] = computed[r].clone()  # its own memory, freed when dropped
+                self._entropy_bytes += self._entropy_row_bytes
+        return (torch.stack([found[r] for r in rows]),
+                torch.stack([computed[r] if r in computed else self._entropies[precision, r] for r in rows]))
 
-    def _gather(self, rows: np.ndarray | Tensor | list[int], precision: str) -> tuple[list[int], dict, dict]:
-        """``rows`` as a list, the kept rows at ``precision`` and those predicted now (not kept: past the budget)."""
+    def _gather(self, rows: np.ndarray | Tensor | list[int], precision: str) -> tuple[list[int], dict[int, Tensor]]:
+        """``rows`` as a list, and the prediction of each: kept, or predicted now (past the budget)."""
         rows = [int(r) for r in np.asarray(rows, dtype=np.int64).reshape(-1)]
         kept = self._kept.setdefault(precision, {})
-        return rows, kept, self._fill(sorted(set(rows) - kept.keys()), precision, keep_only=False)
+        fresh = self._fill(sorted(set(rows) - kept.keys()), precision, keep_only=False)
+        return rows, {r: kept[r] if r in kept else fresh[r] for r in set(rows)}
 
     def prefetch(self, rows: np.ndarray | Tensor | list[int], precision: str = "float32") -> None:
         """Predict the store's ``rows`` not yet kept at ``precision``, :data:`READ_ROWS` at a time, and keep
@@ -102,21 +113,28 @@ class StoredPredictions:
         wanted = {int(r) for r in np.asarray(rows, dtype=np.int64).reshape(-1)}
         self._fill(sorted(wanted - kept.keys()), precision, keep_only=True)
 
+    def _room_for(self, needed: int) -> bool:
+        """Whether ``needed`` more bytes of predictions fit ``kept_bytes``, dropping kept entropies (oldest first)
+        to make room: a row's entropies take milliseconds to compute again, its prediction far longer."""
+        if self._bytes + needed > self.kept_bytes:
+            return False
+        while self._bytes + self._entropy_bytes + needed > self.kept_bytes:
+            del self._entropies[next(iter(self._entropies))]
+            self._entropy_bytes -= self._entropy_row_bytes
+        return True
+
     def _fill(self, missing: list[int], precision: str, keep_only: bool) -> dict[int, Tensor]:
-        """Predict the rows ``missing``, a block at a time, keeping each block with its entropies while it fits
-        (``kept_bytes``); the blocks that do not fit are returned, or with ``keep_only`` not predicted."""
+        """Predict the rows ``missing``, a block at a time, keeping each block while it fits (``kept_bytes``);
+        the blocks that do not fit are returned, or with ``keep_only`` not predicted."""
         kept, fresh = self._kept[precision], {}
-        entropies = self._entropies.setdefault(precision, {})
         for start in range(0, len(missing), READ_ROWS):
             block = missing[start:start + READ_ROWS]
-            fits = self._bytes + self._row_bytes * len(block) <= self.kept_bytes
+            fits = self._room_for(self._row_bytes * len(block))
             if keep_only and not fits:
                 break
             predicted = self._predict(block, precision)
             if fits:
                 kept.update(zip(block, predicted, strict=True))
-                block_entropies = torch.cat([member_entropies(part) for part in predicted.split(ENTROPY_ROWS)])
-                entropies.update(zip(block, block_entropies, strict=True))
                 self._bytes += self._row_bytes * len(block)
             else:
                 fresh.update(zip(block, predicted, strict=True))

@@ -89,6 +89,29 @@ def test_member_entropies_are_those_of_the_members_judged_together(store, inputs
     assert given.detection == computed.detection and given.accuracy == computed.accuracy
 
 
+def test_entropies_are_kept_in_the_room_predictions_leave_and_give_way_to_them(store, monkeypatch):
+    """With room for three rows' predictions: two rows' predictions and one row's entropies are kept (the
+    other's computed again when asked for); a third row's prediction drops the kept entropies to fit, and is
+    not predicted again; entropies asked for again are computed again, and are the same."""
+    x = torch.randn(40, 16)
+    row = 40 * 3 * 4  # one row's predictions, [N, C] float32; its entropies take 40 * 8
+    shared, calls = StoredPredictions(store, x, "cpu", kept_bytes=3 * row), counting(monkeypatch)
+    entropies_of: list[int] = []
+
+    def entropies(probs):
+        entropies_of.append(len(probs))
+        return member_entropies(probs)
+
+    monkeypatch.setattr(stored_module, "member_entropies", entropies)
+    first = shared.members([1, 2])[1]
+    assert torch.equal(first, member_entropies(predict_probs(SPEC, store.read([1, 2]), x)))
+    assert torch.equal(shared.members([1, 2])[1], first) and entropies_of == [2, 1]  # row 1's kept, row 2's not
+    shared.probs([3])
+    shared.probs([3])
+    assert calls == [2, 1]  # row 3 kept, in room row 1's entropies gave up
+    assert torch.equal(shared.members([1, 2])[1], first) and entropies_of == [2, 1, 2]
+
+
 def test_past_the_budget_rows_are_predicted_again(store, monkeypatch):
     x = torch.randn(40, 16)
     shared, calls = StoredPredictions(store, x, "cpu", kept_bytes=0), counting(monkeypatch)
@@ -99,7 +122,7 @@ def test_past_the_budget_rows_are_predicted_again(store, monkeypatch):
 
 def test_rows_are_kept_while_they_take_at_most_half_the_available_memory(store, monkeypatch):
     x = torch.randn(40, 16)
-    row = 40 * (3 * 4 + 8)  # bytes of one row's predictions, [N, C] float32, and its entropies, [N] float64
+    row = 40 * 3 * 4  # bytes of one row's predictions, [N, C] float32
     monkeypatch.setattr(stored_module, "available_bytes", lambda device: 5 * row)  # room for two rows and a half
     shared, calls = StoredPredictions(store, x, "cpu"), counting(monkeypatch)
     for _ in range(2):
@@ -112,7 +135,7 @@ def test_prefetched_rows_are_predicted_in_blocks_and_only_while_they_fit(store, 
     """A prefetch predicts the rows not yet kept in blocks of READ_ROWS and keeps them; later reads of them
     predict nothing. Past the budget it stops: a block that would not fit is left to be predicted when read."""
     x = torch.randn(40, 16)
-    row = 40 * (3 * 4 + 8)  # bytes of one row's predictions, [N, C] float32, and its entropies, [N] float64
+    row = 40 * 3 * 4  # bytes of one row's predictions, [N, C] float32
     monkeypatch.setattr(stored_module, "READ_ROWS", 4)
     shared, calls = StoredPredictions(store, x, "cpu"), counting(monkeypatch)
     shared.probs([0])
