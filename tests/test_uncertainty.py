@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from apd.uncertainty import ENSEMBLE_SCORES, SCORE_FUNCTIONS, scores
+from apd.uncertainty import ENSEMBLE_SCORES, SCORE_FUNCTIONS, bald, member_entropies, scores
 
 KEYS = {"entropy", "variation_ratio", "max_prob", "bald", "model_variance"}
 
@@ -128,6 +128,19 @@ def test_bald_is_entropy_minus_mean_member_entropy_on_random_data():
     result = scores(probs)
     torch.testing.assert_close(result["entropy"], predictive_entropy)
     torch.testing.assert_close(result["bald"], predictive_entropy - member_entropy)
+
+
+def test_bald_of_given_member_entropies_is_bald_and_they_must_match_the_members():
+    """The members' entropies by hand (H[0.8, 0.2] and H[0.4, 0.6]); BALD from them is the one computed
+    from the members alone, to the bit; entropies of other members are refused."""
+    probs = torch.tensor([[[0.8, 0.2]], [[0.4, 0.6]]])
+    entropies = member_entropies(probs)
+    torch.testing.assert_close(entropies, torch.tensor([[binary_entropy(0.8)], [binary_entropy(0.6)]],
+                                                       dtype=torch.float64))
+    random = random_member_probs(seed=4)
+    assert torch.equal(bald(random, member_entropies(random)), bald(random))
+    with pytest.raises(ValueError, match="member entropies"):
+        bald(random, member_entropies(random)[1:])
 
 
 def test_model_variance_matches_a_direct_computation():
