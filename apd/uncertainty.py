@@ -48,7 +48,7 @@ def _mutual_information(predictive_entropy: Tensor, member_entropy: Tensor) -> T
 def member_entropies(probs: Tensor) -> Tensor:
     """Each member's entropy H[p_k] = −Σ_c p_k(c | x_n) log p_k(c | x_n), [K, N] float64: BALD's costliest
     part, which an ensemble of members whose entropies are known already (stored samples judged in many
-    subsets) can pass to :func:`bald` instead of recomputing; each member's is the one computed with any others."""
+    subsets) can pass to :func:`bald` instead of recomputing; a member's do not depend on the others'."""
     return _entropy(_checked(probs))
 
 
