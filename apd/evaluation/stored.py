@@ -66,7 +66,7 @@ class StoredPredictions:
         self.x = x.to(self.device)
         self._kept: dict[str, dict[int, Tensor]] = {}
         self._entropies: dict[tuple[str, int], Tensor] = {}  # (precision, row) of a kept row, oldest first
-        self._bytes = self._entropy_bytes = 0
+        self._bytes = 0  # of the kept predictions
         self._row_bytes = 4 * len(x) * store.spec.layer_sizes[-1]  # one row's float32 [N, C]
         self._entropy_row_bytes = 8 * len(x)  # its entropies, float64 [N]
 
@@ -91,9 +91,8 @@ class StoredPredictions:
             part = missing[start:start + ENTROPY_ROWS]
             computed.update(zip(part, member_entropies(torch.stack([found[r] for r in part])), strict=True))
         for r in missing:
-            if r in kept and self._bytes + self._entropy_bytes + self._entropy_row_bytes <= self.kept_bytes:
+            if r in kept and self._bytes + self._entropy_bytes() + self._entropy_row_bytes <= self.kept_bytes:
                 self._entropies[precision, r] = computed[r].clone()  # its own memory, freed when dropped
-                self._entropy_bytes += self._entropy_row_bytes
         return (torch.stack([found[r] for r in rows]),
                 torch.stack([computed[r] if r in computed else self._entropies[precision, r] for r in rows]))
 
@@ -118,10 +117,12 @@ class StoredPredictions:
         to make room: a row's entropies take milliseconds to compute again, its prediction far longer."""
         if self._bytes + needed > self.kept_bytes:
             return False
-        while self._bytes + self._entropy_bytes + needed > self.kept_bytes:
+        while self._bytes + self._entropy_bytes() + needed > self.kept_bytes:
             del self._entropies[next(iter(self._entropies))]
-            self._entropy_bytes -= self._entropy_row_bytes
         return True
+
+    def _entropy_bytes(self) -> int:
+        return self._entropy_row_bytes * len(self._entropies)
 
     def _fill(self, missing: list[int], precision: str, keep_only: bool) -> dict[int, Tensor]:
         """Predict the rows ``missing``, a block at a time, keeping each block while it fits (``kept_bytes``);
