@@ -52,6 +52,16 @@ def member_entropies(probs: Tensor) -> Tensor:
     return _entropy(_checked(probs))
 
 
+def _member_entropy(probs: Tensor, known: Tensor | None) -> Tensor:
+    """The members' entropies H[p_k] [K, N] of float64 ``probs``: ``known`` (checked against ``probs``) where
+    given, else computed."""
+    if known is None:
+        return _entropy(probs)
+    if known.shape != probs.shape[:2]:
+        raise ValueError(f"member entropies {list(known.shape)} for members {list(probs.shape[:2])}")
+    return known.double()
+
+
 def _one_minus_max(mean_probs: Tensor) -> Tensor:
     return 1.0 - mean_probs.amax(-1)
 
@@ -99,11 +109,7 @@ def bald(probs: Tensor, member_entropy: Tensor | None = None) -> Tensor:
     (:func:`member_entropies`), where already known.
     """
     probs = _checked(probs)
-    if member_entropy is None:
-        member_entropy = _entropy(probs)
-    elif member_entropy.shape != probs.shape[:2]:
-        raise ValueError(f"member entropies {list(member_entropy.shape)} for members {list(probs.shape[:2])}")
-    return _mutual_information(_entropy(probs.mean(0)), member_entropy.double())
+    return _mutual_information(_entropy(probs.mean(0)), _member_entropy(probs, member_entropy))
 
 
 def model_variance(probs: Tensor) -> Tensor:
@@ -128,10 +134,12 @@ SCORE_FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
-def scores(probs: Tensor, names: Iterable[str] | None = None) -> dict[str, Tensor]:
+def scores(probs: Tensor, names: Iterable[str] | None = None, *, mean_probs: Tensor | None = None,
+           member_entropy: Tensor | None = None) -> dict[str, Tensor]:
     """The scores ``names`` of :data:`SCORE_FUNCTIONS` (all of them by default, in its order) for
     ``probs[K, N, C]``, each a tensor [N] where higher means more uncertain. The predictive p̄ and its entropy
-    are computed once and shared; a score not named is not computed.
+    are computed once and shared; a score not named is not computed. ``mean_probs``: p̄ [N, C] and
+    ``member_entropy``: the members' H[p_k] [K, N] (:func:`member_entropies`), where already known.
 
     For a single network (K = 1) the scores of :data:`ENSEMBLE_SCORES` (``bald``, ``model_variance``,
     ``variation_ratio``) are NaN: they measure disagreement between members, and one network has none to
@@ -142,14 +150,18 @@ def scores(probs: Tensor, names: Iterable[str] | None = None) -> dict[str, Tenso
     if unknown:
         raise ValueError(f"unknown score(s) {', '.join(map(repr, unknown))}; known: {', '.join(SCORE_FUNCTIONS)}")
     probs = _checked(probs)
-    mean_probs = probs.mean(0)
+    if mean_probs is None:
+        mean_probs = probs.mean(0)
+    elif mean_probs.shape != probs.shape[1:]:
+        raise ValueError(f"predictive {list(mean_probs.shape)} for members {list(probs.shape)}")
+    mean_probs = mean_probs.double()
     entropy = _entropy(mean_probs)
     if probs.shape[0] == 1:
         undefined = torch.full_like(entropy, float("nan"))
         ensemble = dict.fromkeys(ENSEMBLE_SCORES, lambda: undefined)
     else:
         ensemble = {"variation_ratio": lambda: variation_ratio(probs),
-                    "bald": lambda: _mutual_information(entropy, _entropy(probs)),
+                    "bald": lambda: _mutual_information(entropy, _member_entropy(probs, member_entropy)),
                     "model_variance": lambda: model_variance(probs)}
     compute = {"entropy": lambda: entropy, "max_prob": lambda: _one_minus_max(mean_probs), **ensemble}
     return {name: compute[name]() for name in SCORE_FUNCTIONS if name in wanted}

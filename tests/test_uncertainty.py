@@ -143,6 +143,19 @@ def test_bald_of_given_member_entropies_is_bald_and_they_must_match_the_members(
         bald(random, member_entropies(random)[1:])
 
 
+def test_scores_of_a_given_predictive_and_member_entropies_are_those_computed_and_must_match():
+    """Scores from a p̄ and member entropies computed beforehand equal those computed from the members
+    alone, to the bit; a predictive or entropies of other inputs are refused."""
+    probs = random_member_probs(seed=5)
+    given = scores(probs, mean_probs=probs.double().mean(0), member_entropy=member_entropies(probs))
+    for name, value in scores(probs).items():
+        assert torch.equal(given[name], value), name
+    with pytest.raises(ValueError, match="predictive"):
+        scores(probs, mean_probs=probs.double().mean(0)[1:])
+    with pytest.raises(ValueError, match="member entropies"):
+        scores(probs, member_entropy=member_entropies(probs)[:, 1:])
+
+
 def test_model_variance_matches_a_direct_computation():
     probs = random_member_probs(seed=3).double()
     deviations = probs - probs.mean(0, keepdim=True)

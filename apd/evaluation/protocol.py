@@ -20,7 +20,7 @@ from torch import Tensor
 from apd.evaluation.stored import StoredPredictions
 from apd.metrics import accuracy, brier, detection, ece, nll
 from apd.posteriors.base import Posterior
-from apd.uncertainty import ENSEMBLE_SCORES, bald
+from apd.uncertainty import ENSEMBLE_SCORES
 from apd.uncertainty import scores as uncertainty_scores
 
 ACCURACY_METRICS = {"acc": accuracy, "nll": nll, "brier": brier, "ece": ece}
@@ -93,15 +93,17 @@ def judge_probs(probs: Tensor, inputs: EvaluationInputs, scores: list[str],
     metrics = {name: fn(test_probs, y) for name, fn in ACCURACY_METRICS.items()}
     several = probs.shape[0] > 1
     defined = [s for s in scores if several or s not in ENSEMBLE_SCORES]
-    # BALD's member entropies, the costliest part, computed (or given) once for every stacked input: the
-    # per-input BALD and the detection score alike (one network's is 0: its members agree).
+    # The predictive p̄ and BALD's member entropies (the costliest part, or given) computed once for every
+    # stacked input: the per-input BALD, the detection scores and the predictive alike (one network's BALD
+    # is 0: its members agree).
     doubled = probs.double()  # once: the scores compute in float64 and take it as it is
-    information = bald(doubled, member_entropy) if several else doubled.new_zeros(doubled.shape[1])
-    values = uncertainty_scores(doubled[:, n_test:], [s for s in defined if s != "bald"])
-    values["bald"] = information[n_test:]
-    per_input = {s: values[s].cpu().numpy() for s in defined}
+    mean_probs = doubled.mean(0)
+    wanted = [*defined, "bald"] if several and "bald" not in defined else defined
+    values = uncertainty_scores(doubled, wanted, mean_probs=mean_probs, member_entropy=member_entropy)
+    information = values["bald"].cpu() if several else torch.zeros(doubled.shape[1], dtype=torch.float64)
+    per_input = {s: values[s][n_test:].cpu().numpy() for s in defined}
     inside = {s: v[:n_in] for s, v in per_input.items()}
-    mean_probs, information = doubled.mean(0).cpu(), information.cpu()
+    mean_probs = mean_probs.cpu()
     predictive, disagreement = {"test": mean_probs[:n_test]}, {"test": information[:n_test]}
     outside, found = {}, {}
     start = n_in
