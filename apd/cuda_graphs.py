@@ -17,8 +17,8 @@ Output = TypeVar("Output")
 
 
 class RecordedStep(Generic[Output]):
-    """``step()`` — a function of tensors on one CUDA device that reads its inputs from tensors filled before
-    each call and has no effect but on tensors — run as a CUDA graph.
+    """``step()`` — a function of tensors on the CUDA ``device`` that reads its inputs from tensors filled
+    before each call and has no effect but on tensors — run as a CUDA graph.
 
     Its first ``warmup`` calls run as usual, on a side stream of its own, so that cuBLAS, autograd and the
     optimisers set up their workspaces and state for that stream, as recording requires. The next call
@@ -29,16 +29,22 @@ class RecordedStep(Generic[Output]):
     the device: a replay draws from each what that call would have drawn, and leaves each where that call
     would. A recording the CUDA runtime refuses logs one warning naming ``what``, and the step then runs
     as usual at every call.
+
+    The recording forbids unsafe CUDA calls (an allocation, a synchronisation) on the recording thread only
+    (capture mode "thread_local"): a thread that copies the next epoch's minibatch orders to the card
+    (:class:`apd.data.MinibatchOrders`) may allocate while a step is recorded, which the default mode
+    would count as an error of the recording.
     """
 
-    def __init__(self, step: Callable[[], Output], what: str, warmup: int = 3,
+    def __init__(self, step: Callable[[], Output], what: str, device: torch.device, warmup: int = 3,
                  generators: Sequence[torch.Generator] = ()) -> None:
         self.step, self.what, self.warmup, self.generators = step, what, warmup, list(generators)
+        self.device = torch.device(device)
         self.calls = 0
         self.graph: torch.cuda.CUDAGraph | None = None
         self.failed = False
         self.output: Output | None = None
-        self.side = torch.cuda.Stream()
+        self.side = torch.cuda.Stream(self.device)
 
     @property
     def recorded(self) -> bool:
@@ -57,26 +63,28 @@ class RecordedStep(Generic[Output]):
                 self.graph.replay()
                 return self.output
             return self.step()
-        self.side.wait_stream(torch.cuda.current_stream())
+        self.side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.side):
             output = self.step()
-        torch.cuda.current_stream().wait_stream(self.side)
+        torch.cuda.current_stream(self.device).wait_stream(self.side)
         return output
 
     def _record(self) -> None:
         """Record the step on the side stream; nothing runs until the graph is replayed."""
-        self.side.wait_stream(torch.cuda.current_stream())
+        self.side.wait_stream(torch.cuda.current_stream(self.device))
         graph = torch.cuda.CUDAGraph()
         for generator in self.generators:
             graph.register_generator_state(generator)
+        before = torch.cuda.current_stream(self.device)
         try:
-            with torch.cuda.graph(graph, stream=self.side):
+            with torch.cuda.graph(graph, stream=self.side, capture_error_mode="thread_local"):
                 self.output = self.step()
         except RuntimeError as err:  # a capture the CUDA runtime refuses: run the step kernel by kernel
+            torch.cuda.set_stream(before)  # a refused recording's exit leaves the side stream current
             log.warning("%s steps without a CUDA graph: recording failed (%s)", self.what,
                         str(err).strip().splitlines()[0])
             self.failed, self.output = True, None
             torch.cuda.synchronize()
             return
-        torch.cuda.current_stream().wait_stream(self.side)
+        torch.cuda.current_stream(self.device).wait_stream(self.side)
         self.graph = graph

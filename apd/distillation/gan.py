@@ -489,7 +489,7 @@ class GANTrainer:
         shape = (n_critic, *first.shape)
         if self._recorded_real is None or self._recorded_real.shape != shape:
             self._recorded_real = torch.empty(shape, device=self.device, dtype=self.dtype)
-            self._recording = RecordedStep(self._updates, "GAN training", generators=self._streams())
+            self._recording = RecordedStep(self._updates, "GAN training", self.device, generators=self._streams())
         self._recorded_real[0].copy_(first)
         for slot in self._recorded_real[1:]:
             slot.copy_(self._checked_batch(next_real()))

@@ -100,7 +100,12 @@ class RunContext:
 
     @functools.cached_property
     def device(self) -> torch.device:
-        return resolve_device(self.device_name or self.cfg.device)
+        """The run's device. A CUDA card named by its number becomes the process's current device too, so
+        that what is made without naming a device (a CUDA stream, a Triton kernel's launch) is made on it."""
+        device = resolve_device(self.device_name or self.cfg.device)
+        if device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device)
+        return device
 
     @property
     def out_dir(self) -> Path:

@@ -49,7 +49,7 @@ class MinibatchSGD:
         self.net, self.optimizer, self.x, self.y = net, optimizer, x, y
         self.rows = torch.empty(batch_size, dtype=torch.long, device=x.device)
         record = x.is_cuda and trains_alike_in_either_mode(net) if cuda_graph is None else cuda_graph
-        self._step = RecordedStep(self._update, "SGD training") if record else self._update
+        self._step = RecordedStep(self._update, "SGD training", x.device) if record else self._update
 
     def _update(self) -> Tensor:
         loss = F.cross_entropy(self.net(self.x[self.rows]), self.y[self.rows])

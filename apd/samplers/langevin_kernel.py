@@ -53,7 +53,8 @@ def keyed_langevin_update_(theta: Tensor, grad: Tensor, keys: Tensor, coefficien
     coefficients written into the same tensors."""
     chains, dim = theta.shape
     grid = (chains, triton.cdiv(dim, _BLOCK))
-    _update_kernel[grid](theta, grad.contiguous(), keys, coefficients, dim, BLOCK=_BLOCK)
+    with torch.cuda.device_of(theta):  # Triton launches on the current device, which may be another card
+        _update_kernel[grid](theta, grad.contiguous(), keys, coefficients, dim, BLOCK=_BLOCK)
 
 
 if triton is not None:

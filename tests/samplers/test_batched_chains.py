@@ -4,6 +4,8 @@ tested optimizer, and exact resumption; the fused CUDA update draws the noise it
 from __future__ import annotations
 
 import math
+import threading
+import time
 
 import pytest
 import torch
@@ -179,6 +181,40 @@ def test_the_recorded_cuda_graph_steps_the_chains_as_the_eager_fused_update_does
     for ids in ([0], [0, 1, 2]):
         _check_recorded_steps([16, 12, 3], ids)
     _check_recorded_steps([784, 100, 10], [4])
+
+
+@pytest.mark.cuda
+def test_the_next_epochs_orders_copied_to_the_card_while_the_step_is_recorded_spoil_nothing(monkeypatch):
+    """The thread that builds the next epoch's minibatch orders copies them to the card, and may allocate
+    there while the SGLD step is being recorded (here: made to): the recording holds, and the chains step
+    as eager ones, into the epoch those orders are for."""
+    if not torch.cuda.is_available() or langevin_kernel.triton is None:
+        pytest.skip("needs CUDA and Triton")
+    recording = threading.Event()
+    build, fused_step = MinibatchOrders._build, SGLDChains._fused_step
+
+    def build_while_recording(orders: MinibatchOrders, epoch: int) -> torch.Tensor:
+        if epoch > 0:
+            recording.wait(30)
+        return build(orders, epoch)
+
+    def step_waiting_for_the_build(chains: SGLDChains) -> torch.Tensor:
+        if torch.cuda.is_current_stream_capturing():
+            recording.set()
+            time.sleep(0.5)  # the build's copy to the card happens during the recording
+        return fused_step(chains)
+
+    monkeypatch.setattr(MinibatchOrders, "_build", build_while_recording)
+    monkeypatch.setattr(SGLDChains, "_fused_step", step_waiting_for_the_build)
+    sizes, ids = [16, 12, 3], [0, 1]
+    x, y = net_data(sizes, device="cuda")
+    graphed = SGLDChains(sizes, CONFIG, ids, x, y, [seeds(i) for i in ids], cuda_graph=True)
+    eager = SGLDChains(sizes, CONFIG, ids, x, y, [seeds(i) for i in ids], cuda_graph=False)
+    for t in range(25):  # an epoch is 10 steps
+        graphed.step(t)
+        eager.step(t)
+    assert recording.is_set() and graphed.graph_recorded
+    torch.testing.assert_close(graphed.theta, eager.theta, rtol=1e-4, atol=1e-5)
 
 
 def _check_recorded_steps(sizes: list[int], ids: list[int]) -> None:
