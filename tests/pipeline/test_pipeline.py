@@ -517,6 +517,24 @@ def test_the_tiny_pipeline_with_fashion_fc1s_settings_runs_on_cuda(tmp_path):
         assert json.loads((root / name).read_text())["trained_with_seeds"] == [0, 1]
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize(("sgld", "distill", "stages"), [
+    ({}, {"mode": "online", "align": "none", "buffer_size": 100, "t_sgld": 10, "t_gan": 20}, ("distill",)),
+    ({"chains": 2}, {"mode_embedding": 4}, ("sample", "distill")),
+], ids=["online", "told-its-chain"])
+def test_online_and_chain_told_distillation_run_on_cuda(tmp_path, sgld, distill, stages):
+    """Online distillation (the chains' and the GAN's recorded steps replayed in turn on one card) and one
+    generator told its chain (its own recorded GAN step) distill on a CUDA device with no flags."""
+    raw = json.loads(json.dumps(TINY))
+    raw["sgld"] |= sgld
+    raw["distill"] |= distill
+    config = tmp_path / "tiny.toml"
+    config.write_text(toml(raw))
+    for stage in stages:
+        assert main([stage, "--config", str(config), "--artifacts", str(tmp_path), "--quiet"]) == 0
+    assert json.loads((tmp_path / "tiny" / "generator.json").read_text())["machine"]["device"].startswith("cuda")
+
+
 def test_a_convolutional_pipeline_runs_every_stage(tmp_path, capsys):
     """``net.conv``: SGLD, the baselines, the peers, APD and the evaluation (attacks included) on a LeNet-style
     CNN; every artifact holds the CNN's weights, and the API rebuilds its baselines from their manifests."""

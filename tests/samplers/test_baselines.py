@@ -53,12 +53,15 @@ def test_a_net_without_dropout_is_not_split():
     assert isinstance(unmasked, torch.nn.Identity) and masked is net
 
 
-def _sgd_runs(device: str, steps: int, **options) -> tuple[torch.nn.Module, list[float], MinibatchSGD]:
-    """``steps`` steps of :class:`MinibatchSGD` (momentum, weight decay) on an MLP and random data on ``device``."""
+def _sgd_runs(device: str, steps: int, conv: tuple[int, ...] = (), **options
+              ) -> tuple[torch.nn.Module, list[float], MinibatchSGD]:
+    """``steps`` steps of :class:`MinibatchSGD` (momentum, weight decay) on an MLP (a CNN of ``conv`` channels
+    on 28 × 28 images where given) and random data on ``device``."""
+    features = 784 if conv else 5
     g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(60, 5, generator=g).to(device), torch.randint(3, (60,), generator=g).to(device)
+    x, y = torch.randn(60, features, generator=g).to(device), torch.randint(3, (60,), generator=g).to(device)
     torch.manual_seed(1)
-    net = mlp([5, 16, 3]).to(device)
+    net = network([features, 16, 3], conv).to(device)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
     order, sgd = MinibatchOrder(60, 10, 2, device), MinibatchSGD(net, optimizer, x, y, 10, **options)
     return net, [float(sgd(order.indices(t))) for t in range(steps)], sgd
@@ -87,13 +90,14 @@ def test_the_sgd_step_is_the_plain_loop_bit_for_bit():
 
 
 @pytest.mark.cuda
-def test_the_recorded_sgd_step_makes_the_updates_of_the_step_as_usual():
+@pytest.mark.parametrize("conv", [(), (2, 3)], ids=["mlp", "cnn"])
+def test_the_recorded_sgd_step_makes_the_updates_of_the_step_as_usual(conv):
     """On CUDA the step of a network without dropout is recorded (at its fourth call) and replayed: 30 steps give
-    the losses and weights of 30 steps as usual."""
+    the losses and weights of 30 steps as usual, convolutions and max-pooling included."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    recorded_net, recorded, sgd = _sgd_runs("cuda", 30)
-    usual_net, usual, _ = _sgd_runs("cuda", 30, cuda_graph=False)
+    recorded_net, recorded, sgd = _sgd_runs("cuda", 30, conv)
+    usual_net, usual, _ = _sgd_runs("cuda", 30, conv, cuda_graph=False)
     assert sgd._step.recorded
     assert recorded == pytest.approx(usual, rel=1e-6, abs=1e-7)
     for a, b in zip(recorded_net.state_dict().values(), usual_net.state_dict().values(), strict=True):

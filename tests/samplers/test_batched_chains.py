@@ -181,6 +181,33 @@ def test_the_recorded_cuda_graph_steps_the_chains_as_the_eager_fused_update_does
     for ids in ([0], [0, 1, 2]):
         _check_recorded_steps([16, 12, 3], ids)
     _check_recorded_steps([784, 100, 10], [4])
+    _check_recorded_steps([784, 10, 3], [0, 1], conv=(2, 3))
+
+
+def _check_recorded_steps(sizes: list[int], ids: list[int], conv: tuple[int, ...] = ()) -> None:
+    x, y = net_data(sizes, device="cuda")
+
+    def chains(graph: bool) -> SGLDChains:
+        batch = SGLDChains(sizes, CONFIG, ids, x, y, [seeds(i) for i in ids], conv=conv, cuda_graph=graph)
+        assert batch.graphed == graph
+        return batch
+
+    eager, graphed = chains(False), chains(True)
+    for t in range(40):
+        keep = t % 7 == 3
+        eager_loss, eager_kept = eager.step(t, keep)
+        graphed_loss, graphed_kept = graphed.step(t, keep)
+        torch.testing.assert_close(graphed_loss, eager_loss, rtol=1e-5, atol=1e-6)
+        if keep:
+            torch.testing.assert_close(graphed_kept, eager_kept, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(graphed.theta, eager.theta, rtol=1e-4, atol=1e-5)
+    resumed = chains(True)
+    resumed.load_state_dict(graphed.state_dict())
+    for t in range(40, 60):
+        graphed.step(t)
+        resumed.step(t)
+    assert torch.equal(graphed.theta, resumed.theta)
+    assert graphed.graph_recorded  # recorded, not fallen back to eager steps
 
 
 @pytest.mark.cuda
@@ -215,29 +242,3 @@ def test_the_next_epochs_orders_copied_to_the_card_while_the_step_is_recorded_sp
         eager.step(t)
     assert recording.is_set() and graphed.graph_recorded
     torch.testing.assert_close(graphed.theta, eager.theta, rtol=1e-4, atol=1e-5)
-
-
-def _check_recorded_steps(sizes: list[int], ids: list[int]) -> None:
-    x, y = net_data(sizes, device="cuda")
-
-    def chains(graph: bool) -> SGLDChains:
-        batch = SGLDChains(sizes, CONFIG, ids, x, y, [seeds(i) for i in ids], cuda_graph=graph)
-        assert batch.graphed == graph
-        return batch
-
-    eager, graphed = chains(False), chains(True)
-    for t in range(40):
-        keep = t % 7 == 3
-        eager_loss, eager_kept = eager.step(t, keep)
-        graphed_loss, graphed_kept = graphed.step(t, keep)
-        torch.testing.assert_close(graphed_loss, eager_loss, rtol=1e-5, atol=1e-6)
-        if keep:
-            torch.testing.assert_close(graphed_kept, eager_kept, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(graphed.theta, eager.theta, rtol=1e-4, atol=1e-5)
-    resumed = chains(True)
-    resumed.load_state_dict(graphed.state_dict())
-    for t in range(40, 60):
-        graphed.step(t)
-        resumed.step(t)
-    assert torch.equal(graphed.theta, resumed.theta)
-    assert graphed.graph_recorded  # recorded, not fallen back to eager steps
