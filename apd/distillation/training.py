@@ -160,9 +160,16 @@ class StoreBatches:
             index = torch.randint(len(self.store), (self.batch_size,), generator=self.rng)
         else:
             index = self.rows[torch.randint(len(self.rows), (self.batch_size,), generator=self.rng)]
-        codes = (self.codes[index.to(self.device)] if self.codes is not None
-                 else self._encode(self.store.read(index.numpy()), index))
-        return codes if self.labels is None else labelled(codes, self.labels[index.to(self.device)])
+        on_device = self._on_device(index) if self.codes is not None or self.labels is not None else None
+        codes = self.codes[on_device] if self.codes is not None else self._encode(self.store.read(index.numpy()), index)
+        return codes if self.labels is None else labelled(codes, self.labels[on_device])
+
+    def _on_device(self, index: Tensor) -> Tensor:
+        """``index``, drawn on the CPU, on the batches' device: to a GPU through pinned memory, a copy the CPU
+        does not wait for (from pageable memory it would wait for every queued step, once a batch)."""
+        if self.device.type != "cuda":
+            return index
+        return index.pin_memory().to(self.device, non_blocking=True)
 
 
 class ValidationMonitor:
