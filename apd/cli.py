@@ -247,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
     with interrupts_deferred():  # torch is imported whole (module docstring)
         import torch
 
-        from apd.pipeline.runtime import RunContext, setup_logging
+        from apd.pipeline.runtime import RunContext, make_current, setup_logging
     setup_logging(args.quiet)
     if args.command == "report" and args.docs:
         return docs(args.check)
@@ -255,6 +255,7 @@ def run(args: argparse.Namespace) -> int:
         args.artifacts = str(Path(args.artifacts) / "reproduce")
     ctx = RunContext(cfg=load_config(args.config, args.set), artifacts_root=Path(args.artifacts),
                      data_dir=args.data_dir, device_name=args.device, force=args.force, quiet=args.quiet)
+    make_current(ctx.device)
     if ctx.cfg.threads:
         torch.set_num_threads(ctx.cfg.threads)
     if ctx.artifacts_root.exists() and not ctx.artifacts_root.is_dir():

@@ -82,6 +82,14 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def make_current(device: torch.device) -> None:
+    """Make a CUDA card named by its number (``cuda:N``) the process's current device, so that what a command
+    makes without naming a device (a CUDA stream, a Triton kernel's launch) is made on it; the CPU and plain
+    ``cuda`` (the current card) change nothing."""
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
+
+
 @dataclass
 class RunContext:
     """One invocation of a stage: the config plus command-line choices."""
@@ -100,12 +108,7 @@ class RunContext:
 
     @functools.cached_property
     def device(self) -> torch.device:
-        """The run's device. A CUDA card named by its number becomes the process's current device too, so
-        that what is made without naming a device (a CUDA stream, a Triton kernel's launch) is made on it."""
-        device = resolve_device(self.device_name or self.cfg.device)
-        if device.type == "cuda" and device.index is not None:
-            torch.cuda.set_device(device)
-        return device
+        return resolve_device(self.device_name or self.cfg.device)
 
     @property
     def out_dir(self) -> Path:
