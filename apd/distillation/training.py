@@ -160,7 +160,7 @@ class StoreBatches:
             index = torch.randint(len(self.store), (self.batch_size,), generator=self.rng)
         else:
             index = self.rows[torch.randint(len(self.rows), (self.batch_size,), generator=self.rng)]
-        on_device = self._on_device(index) if self.codes is not None or self.labels is not None else None
+        on_device = self._on_device(index)
         codes = self.codes[on_device] if self.codes is not None else self._encode(self.store.read(index.numpy()), index)
         return codes if self.labels is None else labelled(codes, self.labels[on_device])
 
