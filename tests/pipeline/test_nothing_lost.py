@@ -358,6 +358,7 @@ def test_cuda_out_of_memory_is_one_line_naming_the_device_and_what_to_lower(art,
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)  # the command makes cuda:0 current
     monkeypatch.setattr(stage, out_of_memory)
     extra = ("modes",) if command == "experiment" else ()
     err = art.fails(command, *extra, "--device", "cuda:0", match="CUDA out of memory on cuda:0: lower ")
