@@ -94,14 +94,15 @@ def judge_probs(probs: Tensor, inputs: EvaluationInputs, scores: list[str],
     several = probs.shape[0] > 1
     defined = [s for s in scores if several or s not in ENSEMBLE_SCORES]
     # The predictive p̄ and BALD's member entropies (the costliest part, or given) computed once for every
-    # stacked input: the per-input BALD, the detection scores and the predictive alike (one network's BALD
-    # is 0: its members agree).
+    # stacked input: the per-input BALD of every input, the detection scores of the detection inputs (those
+    # after the test inputs) and the predictive alike (one network's BALD is 0: its members agree).
     doubled = probs.double()  # once: the scores compute in float64 and take it as it is
     mean_probs = doubled.mean(0)
-    wanted = [*defined, "bald"] if several and "bald" not in defined else defined
-    values = uncertainty_scores(doubled, wanted, mean_probs=mean_probs, member_entropy=member_entropy)
-    information = values["bald"].cpu() if several else torch.zeros(doubled.shape[1], dtype=torch.float64)
-    per_input = {s: values[s][n_test:].cpu().numpy() for s in defined}
+    information = (uncertainty_scores(doubled, ["bald"], mean_probs=mean_probs, member_entropy=member_entropy)
+                   ["bald"].cpu() if several else torch.zeros(doubled.shape[1], dtype=torch.float64))
+    values = uncertainty_scores(doubled[:, n_test:], [s for s in defined if s != "bald"],
+                                mean_probs=mean_probs[n_test:])
+    per_input = {s: (information[n_test:] if s == "bald" else values[s].cpu()).numpy() for s in defined}
     inside = {s: v[:n_in] for s, v in per_input.items()}
     mean_probs = mean_probs.cpu()
     predictive, disagreement = {"test": mean_probs[:n_test]}, {"test": information[:n_test]}
