@@ -153,7 +153,8 @@ class DistillConfig:
     ``generator``: ``dense`` trains on the D-dimensional vectors (standardised per dimension if
     ``standardize``); ``subspace`` on their coordinates in the top-``subspace_rank`` principal
     subspace of ``fit_samples`` samples, plus the ``residual`` outside it. Offline, the training vectors
-    are held in memory when they take at most ``in_memory_gb``, else read from the store per batch.
+    are held in memory when they take at most ``in_memory_gb`` (for all the seeds training at once), else read
+    from the store per batch.
     Every ``eval_every`` generator steps the generator is scored by ``selection`` on validation inputs
     (:mod:`apd.distillation.selection`) and the best step is kept (``last``: the last one).
     Online: SGLD chains feed a FIFO buffer of ``buffer_size`` samples; every ``t_sgld`` new samples

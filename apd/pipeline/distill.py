@@ -197,7 +197,7 @@ def _seed_group(ctx: RunContext, store: SampleStore, data: TrainingSamples, spec
     parts = []
     for k in group:
         codec = codec_for(ctx, data.fit, seed=k)
-        parts.append((k, codec, data.batches(ctx, store, codec, d, seed=k),
+        parts.append((k, codec, data.batches(ctx, store, codec, d, seed=k, sharing=len(group)),
                       validation_monitor(ctx, spec, reference, seed=k)))
     if d.mode_embedding:
         (k, codec, real, monitor), = parts

@@ -97,9 +97,10 @@ class TrainingSamples:
     alignment: dict
 
     def batches(self, ctx: RunContext, store: SampleStore, codec: WeightCodec, d: DistillConfig,
-                seed: int = 0) -> StoreBatches:
-        """Random real batches of codes for generator seed ``seed``, each row permuted as the fit samples were."""
-        return StoreBatches(store, codec, d.batch_size, d.in_memory_gb, distill_seed(ctx, seed, "batches"),
+                seed: int = 0, sharing: int = 1) -> StoreBatches:
+        """Random real batches of codes for generator seed ``seed``, each row permuted as the fit samples were;
+        held in memory within a ``sharing``-th of ``d.in_memory_gb`` (the seeds training at once share it)."""
+        return StoreBatches(store, codec, d.batch_size, d.in_memory_gb / sharing, distill_seed(ctx, seed, "batches"),
                             ctx.device, self.perms, store.spec)
 
 

@@ -731,7 +731,21 @@ def test_generator_seeds_trained_as_one_batch_are_the_seeds_trained_in_turn(pipe
     generator, judged steps and kept step are those of the seed trained alone, to float rounding: one per
     chain, the stack of both seeds' four GANs against each seed's stack of two (the same batched kernels); one
     generator, a stack of two against one unstacked GAN each (other kernels, so rounding parts them more).
-    Each manifest records the seeds it trained with, the seconds being the group's."""
+    Each manifest records the seeds it trained with, the seconds being the group's. ``in_memory_gb`` bounds
+    what the stage holds at once: one seed's codes fit it, so the seeds in turn hold theirs; two do not, so
+    together each reads its batches from the store (the same batches)."""
+    from apd.distillation.training import StoreBatches
+
+    held, real_init = [], StoreBatches.__init__
+
+    def recording_init(self, *args, **kwargs) -> None:
+        real_init(self, *args, **kwargs)
+        held.append(self.codes is not None)
+
+    monkeypatch.setattr(StoreBatches, "__init__", recording_init)
+    with SampleStore.open(pipeline[0] / "tiny" / "samples.h5") as store:
+        one_seed_gb = len(store) * TINY["distill"]["subspace_rank"] * 4 / 2**30
+    settings = {**settings, "in_memory_gb": 1.5 * one_seed_gb}
     for turn, turn_record, together, together_record in _seeds_in_turn_and_together(pipeline[0], tmp_path,
                                                                                     monkeypatch, settings):
         assert set(turn) == set(together)
@@ -741,6 +755,7 @@ def test_generator_seeds_trained_as_one_batch_are_the_seeds_trained_in_turn(pipe
         for mine, theirs in zip(together_record["history"], turn_record["history"], strict=True):
             assert mine == pytest.approx(theirs, rel=tolerance["rtol"] * 10, abs=1e-5)
         assert together_record["trained_with_seeds"] == [0, 1] and "trained_with_seeds" not in turn_record
+    assert held == [True, True, False, False]
 
 
 @pytest.mark.cuda
