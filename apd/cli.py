@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from apd._version import __version__
 from apd.config import config_hash
 from apd.config_load import load_config
-from apd.errors import ApdError, ArtifactError, ConfigError, out_of_memory_is_an_error
+from apd.errors import ApdError, ArtifactError, ConfigError, device_failures_are_errors
 from apd.experiments.studies import BY_NAME, STUDIES, resolve, study
 from apd.interrupts import (
     exit_code,
@@ -255,14 +255,14 @@ def run(args: argparse.Namespace) -> int:
         args.artifacts = str(Path(args.artifacts) / "reproduce")
     ctx = RunContext(cfg=load_config(args.config, args.set), artifacts_root=Path(args.artifacts),
                      data_dir=args.data_dir, device_name=args.device, force=args.force, quiet=args.quiet)
-    make_current(ctx.device)
     if ctx.cfg.threads:
         torch.set_num_threads(ctx.cfg.threads)
     if ctx.artifacts_root.exists() and not ctx.artifacts_root.is_dir():
         raise ArtifactError(f"--artifacts {ctx.artifacts_root}: not a directory")
     lock = artifact_lock(ctx.layout.lock, shared=args.command in READ_ONLY) if _takes_lock(args.command) \
         else contextlib.nullcontext()
-    with lock, out_of_memory_is_an_error(args.command, ctx.device):
+    with lock, device_failures_are_errors(args.command, ctx.device):
+        make_current(ctx.device)  # a busy card may fail here (CUDA 12 creates the card's context on choosing it)
         if args.command == "info":
             info(ctx)
         elif args.command == "reproduce":

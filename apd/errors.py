@@ -36,6 +36,10 @@ class DeviceMemoryError(ApdError):
     """A CUDA device that ran out of memory; the message names it and the settings to lower."""
 
 
+class DeviceUnusableError(ApdError):
+    """A CUDA device this machine cannot run on (busy, broken, or not served by its driver or PyTorch build)."""
+
+
 # Per command, the settings its GPU memory grows with, which an out-of-memory error names.
 MEMORY_SETTINGS = {
     "sample": "sgld.batch_size or baselines.batch_size",
@@ -44,11 +48,20 @@ MEMORY_SETTINGS = {
 }
 
 
+# CUDA runtime errors (cudaError_t) that say the machine cannot run on a card, not that the code is wrong: the
+# driver is older than the runtime (35, 36), the card is busy or in a prohibited compute mode (46, 216), no
+# card or a bad one (100, 101), no kernel or PTX this build of PyTorch can run there (209, 222), an
+# uncorrectable memory error (214), the driver not ready or mismatched (802 to 804).
+MACHINE_ERRORS = frozenset({35, 36, 46, 100, 101, 209, 214, 216, 222, 802, 803, 804})
+
+
 @contextlib.contextmanager
-def out_of_memory_is_an_error(command: str, device: torch.device) -> Iterator[None]:
-    """``with out_of_memory_is_an_error(command, device):`` turns CUDA running out of memory in the block into
-    a :class:`DeviceMemoryError` naming ``device`` and what to lower for ``command`` (its
-    :data:`MEMORY_SETTINGS`)."""
+def device_failures_are_errors(command: str, device: torch.device) -> Iterator[None]:
+    """``with device_failures_are_errors(command, device):`` turns what the machine causes on a CUDA card in the
+    block into one-line errors: running out of memory into a :class:`DeviceMemoryError` naming ``device`` and
+    what to lower for ``command`` (its :data:`MEMORY_SETTINGS`), a card the machine cannot run on (a
+    :data:`MACHINE_ERRORS` code) into a :class:`DeviceUnusableError`. Other CUDA errors (a device-side assert,
+    an illegal address) are the code's and propagate."""
     import torch
 
     try:
@@ -59,3 +72,8 @@ def out_of_memory_is_an_error(command: str, device: torch.device) -> Iterator[No
         settings = MEMORY_SETTINGS.get(command, "the batch and sample sizes of the config")
         raise DeviceMemoryError(f"CUDA out of memory on {device}: lower {settings} (--set SECTION.KEY=VALUE), "
                                 "or run on another device (--device)") from None
+    except getattr(torch, "AcceleratorError", ()) as exc:  # torch ≥ 2.8 gives CUDA's errors their code
+        if getattr(exc, "error_code", None) not in MACHINE_ERRORS:
+            raise
+        reason = str(exc).splitlines()[0].removeprefix("CUDA error: ")
+        raise DeviceUnusableError(f"{device} cannot be used: {reason}; run on another device (--device)") from None

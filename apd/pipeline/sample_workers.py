@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from apd.errors import ArtifactError, out_of_memory_is_an_error
+from apd.errors import ArtifactError, device_failures_are_errors
 from apd.nets import ParamSpec
 from apd.pipeline.distributed import Group, process_group, worker_device
 from apd.pipeline.layout import checkpoint_of, partial_of
@@ -36,7 +36,7 @@ def spawned_worker(rank: int, size: int, init_method: str, portable: dict) -> No
     ctx = worker_context(rank, size, portable, threads=1)
     ctx = dataclasses.replace(ctx, device_name=str(worker_device(ctx.device, rank)))
     spec = ParamSpec.from_module(ctx.network())
-    with process_group(rank, size, ctx.device, init_method) as group, out_of_memory_is_an_error("sample", ctx.device):
+    with device_failures_are_errors("sample", ctx.device), process_group(rank, size, ctx.device, init_method) as group:
         sample_shard(ctx, spec, group, size)
 
 

@@ -365,6 +365,39 @@ def test_cuda_out_of_memory_is_one_line_naming_the_device_and_what_to_lower(art,
     assert setting in err
 
 
+def _cuda_error(code: int, message: str) -> torch.AcceleratorError:
+    """A CUDA error as torch raises it: its message and CUDA's code."""
+    error = torch.AcceleratorError(f"CUDA error: {message}\nCUDA kernel errors might be asynchronously reported")
+    error.error_code = code
+    return error
+
+
+def test_a_busy_card_is_one_line_naming_it(art, monkeypatch):
+    """A card in exclusive-process mode held by another process fails when the command chooses it (CUDA 12
+    creates the card's context there): one line naming the card, exit code 2."""
+    def busy(device):
+        raise _cuda_error(46, "CUDA-capable device(s) is/are busy or unavailable")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", busy)
+    art.fails("sample", "--device", "cuda:1",
+              match="cuda:1 cannot be used: CUDA-capable device\\(s\\) is/are busy or unavailable; run on another")
+
+
+def test_a_cuda_error_of_the_code_is_not_made_a_users_error(art, monkeypatch):
+    """A device-side assert (CUDA error 710) is a bug, not the machine's doing: it propagates as it is."""
+    def asserting(*args):
+        raise _cuda_error(710, "device-side assert triggered")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr("apd.pipeline.sample.run_sample", asserting)
+    with pytest.raises(torch.AcceleratorError, match="device-side assert"):
+        main(art.argv("sample", "--device", "cuda:0"))
+
+
 @pytest.mark.parametrize("seed", ["99999999999999999", "4294967296", "-1"])
 def test_seed_out_of_range(art, seed):
     art.fails("sample", "--set", f"seed={seed}", match="'seed'")
