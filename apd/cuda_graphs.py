@@ -17,8 +17,11 @@ Output = TypeVar("Output")
 
 
 class RecordedStep(Generic[Output]):
-    """``step()`` — a function of tensors on the CUDA ``device`` that reads its inputs from tensors filled
-    before each call and has no effect but on tensors — run as a CUDA graph.
+    """A step — a function of tensors on the CUDA ``device`` that reads its inputs from tensors filled before
+    each call and has no effect but on tensors — run as a CUDA graph. Each call is given the step (the same
+    one every time: a replay runs what was recorded), rather than the step being kept from construction, so
+    that its owner (whose bound method it usually is) holding this object makes no reference cycle: the
+    graph and its memory pool go when the owner does, not at some later garbage collection.
 
     Its first ``warmup`` calls run as usual, on a side stream of its own, so that cuBLAS, autograd and the
     optimisers set up their workspaces and state for that stream, as recording requires. The next call
@@ -36,9 +39,9 @@ class RecordedStep(Generic[Output]):
     would count as an error of the recording.
     """
 
-    def __init__(self, step: Callable[[], Output], what: str, device: torch.device, warmup: int = 3,
+    def __init__(self, what: str, device: torch.device, warmup: int = 3,
                  generators: Sequence[torch.Generator] = ()) -> None:
-        self.step, self.what, self.warmup, self.generators = step, what, warmup, list(generators)
+        self.what, self.warmup, self.generators = what, warmup, list(generators)
         self.device = torch.device(device)
         self.calls = 0
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -50,26 +53,26 @@ class RecordedStep(Generic[Output]):
     def recorded(self) -> bool:
         return self.graph is not None
 
-    def __call__(self) -> Output:
+    def __call__(self, step: Callable[[], Output]) -> Output:
         self.calls += 1
         if self.graph is not None:
             self.graph.replay()
             return self.output
         if self.failed:
-            return self.step()
+            return step()
         if self.calls > self.warmup:
-            self._record()
+            self._record(step)
             if self.graph is not None:
                 self.graph.replay()
                 return self.output
-            return self.step()
+            return step()
         self.side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.side):
-            output = self.step()
+            output = step()
         torch.cuda.current_stream(self.device).wait_stream(self.side)
         return output
 
-    def _record(self) -> None:
+    def _record(self, step: Callable[[], Output]) -> None:
         """Record the step on the side stream; nothing runs until the graph is replayed."""
         self.side.wait_stream(torch.cuda.current_stream(self.device))
         graph = torch.cuda.CUDAGraph()
@@ -78,7 +81,7 @@ class RecordedStep(Generic[Output]):
         before = torch.cuda.current_stream(self.device)
         try:
             with torch.cuda.graph(graph, stream=self.side, capture_error_mode="thread_local"):
-                self.output = self.step()
+                self.output = step()
         except RuntimeError as err:  # a capture the CUDA runtime refuses: run the step kernel by kernel
             torch.cuda.set_stream(before)  # a refused recording's exit leaves the side stream current
             log.warning("%s steps without a CUDA graph: recording failed (%s)", self.what,

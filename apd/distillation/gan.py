@@ -489,11 +489,11 @@ class GANTrainer:
         shape = (n_critic, *first.shape)
         if self._recorded_real is None or self._recorded_real.shape != shape:
             self._recorded_real = torch.empty(shape, device=self.device, dtype=self.dtype)
-            self._recording = RecordedStep(self._updates, "GAN training", self.device, generators=self._streams())
+            self._recording = RecordedStep("GAN training", self.device, generators=self._streams())
         self._recorded_real[0].copy_(first)
         for slot in self._recorded_real[1:]:
             slot.copy_(self._checked_batch(next_real()))
-        return self._recording()
+        return self._recording(self._updates)
 
     def _updates(self) -> tuple[list[dict[str, Tensor]], dict[str, Tensor]]:
         """The updates of one :meth:`step` on the real batches in ``_recorded_real``: what is recorded."""

@@ -49,7 +49,7 @@ class MinibatchSGD:
         self.net, self.optimizer, self.x, self.y = net, optimizer, x, y
         self.rows = torch.empty(batch_size, dtype=torch.long, device=x.device)
         record = x.is_cuda and trains_alike_in_either_mode(net) if cuda_graph is None else cuda_graph
-        self._step = RecordedStep(self._update, "SGD training", x.device) if record else self._update
+        self._recording = RecordedStep("SGD training", x.device) if record else None
 
     def _update(self) -> Tensor:
         loss = F.cross_entropy(self.net(self.x[self.rows]), self.y[self.rows])
@@ -62,7 +62,7 @@ class MinibatchSGD:
         """The step on rows ``idx``; returns the minibatch loss before it (recorded: the same tensor at every
         call, holding the new value)."""
         self.rows.copy_(idx)
-        return self._step()
+        return self._update() if self._recording is None else self._recording(self._update)
 
 
 @torch.no_grad()

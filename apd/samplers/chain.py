@@ -85,7 +85,7 @@ class SGLDChains:
         if cuda_graph and not self.fused:
             raise ValueError("a CUDA graph of the SGLD step needs the fused update (CUDA and Triton)")
         self.graphed = self.fused if cuda_graph is None else cuda_graph
-        self._graph = RecordedStep(self._fused_step, "SGLD chains", device) if self.graphed else None
+        self._graph = RecordedStep("SGLD chains", device) if self.graphed else None
         if self.fused:
             self.keys = torch.tensor([s.noise for s in seeds], dtype=torch.int64, device=device)
             self._step_keys = torch.empty_like(self.keys)
@@ -119,7 +119,7 @@ class SGLDChains:
         kept = self.theta.clone() if keep else None
         if self.fused:
             self._set_step_inputs(t, lr, temperature)
-            loss = self._graph().clone() if self._graph is not None else self._fused_step()
+            loss = self._graph(self._fused_step).clone() if self._graph is not None else self._fused_step()
         else:
             loss = self._generator_step(self.orders.indices(t), lr, temperature)
         if kept is not None:

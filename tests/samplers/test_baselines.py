@@ -3,6 +3,9 @@ the baselines and SWAG train with, as a plain loop and (on CUDA) replayed from i
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -83,7 +86,7 @@ def test_the_sgd_step_is_the_plain_loop_bit_for_bit():
         loss.backward()
         optimizer.step()
         expected.append(loss.item())
-    assert losses == expected and sgd._step == sgd._update  # on the CPU, never recorded
+    assert losses == expected and sgd._recording is None  # on the CPU, never recorded
     for a, b in zip(net.state_dict().values(), plain.state_dict().values(), strict=True):
         assert torch.equal(a, b)
     assert trains_alike_in_either_mode(net) and not trains_alike_in_either_mode(mlp([5, 4, 3], dropout=0.5))
@@ -93,12 +96,20 @@ def test_the_sgd_step_is_the_plain_loop_bit_for_bit():
 @pytest.mark.parametrize("conv", [(), (2, 3)], ids=["mlp", "cnn"])
 def test_the_recorded_sgd_step_makes_the_updates_of_the_step_as_usual(conv):
     """On CUDA the step of a network without dropout is recorded (at its fourth call) and replayed: 30 steps give
-    the losses and weights of 30 steps as usual, convolutions and max-pooling included."""
+    the losses and weights of 30 steps as usual, convolutions and max-pooling included. The recording (its
+    graph and memory pool) goes with the step, no garbage collection needed."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     recorded_net, recorded, sgd = _sgd_runs("cuda", 30, conv)
     usual_net, usual, _ = _sgd_runs("cuda", 30, conv, cuda_graph=False)
-    assert sgd._step.recorded
+    assert sgd._recording.recorded
     assert recorded == pytest.approx(usual, rel=1e-6, abs=1e-7)
     for a, b in zip(recorded_net.state_dict().values(), usual_net.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b)
+    recording = weakref.ref(sgd._recording)
+    gc.disable()
+    try:
+        del sgd
+        assert recording() is None
+    finally:
+        gc.enable()
