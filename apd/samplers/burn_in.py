@@ -21,6 +21,8 @@ halves, as two chains (split R̂ then cuts each again).
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 
 from apd.samplers.rank_stats import MIN_DRAWS, RHAT_SEVERE, rank_diagnostics
@@ -45,7 +47,7 @@ def trace_burn_in(log_liks: np.ndarray, chains: np.ndarray, grid: tuple[float, .
     traces = np.stack([log_liks[r.numpy()[:length]] for r in rows])
     tried = []
     for fraction in grid:
-        drop = int(fraction * length)
+        drop = int(Fraction(fraction).limit_denominator(1000) * length)  # ⌊f·m⌋ exactly, f = 7/20 not 0.35 − δ
         kept = traces[:, drop:]
         if len(rows) == 1:  # one chain: its two halves as two chains
             half = kept.shape[1] // 2

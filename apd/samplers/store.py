@@ -374,12 +374,18 @@ class SampleStore:
     def _as_rows(self, vecs: Tensor | np.ndarray, single: bool) -> np.ndarray:
         if isinstance(vecs, Tensor):
             vecs = vecs.detach().to("cpu", torch.float32).numpy()
-        rows = np.ascontiguousarray(vecs, dtype=np.float32)
+        with np.errstate(over="ignore"):  # a value past float32's range becomes inf, refused below
+            rows = np.ascontiguousarray(vecs, dtype=np.float32)
         if single and rows.shape != (self.dim,):
             raise ValueError(f"a sample must have shape [{self.dim}], got {list(rows.shape)}")
         if not single and (rows.ndim != 2 or rows.shape[1] != self.dim):
             raise ValueError(f"samples must have shape [k, {self.dim}], got {list(rows.shape)}")
-        return rows.reshape(-1, self.dim)
+        rows = rows.reshape(-1, self.dim)
+        finite = np.isfinite(rows).all(1)
+        if not finite.all():  # a store holds finite samples only: reading checks that, so refuse them here
+            raise ValueError(f"sample {int(np.argmin(finite))} of those appended holds NaN or infinite values "
+                             f"(at float32); nothing was written")
+        return rows
 
     def _write_rows(self, rows: np.ndarray, steps: object, chains: object, lrs: object,
                     log_liks: object) -> range:

@@ -119,6 +119,8 @@ def validate(file: h5py.File, path: Path, expect_spec: ParamSpec | None) -> tupl
         lengths = [file[name].shape[0] for name in COLUMNS]
     except (KeyError, ValueError, TypeError, OSError, ArtifactError) as exc:
         raise ArtifactError(f"{path}: malformed sample store ({exc})") from None
+    if n < 0:
+        raise ArtifactError(f"{path}: malformed sample store ({N_COMPLETE} is {n})")
     if samples.dtype != np.float32 or samples.ndim != 2 or samples.shape[1] != spec.numel:
         raise ArtifactError(f"{path}: malformed sample store (samples {samples.dtype} {samples.shape}, "
                             f"spec needs [n, {spec.numel}] float32)")

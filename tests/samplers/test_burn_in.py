@@ -50,6 +50,14 @@ def test_chains_that_never_agree_drop_half_and_say_so():
     assert len(found["grid"]) == 11
 
 
+def test_the_grid_drops_exactly_the_floor_of_each_fraction():
+    m = 180  # 0.35 · 180 is 62.999… in floating point; ⌊7/20 · 180⌋ = 63
+    log_liks, chains = _chains([])
+    log_liks = np.concatenate([log_liks[c * M:c * M + m] + 3.0 * c for c in range(4)])
+    found = trace_burn_in(log_liks, np.repeat(np.arange(4), m))
+    assert [drop for _, drop, _ in found["grid"]] == [i * m // 20 for i in range(11)]
+
+
 def test_one_chain_is_read_as_its_two_halves():
     rng = np.random.default_rng(1)
     trace = rng.normal(size=M)

@@ -159,6 +159,21 @@ def test_wrong_shapes_are_value_errors(tmp_path):
         assert len(store) == 0
 
 
+def test_non_finite_samples_are_refused_and_the_store_stays_readable(tmp_path):
+    with SampleStore.create(tmp_path / "s.h5", SPEC, META) as store:
+        store.append(np.ones(SPEC.numel), step=0)
+        bad = np.ones((3, SPEC.numel))
+        bad[1, 7] = np.nan
+        with pytest.raises(ValueError, match="sample 1 .* NaN or infinite"):
+            store.append_many(bad, steps=[1, 2, 3])
+        too_large = np.full(SPEC.numel, 1e39)  # finite in float64, infinite at float32
+        with pytest.raises(ValueError, match="sample 0 .* NaN or infinite"):
+            store.append(too_large, step=1)
+        assert len(store) == 1
+    with SampleStore.open(tmp_path / "s.h5") as store:
+        np.testing.assert_array_equal(store.read_all().numpy(), np.ones((1, SPEC.numel), np.float32))
+
+
 def test_rows_past_n_complete_are_ignored_then_dropped(tmp_path):
     """A writer that died between resizing and committing leaves longer datasets than ``n_complete``."""
     path = tmp_path / "s.h5"
@@ -228,12 +243,19 @@ def _other_network(path: Path) -> None:
         store.append(np.zeros(OTHER_SPEC.numel), step=0)
 
 
+def _negative_count(path: Path) -> None:
+    write_store(path, 3)
+    with h5py.File(path, "a") as f:
+        f.attrs["n_complete"] = -3
+
+
 @pytest.mark.parametrize(("make", "message"), [
     (_missing, "not found"),
     (_garbage, "not a readable HDF5 file"),
     (_truncated, "not a readable HDF5 file"),
     (_foreign, "not an apd sample store"),
     (_other_network, "different network"),
+    (_negative_count, "n_complete is -3"),
 ])
 def test_bad_files_raise_one_clear_error(tmp_path, make, message):
     path = tmp_path / "bad.h5"
