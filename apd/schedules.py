@@ -23,16 +23,17 @@ class StepSchedule(ABC):
         """The step size ``lr`` (ε·N) at iteration t."""
 
     def is_sampling(self, t: int) -> bool:
-        """Whether iteration t's parameters are posterior samples (burn-in is the caller's business)."""
+        """Whether θ_t, the parameters after t updates, is a posterior sample (burn-in is the caller's
+        business)."""
         return True
 
     def noise_on(self, t: int) -> bool:
-        """Whether iteration t injects Langevin noise (off means a plain gradient step)."""
+        """Whether update t (θ_t → θ_{t+1}) injects Langevin noise (off means a plain gradient step)."""
         return True
 
     def sampling_count(self, start: int, step: int, n: int) -> int:
-        """How many of the n iterations start, start + step, …, start + (n − 1)·step are in the sampling
-        phase (:meth:`is_sampling`), in closed form: no loop over the iterations."""
+        """How many of the n iterates start, start + step, …, start + (n − 1)·step are samples
+        (:meth:`is_sampling`), in closed form: no loop over the iterations."""
         return n
 
     def apply(self, optimizer: Optimizer, t: int, temperature: float = 1.0) -> None:
@@ -83,8 +84,10 @@ class CyclicalSchedule(StepSchedule):
 
     lr_t = lr0/2 · (cos(π·mod(t, L)/L) + 1),   L = ⌈T/M⌉,
 
-    restarting at lr0 every L iterations. Iteration t explores (plain gradient steps, no noise) while
-    mod(t, L)/L < explore_fraction and samples (Langevin steps, kept as samples) afterwards.
+    restarting at lr0 every L iterations. Update t explores (a plain gradient step, no noise) while
+    mod(t, L)/L < explore_fraction and samples (a Langevin step) afterwards; the samples are the iterates
+    the Langevin steps make, θ_{t+1} for every sampling update t, so a cycle's last one is kept and the
+    iterate its first exploring step made is not.
     """
 
     lr0: float
@@ -112,21 +115,26 @@ class CyclicalSchedule(StepSchedule):
     def lr(self, t: int) -> float:
         return self.lr0 / 2 * (math.cos(math.pi * self._phase(t)) + 1)
 
-    def is_sampling(self, t: int) -> bool:
+    def noise_on(self, t: int) -> bool:
         return self._phase(t) >= self.explore_fraction
 
+    def is_sampling(self, t: int) -> bool:
+        return t > 0 and self.noise_on(t - 1)
+
     def sampling_count(self, start: int, step: int, n: int) -> int:
-        # t samples when mod(t, L) ≥ r0, the first offset whose phase reaches explore_fraction (found with
-        # the float comparison is_sampling makes), and [mod(t, L) ≥ r0] = ⌊(t + L − r0)/L⌋ − ⌊t/L⌋
+        # θ_t is a sample when t > 0 and update u = t − 1 has mod(u, L) ≥ r0, the first offset whose phase
+        # reaches explore_fraction (found with the float comparison noise_on makes), and
+        # [mod(u, L) ≥ r0] = ⌊(u + L − r0)/L⌋ − ⌊u/L⌋; θ_0 (start 0) is the initialisation, no sample
+        if start == 0 and n > 0:
+            start, n = step, n - 1
         length = self.cycle_length
         r0 = min(length, math.ceil(self.explore_fraction * length))
         while r0 > 0 and (r0 - 1) / length >= self.explore_fraction:
             r0 -= 1
         while r0 < length and r0 / length < self.explore_fraction:
             r0 += 1
-        return floor_sum(n, length, step, start + length - r0) - floor_sum(n, length, step, start)
-    def noise_on(self, t: int) -> bool:
-        return self.is_sampling(t)
+        u = start - 1
+        return floor_sum(n, length, step, u + length - r0) - floor_sum(n, length, step, u)
 
 
 def floor_sum(n: int, m: int, a: int, b: int) -> int:
@@ -158,7 +166,8 @@ def make_schedule(cfg: SGLDConfig) -> StepSchedule:
 
 
 def is_thinned_sample(s: SGLDConfig, schedule: StepSchedule, t: int) -> bool:
-    """Whether iterate t is kept: past burn-in, every ``thin``-th, in the schedule's sampling phase."""
+    """Whether iterate t (θ_t) is kept: past burn-in, every ``thin``-th, a sample of the schedule (made by a
+    sampling-phase update)."""
     return t >= s.burn_in and (t - s.burn_in + 1) % s.thin == 0 and schedule.is_sampling(t)
 
 

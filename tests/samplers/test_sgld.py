@@ -189,11 +189,14 @@ def test_cyclical_schedule_values_and_phases() -> None:
     assert schedule.lr(10) == pytest.approx(0.05)  # middle: cos(π/2) = 0
     assert schedule.lr(19) == pytest.approx(0.05 * (1 - math.cos(math.pi / 20)))  # last step of the cycle
     assert schedule.lr(20) == pytest.approx(0.1) and schedule.lr(50) == pytest.approx(0.05)  # restarts
-    sampling = [t for t in range(100) if schedule.is_sampling(t)]
-    assert sampling == [t for t in range(100) if t % 20 >= 16]  # the last 20 % of every cycle
-    assert [schedule.noise_on(t) for t in (15, 16, 19, 20)] == [False, True, True, False]
+    noisy = [t for t in range(100) if schedule.noise_on(t)]
+    assert noisy == [t for t in range(100) if t % 20 >= 16]  # the last 20 % of every cycle's updates
+    sampling = [t for t in range(101) if schedule.is_sampling(t)]
+    assert sampling == [t + 1 for t in noisy]  # the iterates those updates make: 17 … 20, 37 … 40, …
+    assert not schedule.is_sampling(16) and schedule.is_sampling(20) and not schedule.is_sampling(21)
     assert CyclicalSchedule(0.1, total_iterations=101, cycles=5, explore_fraction=0.5).cycle_length == 21
-    assert CyclicalSchedule(0.1, 100, cycles=4, explore_fraction=0.7).is_sampling(int(0.7 * 25) + 1)
+    assert CyclicalSchedule(0.1, 100, cycles=4, explore_fraction=0.7).is_sampling(int(0.7 * 25) + 2)
+    assert not CyclicalSchedule(0.1, 100, cycles=4, explore_fraction=0.0).is_sampling(0)  # θ_0: no update
 
 
 def test_schedule_apply_sets_lr_and_switches_noise_off_while_exploring() -> None:
@@ -212,7 +215,7 @@ def test_make_schedule_builds_the_configured_one() -> None:
     assert poly == PolynomialSchedule(0.3, 4.0, 0.5) and poly.lr(0) == pytest.approx(0.15)
     cyc = make_schedule(SGLDConfig(lr=0.1, schedule="cyclical", iterations=1000, cycles=4,
                                    explore_fraction=0.9))
-    assert cyc == CyclicalSchedule(0.1, 1000, 4, 0.9) and cyc.cycle_length == 250 and cyc.is_sampling(249)
+    assert cyc == CyclicalSchedule(0.1, 1000, 4, 0.9) and cyc.cycle_length == 250 and cyc.is_sampling(250)
 
 
 @pytest.mark.parametrize("schedule", ["constant", "polynomial", "cyclical"])
