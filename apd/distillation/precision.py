@@ -55,10 +55,10 @@ def stored_bytes(numel: int, precision: str) -> int:
 
 def pack(values: Tensor, precision: str) -> dict[str, Tensor]:
     """``values`` as stored at ``precision`` (module docstring), by part: ``{"": values}`` (float32) or
-    ``{"": half}`` (float16); for int8 ``{".int8": codes}`` (int8, the flattened tensor padded to whole
-    blocks), for int4 ``{".int4": pairs}`` (uint8, codes + 8 of numbers 2i and 2i + 1 in the low and high
-    four bits of byte i), each with ``{".scale": scales}`` (float32, one per block). :func:`unpack` reads
-    them back."""
+    ``{"": half}`` (float16); for int8 ``{".int8": codes}`` (int8, one per number of the flattened tensor),
+    for int4 ``{".int4": pairs}`` (uint8, codes + 8 of numbers 2i and 2i + 1 in the low and high four bits
+    of byte i, a last odd number paired with a zero), each with ``{".scale": scales}`` (float32, one per
+    block): :func:`stored_bytes` bytes in all. :func:`unpack` reads them back."""
     _check(precision)
     values = values.detach().float()
     if precision == "float32":
@@ -74,11 +74,16 @@ def pack(values: Tensor, precision: str) -> dict[str, Tensor]:
     code_max = _CODE_MAX[precision]
     scale = padded.abs().amax(1, keepdim=True) / code_max
     codes = torch.where(scale > 0, padded / scale.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
-    codes = codes.round().clamp(-code_max, code_max).view(-1)
+    codes = codes.round().clamp(-code_max, code_max).view(-1)[:_code_count(flat.numel(), precision)].clone()
     if precision == "int8":
         return {".int8": codes.to(torch.int8), ".scale": scale.view(-1)}
     nibbles = (codes + 8).to(torch.uint8).view(-1, 2)
     return {".int4": nibbles[:, 0] | (nibbles[:, 1] << 4), ".scale": scale.view(-1)}
+
+
+def _code_count(numel: int, precision: str) -> int:
+    """How many codes :func:`pack` stores for ``numel`` numbers: one each, int4's rounded up to whole bytes."""
+    return numel + numel % 2 if precision == "int4" else numel
 
 
 def _codes(parts: dict[str, Tensor]) -> Tensor:
@@ -100,11 +105,12 @@ def unpack(parts: dict[str, Tensor], shape: torch.Size | tuple[int, ...], precis
         return parts[""].float().reshape(shape)
     blocks = math.ceil(numel / CODE_BLOCK)
     codes = _codes(parts)
-    if codes.numel() != blocks * CODE_BLOCK or parts[".scale"].numel() != blocks:
+    # codes padded to whole blocks are how generators stored before the padding was dropped: read them too
+    if codes.numel() not in (_code_count(numel, precision), blocks * CODE_BLOCK) or parts[".scale"].numel() != blocks:
         raise ValueError(f"{codes.numel()} {precision} codes and {parts['.scale'].numel()} scales for a tensor of "
                          f"shape {list(shape)}")
-    blocks = codes.view(-1, CODE_BLOCK) * parts[".scale"].view(-1, 1)
-    return blocks.view(-1)[:numel].reshape(shape)
+    padded = torch.cat([codes[:numel], codes.new_zeros(blocks * CODE_BLOCK - numel)])
+    return (padded.view(-1, CODE_BLOCK) * parts[".scale"].view(-1, 1)).view(-1)[:numel].reshape(shape)
 
 
 def round_trip(values: Tensor, precision: str) -> Tensor:

@@ -9,9 +9,11 @@ from apd.distillation.precision import (
     CODE_BLOCK,
     in_samples,
     module_bytes,
+    pack,
     round_trip,
     round_trip_module_,
     stored_bytes,
+    unpack,
 )
 
 
@@ -80,6 +82,29 @@ def test_bytes_per_number_and_samples_worth():
     assert in_samples(stored_bytes(640, "int8"), 640) == pytest.approx(680 / 2560)
 
 
+@pytest.mark.parametrize("precision", ["float32", "float16", "int8", "int4"])
+def test_what_is_stored_takes_exactly_the_bytes_counted(precision):
+    for numel in (1, 63, 64, 65, 101, 300):
+        values = torch.randn(numel, generator=torch.Generator().manual_seed(numel))
+        parts = pack(values, precision)
+        assert sum(part.untyped_storage().nbytes() for part in parts.values()) == stored_bytes(numel, precision)
+        torch.testing.assert_close(unpack(parts, (numel,), precision), round_trip(values, precision))
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_codes_padded_to_whole_blocks_as_stored_before_read_back_the_same(precision):
+    values = torch.randn(101, generator=torch.Generator().manual_seed(0))
+    parts = pack(values, precision)
+    code = next(suffix for suffix in parts if suffix != ".scale")
+    width = CODE_BLOCK if precision == "int8" else CODE_BLOCK // 2  # entries a block's codes take in the part
+    zero = 0 if precision == "int8" else 0x88  # code 0 (int4: 0 + 8 in both nibbles)
+    padding = torch.full((2 * width - parts[code].numel(),), zero, dtype=parts[code].dtype)
+    padded = {**parts, code: torch.cat([parts[code], padding])}
+    torch.testing.assert_close(unpack(padded, (101,), precision), unpack(parts, (101,), precision), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="codes"):
+        unpack({**parts, code: parts[code][:-1]}, (101,), precision)
+
+
 def test_a_module_is_stored_tensor_by_tensor_and_read_back_in_place():
     module = torch.nn.Linear(100, 3)  # weight 300 numbers, bias 3
     module.register_buffer("scale", torch.tensor(5.0))
@@ -98,15 +123,15 @@ def test_a_state_dict_is_stored_in_its_precisions_parts_and_read_back_by_name_an
     g = torch.Generator().manual_seed(0)
     state = {"w": torch.randn(3, 50, generator=g), "b": torch.randn(7, generator=g), "steps": torch.tensor(4)}
     packed = pack_state(state, "int8")
-    assert packed["w.int8"].dtype == torch.int8 and packed["w.int8"].numel() == 3 * CODE_BLOCK  # 150 → 3 blocks
-    assert packed["w.scale"].dtype == torch.float32 and packed["w.scale"].shape == (3,)
+    assert packed["w.int8"].dtype == torch.int8 and packed["w.int8"].numel() == 150  # a code a number
+    assert packed["w.scale"].dtype == torch.float32 and packed["w.scale"].shape == (3,)  # 150 → 3 blocks
     assert torch.equal(packed["steps"], state["steps"])  # not a float: stored as it is
     back = unpack_state(packed, state, "int8")
     for name in ("w", "b"):
         assert torch.equal(back[name], round_trip(state[name], "int8"))
     assert pack_state(state, "float16")["w"].dtype == torch.float16
     nibbles = pack_state(state, "int4")
-    assert nibbles["w.int4"].dtype == torch.uint8 and nibbles["w.int4"].numel() == 3 * CODE_BLOCK // 2
+    assert nibbles["w.int4"].dtype == torch.uint8 and nibbles["w.int4"].numel() == 75
     assert torch.equal(unpack_state(nibbles, state, "int4")["w"], round_trip(state["w"], "int4"))
     same = unpack_state(pack_state(state, "float32"), state, "float32")
     assert all(torch.equal(same[name], value) for name, value in state.items())
