@@ -1,7 +1,8 @@
 """Storing a posterior's numbers at lower precision, and what that storage costs.
 
 Every stored tensor (a kept sample, a generator's weights, a codec's mean, basis and residual factors) is
-kept at one of :data:`PRECISIONS` and read back as float32:
+kept at one of :data:`PRECISIONS` and read back as float32; a module's scalars stay at float32
+(:func:`precision_of`):
 
 - ``float32``: as is, 4 bytes a number;
 - ``float16``: IEEE half precision, 2 bytes a number: a relative error of at most 2⁻¹¹ from 2⁻¹⁴ ≈ 6.1e-5
@@ -119,28 +120,41 @@ def round_trip(values: Tensor, precision: str) -> Tensor:
     return unpack(pack(values, precision), values.shape, precision)
 
 
+def precision_of(tensor: Tensor, precision: str) -> str:
+    """The precision a module's floating-point ``tensor`` is stored at when the module is stored at
+    ``precision``: float32 for a scalar (0-d: a count, a scale; 4 bytes where int8 and int4 would take 5,
+    code and block scale, and float16 could not hold a data size above 65,504), else ``precision``."""
+    return "float32" if tensor.dim() == 0 else precision
+
+
 def pack_state(state: dict[str, Tensor], precision: str) -> dict[str, Tensor]:
     """A state_dict stored at ``precision``: every floating-point tensor ``name`` becomes its :func:`pack`
-    parts, ``name`` + part suffix; other tensors stay as they are."""
+    parts at :func:`precision_of` it, ``name`` + part suffix; other tensors stay as they are."""
     packed: dict[str, Tensor] = {}
     for name, tensor in state.items():
         if not tensor.is_floating_point():
             packed[name] = tensor
             continue
-        packed.update({name + suffix: part for suffix, part in pack(tensor, precision).items()})
+        packed.update({name + suffix: part for suffix, part in pack(tensor, precision_of(tensor, precision)).items()})
     return packed
 
 
 def unpack_state(packed: dict[str, Tensor], template: dict[str, Tensor], precision: str) -> dict[str, Tensor]:
     """The state_dict :func:`pack_state` stored, read back with the names and shapes of ``template`` (e.g. a
     freshly built module's state_dict); a missing part is a ``KeyError``, a part of the wrong size or one
-    the template has no place for a ``ValueError``."""
-    suffixes = pack(torch.zeros(1), precision)
-    expected = {name + suffix if tensor.is_floating_point() else name
-                for name, tensor in template.items() for suffix in suffixes}
+    the template has no place for a ``ValueError``. A scalar stored at ``precision`` (as modules were stored
+    before scalars were kept at float32) reads back too."""
+    def stored_at(name: str, tensor: Tensor) -> str:
+        return precision if tensor.dim() == 0 and name not in packed else precision_of(tensor, precision)
+
+    def suffixes(name: str, tensor: Tensor) -> list[str]:
+        return list(pack(torch.zeros(1), stored_at(name, tensor))) if tensor.is_floating_point() else [""]
+
+    expected = {name + suffix for name, tensor in template.items() for suffix in suffixes(name, tensor)}
     if extra := sorted(set(packed) - expected):
         raise ValueError(f"stored tensor {extra[0]!r} has no place in the module")
-    return {name: (unpack({suffix: packed[name + suffix] for suffix in suffixes}, tensor.shape, precision)
+    return {name: (unpack({suffix: packed[name + suffix] for suffix in suffixes(name, tensor)}, tensor.shape,
+                          stored_at(name, tensor))
                    if tensor.is_floating_point() else packed[name])
             for name, tensor in template.items()}
 
@@ -151,16 +165,17 @@ def module_tensors(module: nn.Module) -> list[Tensor]:
 
 
 def module_bytes(module: nn.Module, precision: str) -> int:
-    """Bytes of ``module``'s stored tensors at ``precision``, each tensor stored on its own."""
-    return sum(stored_bytes(t.numel(), precision) for t in module_tensors(module))
+    """Bytes of ``module``'s stored tensors at ``precision``, each tensor stored on its own at
+    :func:`precision_of` it."""
+    return sum(stored_bytes(t.numel(), precision_of(t, precision)) for t in module_tensors(module))
 
 
 @torch.no_grad()
 def round_trip_module_(module: nn.Module, precision: str) -> nn.Module:
-    """Replace every stored tensor of ``module`` by its :func:`round_trip` at ``precision``, in place;
-    returns ``module``."""
+    """Replace every stored tensor of ``module`` by its :func:`round_trip` at :func:`precision_of` it under
+    ``precision``, in place; returns ``module``."""
     for tensor in module_tensors(module):
-        tensor.copy_(round_trip(tensor, precision))
+        tensor.copy_(round_trip(tensor, precision_of(tensor, precision)))
     return module
 
 

@@ -10,10 +10,12 @@ from apd.distillation.precision import (
     in_samples,
     module_bytes,
     pack,
+    pack_state,
     round_trip,
     round_trip_module_,
     stored_bytes,
     unpack,
+    unpack_state,
 )
 
 
@@ -109,17 +111,29 @@ def test_a_module_is_stored_tensor_by_tensor_and_read_back_in_place():
     module = torch.nn.Linear(100, 3)  # weight 300 numbers, bias 3
     module.register_buffer("scale", torch.tensor(5.0))
     assert module_bytes(module, "float32") == 4 * 304
-    assert module_bytes(module, "int8") == (300 + 4 * 5) + (3 + 4) + (1 + 4)
+    assert module_bytes(module, "int8") == (300 + 4 * 5) + (3 + 4) + 4  # the scalar at float32
     before = {name: t.clone() for name, t in module.state_dict().items()}
     round_trip_module_(module, "int8")
-    for name, value in module.state_dict().items():
-        torch.testing.assert_close(value, round_trip(before[name], "int8"), rtol=0, atol=0)
-    assert float(module.scale) == 5.0  # a block's largest value is kept exactly
+    for name in ("weight", "bias"):
+        torch.testing.assert_close(module.state_dict()[name], round_trip(before[name], "int8"), rtol=0, atol=0)
+    assert float(module.scale) == 5.0
+
+
+def test_a_scalar_is_stored_at_float32_whatever_the_modules_precision():
+    state = {"w": torch.randn(10, generator=torch.Generator().manual_seed(0)), "data_size": torch.tensor(110_000.0)}
+    for precision in ("float16", "int8", "int4"):
+        packed = pack_state(state, precision)  # 110,000 does not fit float16
+        assert packed["data_size"].dtype == torch.float32 and "data_size.scale" not in packed
+        back = unpack_state(packed, state, precision)
+        assert float(back["data_size"]) == 110_000.0
+        assert torch.equal(back["w"], round_trip(state["w"], precision))
+    before = {"w": state["w"], "data_size": torch.tensor(3.0)}  # stored whole at int8, as modules were before
+    old = {**pack_state({"w": before["w"]}, "int8"),
+           **{"data_size" + suffix: part for suffix, part in pack(before["data_size"], "int8").items()}}
+    assert float(unpack_state(old, before, "int8")["data_size"]) == 3.0
 
 
 def test_a_state_dict_is_stored_in_its_precisions_parts_and_read_back_by_name_and_shape():
-    from apd.distillation.precision import pack_state, unpack_state
-
     g = torch.Generator().manual_seed(0)
     state = {"w": torch.randn(3, 50, generator=g), "b": torch.randn(7, generator=g), "steps": torch.tensor(4)}
     packed = pack_state(state, "int8")
