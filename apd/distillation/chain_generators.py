@@ -21,12 +21,14 @@ from apd.errors import ArtifactError
 
 
 def systematic_allocation(shares: Tensor, k: int, start: Tensor | float = 0.5) -> Tensor:
-    """The part of each of k members, for parts of ``shares`` (summing to 1): member i takes the part whose
-    cumulative share first exceeds (i + u)/k (systematic sampling, start u ∈ [0, 1); ½ by default), so part j
-    gets k·w_j members to within one, in order. A start u ~ U[0, 1) makes it systematic resampling (Kitagawa,
-    1996): part j's count then has expectation exactly k·w_j."""
+    """The part of each of k members, for parts of ``shares`` w (normalised to sum to 1 here, so that shares
+    read back rounded, as a generator stored below float32 holds them, keep their proportions): member i
+    takes the part whose cumulative share first exceeds (i + u)/k (systematic sampling, start u ∈ [0, 1); ½ by
+    default), so part j gets k·w_j members to within one, in order. A start u ~ U[0, 1) makes it systematic
+    resampling (Kitagawa, 1996): part j's count then has expectation exactly k·w_j."""
     positions = (torch.arange(k, device=shares.device) + start) / k
-    return torch.searchsorted(shares.cumsum(0), positions).clamp_max(len(shares) - 1)
+    cumulative = shares.cumsum(0)
+    return torch.searchsorted(cumulative / cumulative[-1], positions).clamp_max(len(shares) - 1)
 
 
 class ChainGenerators(nn.Module):

@@ -20,6 +20,9 @@ def test_systematic_allocation_gives_each_part_its_share_to_within_one_in_order(
     assert systematic_allocation(shares, 3).tolist() == [0, 1, 1]  # positions 1/6, 1/2, 5/6
     counts = torch.bincount(systematic_allocation(torch.tensor([0.5, 0.3, 0.2]), 10), minlength=3)
     assert counts.tolist() == [5, 3, 2]
+    rounded = torch.tensor([0.1, 0.2, 0.3, 0.4]) * 1.029  # shares read back rounded: their sum is not 1
+    counts = torch.bincount(systematic_allocation(rounded, 10_000), minlength=4)
+    assert counts.tolist() == [1000, 2000, 3000, 4000]
 
 
 def _constant_generator(value: float) -> Generator:
