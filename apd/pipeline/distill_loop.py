@@ -98,14 +98,15 @@ def train(ctx: RunContext, trainer: GANTrainer | ChainTrainers, runs: list[SeedR
           inputs: dict, between_steps: Callable[[int], None] | None = None) -> list[dict]:
     """``[distill] steps`` calls of ``step`` (one generator step of ``trainer``, returning each run's
     statistics), the runs judged every ``eval_every`` steps and at the last; checkpointed every
-    ``checkpoint_every`` steps into the first run's checkpoint (with the seeds it trains, so a run of other
-    seeds starts afresh) and resumed from it, unless ``between_steps`` is given (online runs hold SGLD chains
+    ``checkpoint_every`` steps into the first run's checkpoint (with the seeds it trains and the kind of
+    device its random streams are on, so a run of other seeds, or on a CPU after a card, starts afresh) and resumed from it, unless ``between_steps`` is given (online runs hold SGLD chains
     and a buffer: they start afresh). Returns each run's summary (:func:`_kept`)."""
     d = ctx.cfg.distill
     stage_hash, seeds = config_hash(ctx.cfg, "distill"), [run.seed for run in runs]
     checkpoint = checkpoint_of(ctx.layout.generator_of(seeds[0]))
     resumable = between_steps is None
-    ckpt = (load_checkpoint(checkpoint, config_hash=stage_hash, inputs=inputs, seeds=seeds)
+    streams = torch.device(ctx.device).type  # a CPU's and a card's random streams have states of other kinds
+    ckpt = (load_checkpoint(checkpoint, config_hash=stage_hash, inputs=inputs, seeds=seeds, streams=streams)
             if resumable and not ctx.force else None)
     if ckpt is not None:
         trainer.load_state_dict(ckpt["trainer"])
@@ -132,7 +133,8 @@ def train(ctx: RunContext, trainer: GANTrainer | ChainTrainers, runs: list[SeedR
                          acc=_joined([j["accuracy"] for j in judged], ".4f"))
             if resumable and at % d.checkpoint_every == 0 and at < d.steps:
                 save_torch_atomic(checkpoint, {"config_hash": stage_hash, "inputs": inputs, "seeds": seeds,
-                                               "trainer": trainer.state_dict(), "runs": [run.state() for run in runs]})
+                                               "streams": streams, "trainer": trainer.state_dict(),
+                                               "runs": [run.state() for run in runs]})
     return [_kept(ctx, run, run_stats) for run, run_stats in zip(runs, stats, strict=True)]
 
 

@@ -109,9 +109,12 @@ def test_evaluate_without_generator_names_the_stage(tmp_path, capsys):
 def test_interrupted_distillation_resumes_to_the_same_generator(pipeline, tmp_path, monkeypatch, caplog, settings):
     """Interrupted after 100 GAN trainer steps (per chain: steps of the chains trained as one; conditioned on
     the chain: of the one generator; two seeds: of both seeds' chains trained as one batch, as on a GPU), the
-    resumed run ends with the generators an uninterrupted run gives."""
+    resumed run ends with the generators an uninterrupted run gives. The checkpoint names the kind of device
+    its random streams are on; one generator's, said to be a card's, is not resumed on the CPU: that run
+    starts afresh, to the same generator."""
     from apd.distillation.gan import GANTrainer
     from apd.pipeline import distill
+    from apd.pipeline.layout import checkpoint_of
 
     root, _ = pipeline
     monkeypatch.setattr(distill, "trains_seeds_together", lambda ctx, seeds: len(seeds) > 1)
@@ -138,9 +141,17 @@ def test_interrupted_distillation_resumes_to_the_same_generator(pipeline, tmp_pa
     with pytest.raises(KeyboardInterrupt):
         distill.run_distill(ctx)
     monkeypatch.setattr(GANTrainer, "step_by_chain", real_step)
-    with caplog.at_level(logging.INFO, logger="apd.pipeline.distill_loop"):
+    checkpoint = checkpoint_of(ctx.layout.generator_of(0))
+    saved = torch.load(checkpoint, weights_only=True)
+    assert saved["streams"] == "cpu"
+    if not settings:
+        torch.save({**saved, "streams": "cuda"}, checkpoint)
+    with caplog.at_level(logging.INFO):
         distill.run_distill(ctx)
-    assert "resuming distillation at generator step 80" in caplog.text  # the checkpoint of step 80 (every 40)
+    if settings:
+        assert "resuming distillation at generator step 80" in caplog.text  # the checkpoint of step 80 (every 40)
+    else:
+        assert "resuming" not in caplog.text and "from another configuration" in caplog.text
     for k, reference in enumerate(references):
         resumed = torch.load(ctx.layout.generator_last_of(k), weights_only=True)
         assert set(resumed) == set(reference)
