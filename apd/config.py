@@ -191,7 +191,7 @@ class DistillConfig:
     clip: float = bounded(0.01, gt=0)
     n_critic: int = bounded(5, ge=1)
     lr: float = bounded(0.0, ge=0)  # 0: the loss's default (WGAN-GP 1e-4, WGAN 5e-5, GAN 2e-4)
-    beta1: float = bounded(0.5, ge=0, lt=1)
+    beta1: float = bounded(0.5, ge=0, lt=1)  # Adam's betas for every loss trained with Adam (gan as well)
     beta2: float = bounded(0.9, ge=0, lt=1)
     batch_size: int = bounded(100, ge=1)
     steps: int = bounded(100_000, ge=1)
