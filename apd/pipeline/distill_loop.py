@@ -99,8 +99,9 @@ def train(ctx: RunContext, trainer: GANTrainer | ChainTrainers, runs: list[SeedR
     """``[distill] steps`` calls of ``step`` (one generator step of ``trainer``, returning each run's
     statistics), the runs judged every ``eval_every`` steps and at the last; checkpointed every
     ``checkpoint_every`` steps into the first run's checkpoint (with the seeds it trains and the kind of
-    device its random streams are on, so a run of other seeds, or on a CPU after a card, starts afresh) and resumed from it, unless ``between_steps`` is given (online runs hold SGLD chains
-    and a buffer: they start afresh). Returns each run's summary (:func:`_kept`)."""
+    device its random streams are on, so a run of other seeds, or on a CPU after a card, starts afresh) and
+    resumed from it, unless ``between_steps`` is given (online runs hold SGLD chains and a buffer: they start
+    afresh). Returns each run's summary (:func:`_kept`)."""
     d = ctx.cfg.distill
     stage_hash, seeds = config_hash(ctx.cfg, "distill"), [run.seed for run in runs]
     checkpoint = checkpoint_of(ctx.layout.generator_of(seeds[0]))
