@@ -46,6 +46,7 @@ from typing import Any
 from apd.config import PipelineConfig
 from apd.errors import ArtifactError
 from apd.evaluation.choice import choice_markdown
+from apd.evaluation.yardstick import per_draw
 from apd.experiments.studies import STUDIES, resolve
 from apd.io import read_json, write_text_atomic, written_together
 from apd.pipeline.figures import EVALUATION_FIGURES
@@ -358,6 +359,10 @@ def render_samplers(manifests: dict[str, dict]) -> str:
 
 STANDING = (("bald_gap", "worst BALD gap"), ("max_prob_gap", "worst max-prob gap"), ("nll_gap", "NLL gap"),
             ("kl", "KL"))  # the summaries a distiller's standing is read on
+OF_THE_MEAN = ("bald_gap", "max_prob_gap", "nll_gap")  # ranked otherwise in evaluations written before gaps per draw
+STARRED = ("\n\n\\* An evaluation written before gaps per draw: its AUROC gaps are those of APD's mean AUROC over "
+           "the runs, which leans in its favour against random subsets judged once each, and its NLL gap is signed; "
+           "its KL is the mean of the runs' KL, as every evaluation's is (docs/design.md, the honest protocol).")
 
 
 def render_standing(results: dict[str, dict], manifests: dict[str, dict]) -> str:
@@ -376,14 +381,17 @@ def render_standing(results: dict[str, dict], manifests: dict[str, dict]) -> str
         equal = result["yardstick"]["equal_storage"]["apd"]
         kept = equal["at_precision"]["key"] if "at_precision" in equal else str(equal["k"])
         ranks = replicated["against"][kept]["percentile"]
+        mean_gaps = not per_draw(result.get("quality", {}).values())
         body.append([f"`{name}`", f"{manifests[name]['diagnostics']['chains_used']}",
                      f"{function['ess_bulk_median']:,.0f}", halves,
                      format_sample_count(result["storage"]["apd"]["in_sgld_samples"]), kept,
                      f"{replicated['seeds']}",
-                     *(" / ".join(f"{value:.1f}" for value in ranks[key]["values"]) for key, _ in STANDING)])
+                     *(" / ".join(f"{value:.1f}" for value in ranks[key]["values"])
+                       + (" *" if mean_gaps and key in OF_THE_MEAN else "") for key, _ in STANDING)])
     header = ["pipeline", "chains", r"p(y \| x) bulk ESS median", "reference halves apart (AUROC, NLL)",
               "APD storage", "against kept", "seeds", *(f"percentile: {label}" for _, label in STANDING)]
-    return markdown_table(header, body)
+    starred = any(not per_draw(result.get("quality", {}).values()) for result in results.values())
+    return markdown_table(header, body) + (STARRED if starred else "")
 
 
 def render_toy2d(summary: dict) -> str:

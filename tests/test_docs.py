@@ -225,7 +225,8 @@ def test_samplers_put_several_pipelines_sample_manifests_side_by_side(project):
 
 def test_standing_sets_each_pipelines_reference_beside_apds_percentile_ranks(project):
     """One row per pipeline: its chains, ESS and split halves beside each seed's percentile ranks against the
-    samples APD's storage buys at its own precision (or at float32 where it has none)."""
+    samples APD's storage buys at its own precision (or at float32 where it has none); the AUROC and NLL ranks
+    of an evaluation written before gaps per draw starred, and the star explained under the table."""
     def pipeline(name: str, chains: int, ess: float, at_precision: bool, stability: bool) -> None:
         family = {"ess_bulk_median": ess}
         ranks, other = ({key: {"values": values} for key in ("bald_gap", "max_prob_gap", "nll_gap", "kl")}
@@ -235,7 +236,8 @@ def test_standing_sets_each_pipelines_reference_beside_apds_percentile_ranks(pro
         if at_precision:
             against["15 int8"]["percentile"] = ranks
         results = {"storage": {"apd": {"in_sgld_samples": 3.796}}, "yardstick": {"equal_storage": {"apd": equal}},
-                   "replicates": {"apd": {"seeds": 3, "against": against}}}
+                   "replicates": {"apd": {"seeds": 3, "against": against}},
+                   "quality": {"apd": {"set_gaps": {}} if stability else {}}}  # the older one: no gaps per draw
         if stability:
             results["reference_stability"] = {"split_half": {"max_auroc_gap": 0.509, "nll_gap": 0.00074}}
         folder = project / "docs" / "results" / name
@@ -246,10 +248,12 @@ def test_standing_sets_each_pipelines_reference_beside_apds_percentile_ranks(pro
     pipeline("many", 64, 111.2, at_precision=True, stability=True)
     pipeline("few", 4, 897.6, at_precision=False, stability=False)
     document = "<!-- results:many,few:standing -->\nold\n<!-- end -->\n"
-    rows = [line for line in render_document(document, project).splitlines() if line.startswith("| `")]
-    ranks = " | 0.0 / 4.5 / 100.0" * 4
+    rendered = render_document(document, project).splitlines()
+    rows = [line for line in rendered if line.startswith("| `")]
+    ranks, starred = " | 0.0 / 4.5 / 100.0" * 4, " | 0.0 / 4.5 / 100.0 *" * 3 + " | 0.0 / 4.5 / 100.0"
     assert rows == [f"| `many` | 64 | 111 | 0.51 points, 0.0007 nats | 3.8 | 15 int8 | 3{ranks} |",
-                    f"| `few` | 4 | 898 | — | 3.8 | 4 | 3{ranks} |"]
+                    f"| `few` | 4 | 898 | — | 3.8 | 4 | 3{starred} |"]
+    assert any(line.startswith("\\* An evaluation written before gaps per draw") for line in rendered)
 
 
 def test_performance_table_is_rendered_from_the_benchmark_records(project):

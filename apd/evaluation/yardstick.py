@@ -7,7 +7,8 @@ Quality of an ensemble, against SGLD (the reference); every summary is a gap, sm
   percent points over the OOD sets o (two-sided: detecting an OOD set better than SGLD is as far from SGLD as
   detecting it worse; None for one network, which has no BALD);
 - ``max_prob_gap``: the same for the max-probability score (1 − max p̄, the paper's "variation ratio");
-- ``nll_gap``: NLL − NLL_SGLD on the test set (nats; signed: a lower NLL than SGLD's is not a shortfall);
+- ``nll_gap``: |NLL − NLL_SGLD| on the test set (nats; two-sided: a lower NLL than SGLD's is as far from SGLD
+  as a higher one);
 - ``kl``: (1/N) Σ_n KL(p̄_SGLD(· | x_n) ‖ p̄(· | x_n)) on the N test inputs, and ``kl_ood`` the same on
   each OOD set's inputs, averaged over the sets;
 - ``input_bald_gap``: (1/N) Σ_n |I(x_n) − I_SGLD(x_n)| on the test inputs, I the per-input BALD
@@ -15,17 +16,22 @@ Quality of an ensemble, against SGLD (the reference); every summary is a gap, sm
   sets (:func:`apd.distillation.selection.function_space_gap`'s two terms, here on the final inputs).
 
 AUROC and NLL references are SGLD's own evaluated numbers (its ensemble size, mean over runs); p̄_SGLD and
-I_SGLD are those of (up to a cap) every stored sample. :func:`kept_samples` measures k kept samples three
-ways: centred in equal parts of each chain (``evenly_spaced``), the last samples of each chain
-(``last``), and ``subsets`` random subsets stratified by chain (``random``: mean, std, 5–95 % band and
-every subset's value); :func:`kept_curve` does so for several k.
+I_SGLD are those of (up to a cap) every stored sample. Every gap is one ensemble's: a random subset's is that
+of one draw of k kept samples, and a method judged over R runs (R draws of its ensemble) has the mean of its
+R draws' gaps (:func:`drawn_quality`), the gap one draw of it has on average — not the gap of its runs'
+mean AUROC, which is smaller wherever the draws scatter about SGLD's value. :func:`kept_samples` measures
+k kept samples three ways: centred in equal parts of each chain (``evenly_spaced``), the last samples of
+each chain (``last``), and ``subsets`` random subsets stratified by chain (``random``: mean, std, 5–95 %
+band and every subset's value); :func:`kept_curve` does so for several k.
 
 A method's standing against its ⌈S⌉ kept samples (:func:`standing`) is its **percentile rank** among the
 random subsets, :func:`percentile_rank`: the percentage of subsets whose gap is strictly larger than the
 method's, ties counted half. It **wins** a comparison where its gap is smaller than both fixed selections'
 (evenly spaced and last) and its percentile rank is at least :data:`WIN_PERCENTILE` (better than 95 % of
-random subsets; a method that is one more random subset does so 5 % of the time). :func:`ranks_over_kept`
-counts the wins set by set (each score's absolute AUROC gap per OOD set) and on the NLL gap. Nothing is
+random subsets: a method judged once that is one more random subset does so 5 % of the time, one judged as
+the mean gap of R draws of random subsets far less often, as its mean gap sits near the subsets' mean).
+:func:`ranks_over_kept` counts the wins set by set (each score's absolute AUROC gap per OOD set, averaged
+over the method's draws) and on the NLL gap. Nothing is
 chosen here: these are the final report's numbers on the test split and the reported OOD sets. No paths, no
 run context: callers pass the store's predictions (:class:`~apd.evaluation.stored.StoredPredictions`, each
 stored sample predicted once for the reference and every kept subset), the inputs and generators.
@@ -59,6 +65,17 @@ FIXED = ("evenly_spaced", "last")  # the fixed selections of kept samples
 RANK_RULE = ("Percentile rank: the percentage of the random subsets whose gap is strictly larger than the method's, "
              "ties counted half; band: the subsets' 5–95 % range. A win: a gap smaller than both the evenly spaced "
              f"and the last samples' and a percentile rank of at least {WIN_PERCENTILE:g}.")
+
+
+# how a study's note describes its NLL and per-set gaps, by whether its summaries hold gaps per draw (set_gaps)
+GAPS_PER_DRAW = {True: "two-sided; a method's NLL and per-set AUROC gaps are the means of its draws' gaps",
+                 False: "signed; a method's per-set AUROC gaps are those of its draws' mean AUROCs, as studies "
+                        "written before gaps per draw have them"}
+
+
+def per_draw(summaries: Iterable[dict | None]) -> bool:
+    """Whether the judged summaries of a study hold gaps per draw (``set_gaps``: :func:`summarise`)."""
+    return any(summary is not None and "set_gaps" in summary for summary in summaries)
 
 
 @dataclass(frozen=True)
@@ -132,18 +149,37 @@ def quality(bald_auroc: dict[str, float | None], max_prob_auroc: dict[str, float
     ``function``."""
     return {"bald_gap": worst_gap(reference.bald_auroc, bald_auroc),
             "max_prob_gap": worst_gap(reference.max_prob_auroc, max_prob_auroc),
-            "nll_gap": nll - reference.nll, **{key: function[key] for key in FUNCTION_KEYS}}
+            "nll_gap": abs(nll - reference.nll), **{key: function[key] for key in FUNCTION_KEYS}}
 
 
 def summarise(judgement: Judgement, reference: Reference) -> dict[str, float | None]:
-    """Accuracy, NLL, mean BALD AUROC (percent, over the OOD sets) and :func:`quality` of one judgement."""
+    """Accuracy, NLL, mean BALD AUROC (percent, over the OOD sets), :func:`quality`, the per-set AUROCs
+    (``auroc``: score → set) and their gaps |AUROC_SGLD,o − AUROC_o| (``set_gaps``; None where the ensemble or
+    SGLD has no such score) of one judgement."""
     aurocs = {score: judgement.set_aurocs(score) for score in SCORES}
+    sgld = {"bald": reference.bald_auroc, "max_prob": reference.max_prob_auroc}
     bald = [v for v in aurocs["bald"].values() if v is not None]
     return {"acc": judgement.accuracy["acc"], "nll": judgement.accuracy["nll"],
             "mean_bald_auroc": float(np.mean(bald)) if len(bald) == len(aurocs["bald"]) and bald else None,
             **quality(aurocs["bald"], aurocs["max_prob"], judgement.accuracy["nll"],
                       function_gaps(judgement.predictive, judgement.information, reference), reference),
-            "auroc": aurocs}
+            "auroc": aurocs,
+            "set_gaps": {score: {name: None if value is None or name not in sgld[score] else
+                                 abs(sgld[score][name] - value) for name, value in by_set.items()}
+                         for score, by_set in aurocs.items()}}
+
+
+def drawn_quality(summaries: list[dict]) -> dict:
+    """A method's gaps over its R draws (each draw's :func:`summarise`): the mean over the draws of each of
+    :data:`GAP_KEYS`, the gap one draw has on average, and of each per-set AUROC gap (``set_gaps``, score →
+    set, percent points), what :func:`ranks_over_kept` ranks; None where a draw lacks the value."""
+    def mean(values: list[float | None]) -> float | None:
+        return None if any(v is None for v in values) else float(np.mean(values))
+
+    first = summaries[0]["set_gaps"]
+    return {**{key: mean([s[key] for s in summaries]) for key in GAP_KEYS},
+            "set_gaps": {score: {name: mean([s["set_gaps"][score][name] for s in summaries]) for name in by_set}
+                         for score, by_set in first.items()}}
 
 
 def _mean_std(values: list[float | None]) -> dict[str, float] | None:
@@ -167,8 +203,9 @@ def _with_band(values: list[float | None]) -> dict | None:
 
 
 def spread(summaries: list[dict], band: bool = False) -> dict:
-    """Mean and population std over ``summaries`` of each :data:`SUMMARY_KEYS` value and of each per-set
-    AUROC (``auroc``: score → set → mean and std), None where undefined. With ``band`` (random subsets),
+    """Mean and population std over ``summaries`` of each :data:`SUMMARY_KEYS` value, of each per-set AUROC
+    (``auroc``: score → set → mean and std) and of each per-set AUROC gap (``set_gaps``), None where
+    undefined. With ``band`` (random subsets),
     the gaps :data:`GAP_KEYS` and the per-set AUROCs also get their 5–95 % band and every value
     (:func:`percentile_rank` needs them)."""
     ranked = _with_band if band else _mean_std
@@ -176,6 +213,9 @@ def spread(summaries: list[dict], band: bool = False) -> dict:
     first = summaries[0]["auroc"]
     out["auroc"] = {score: {name: ranked([s["auroc"][score][name] for s in summaries]) for name in first[score]}
                     for score in first}
+    gaps = summaries[0]["set_gaps"]
+    out["set_gaps"] = {score: {name: _mean_std([s["set_gaps"][score][name] for s in summaries]) for name in by_set}
+                       for score, by_set in gaps.items()}
     return out
 
 
@@ -208,27 +248,27 @@ def summary_standings(own: dict, kept: dict) -> dict:
                           None if drawn[key] is None else drawn[key]["values"]) for key in GAP_KEYS}
 
 
-def ranks_over_kept(own_auroc: dict[str, dict[str, float | None]], own_nll: float, kept: dict,
-                    reference_auroc: dict[str, dict[str, float]], reference_nll: float) -> dict:
+def ranks_over_kept(own_gaps: dict[str, dict[str, float | None]], own_nll_gap: float, kept: dict,
+                    reference_auroc: dict[str, dict[str, float]]) -> dict:
     """A method against its ⌈S⌉ kept samples (a :func:`kept_samples` row), set by set: for each score of
-    ``own_auroc`` (score → set → AUROC, percent) and set, the absolute gap to SGLD's AUROC
-    (``reference_auroc``), and the NLL gap (to ``reference_nll``), each as a :func:`standing` against the
-    kept samples' gaps. ``wins`` counts the comparisons beaten among the ``compared`` ones that are defined
-    (a score one network cannot have is left out)."""
+    ``own_gaps`` (score → set → the method's AUROC gap to SGLD's, percent points: :func:`drawn_quality`'s
+    ``set_gaps``) and set, and for its NLL gap ``own_nll_gap``, a :func:`standing` against the kept samples'
+    gaps (|AUROC − SGLD's| from ``reference_auroc``; the NLL gaps as the row holds them). ``wins`` counts the
+    comparisons beaten among the ``compared`` ones that are defined (a score one network cannot have is
+    left out)."""
     def gap(value: float | None, ref: float) -> float | None:
         return None if value is None else abs(value - ref)
 
-    def against(score: str, name: str, value: float | None) -> dict | None:
-        if value is None:  # a score the method cannot have, or one the run did not compute
+    def against(score: str, name: str, own: float | None) -> dict | None:
+        if own is None:  # a score the method cannot have, or one the run did not compute
             return None
         ref, drawn = reference_auroc[score][name], kept["random"]["auroc"][score].get(name)
-        return standing(gap(value, ref), [gap(kept[fixed]["auroc"][score].get(name), ref) for fixed in FIXED],
+        return standing(own, [gap(kept[fixed]["auroc"][score].get(name), ref) for fixed in FIXED],
                         None if drawn is None else [abs(v - ref) for v in drawn["values"]])
 
     auroc = {score: {name: against(score, name, value) for name, value in by_set.items()}
-             for score, by_set in own_auroc.items()}
-    nll = standing(own_nll - reference_nll, [kept[fixed]["nll_gap"] for fixed in FIXED],
-                   kept["random"]["nll_gap"]["values"])
+             for score, by_set in own_gaps.items()}
+    nll = standing(own_nll_gap, [kept[fixed]["nll_gap"] for fixed in FIXED], kept["random"]["nll_gap"]["values"])
     found = [m for by_set in auroc.values() for m in by_set.values() if m is not None] + [nll]
     return {"auroc": auroc, "nll": nll, "wins": sum(m["beats"] for m in found), "compared": len(found),
             "rule": f"percentile rank ≥ {WIN_PERCENTILE:g} and below both fixed selections"}
@@ -264,13 +304,17 @@ def ranked(kept: dict) -> bool:
     return "last" in kept
 
 
-def wins_over_kept(own_auroc: dict[str, dict[str, float | None]], own_nll: float, kept: dict,
-                   reference_auroc: dict[str, dict[str, float]], reference_nll: float) -> dict:
-    """:func:`ranks_over_kept`, or :func:`margins_over_kept` for a row written before percentile ranks
-    (:func:`ranked`), the rule its results were reported by."""
-    if ranked(kept):
-        return ranks_over_kept(own_auroc, own_nll, kept, reference_auroc, reference_nll)
-    return margins_over_kept(own_auroc, own_nll, kept)
+def wins_over_kept(own: dict, own_auroc: dict[str, dict[str, float | None]], own_nll: float, kept: dict,
+                   reference_auroc: dict[str, dict[str, float]]) -> dict:
+    """A method's comparisons with a :func:`kept_samples` row by the rule its results were reported by: with
+    percentile ranks (:func:`ranked`), :func:`ranks_over_kept` of the method's :func:`quality` ``own`` (its
+    ``set_gaps`` per draw; results written before them, the gaps of ``own_auroc``, the runs' mean AUROCs,
+    and their signed NLL gap); else :func:`margins_over_kept` of ``own_auroc`` and ``own_nll``."""
+    if not ranked(kept):
+        return margins_over_kept(own_auroc, own_nll, kept)
+    gaps = own.get("set_gaps") or {score: {name: None if value is None else abs(value - reference_auroc[score][name])
+                                           for name, value in by_set.items()} for score, by_set in own_auroc.items()}
+    return ranks_over_kept(gaps, own["nll_gap"], kept, reference_auroc)
 
 
 @torch.no_grad()

@@ -52,7 +52,16 @@ from apd.config import YARDSTICK_SUBSETS, bounded
 from apd.distillation.precision import Precision
 from apd.errors import ConfigError
 from apd.evaluation.stored import StoredPredictions
-from apd.evaluation.yardstick import FIXED, RANK_RULE, kept_for, kept_samples, ranked, standing
+from apd.evaluation.yardstick import (
+    FIXED,
+    GAPS_PER_DRAW,
+    RANK_RULE,
+    kept_for,
+    kept_samples,
+    per_draw,
+    ranked,
+    standing,
+)
 from apd.experiments.options import plan_from_options
 from apd.experiments.outputs import write_study
 from apd.experiments.precision import (
@@ -173,10 +182,10 @@ def below_kept(point: dict, method: str = "apd", kept: str = "kept") -> list[str
     (:func:`~apd.evaluation.yardstick.standing`: smaller than the evenly spaced and the last samples' value
     and a percentile rank of at least 95 among the random subsets). Studies written before percentile
     ranks (:func:`~apd.evaluation.yardstick.ranked`) are read by their rule: smaller than the evenly spaced
-    samples' value and the random subsets' mean. The NLL gap is signed, so an NLL below SGLD's is below any
-    NLL above it. A summary a kept row lacks (one kept sample has no BALD) is not below, and a point
-    without those kept samples has none. APD's curve crosses the kept samples' at the budgets where it is
-    below on all four."""
+    samples' value and the random subsets' mean. The NLL gap is two-sided (in studies written before gaps
+    per draw, signed: an NLL below SGLD's is below any NLL above it). A summary a kept row lacks (one kept
+    sample has no BALD) is not below, and a point without those kept samples has none. APD's curve crosses
+    the kept samples' at the budgets where it is below on all four."""
     summary, rows = point.get(method), point.get(kept)
     if summary is None or rows is None:
         return []
@@ -241,7 +250,7 @@ MARGINS_NOTE = ("Gaps to SGLD: worst per-set AUROC gap in points (positive: belo
                 "subsets' mean (signed: an NLL below SGLD's counts as below); APD's curve crosses the kept samples' "
                 "where it is below on all four.")  # the rule of studies written before percentile ranks
 RANKED_NOTE = ("Gaps to SGLD: worst per-set absolute AUROC gap in points (above or below SGLD alike), NLL gap in nats "
-               "(signed); KL to SGLD's predictive. Kept samples: centred in equal parts of each chain (evenly spaced), "
+               "({gaps}); KL to SGLD's predictive. Kept samples: centred in equal parts of each chain (evenly spaced), "
                "the last of each chain, and random subsets stratified by chain. Wins: the comparisons APD wins, of "
                "the per-set absolute BALD and max-prob AUROC gaps and the NLL gap. " + RANK_RULE + " Below both "
                "kept: the summaries on which APD's mean wins so; APD's curve crosses the kept samples' where it "
@@ -267,7 +276,8 @@ def render_table(results: dict) -> str:
             + f". {results['runs']} runs × {results['networks']} networks per APD "
             f"draw (mean ± std over runs); judged on validation images and the OOD tuning pool "
             f"({' / '.join(results['ood_sets'])}). "
-            + (RANKED_NOTE if ranked(points[0]["kept"]) else MARGINS_NOTE)
+            + (RANKED_NOTE.format(gaps=GAPS_PER_DRAW[per_draw(point.get("apd") for point in points)])
+               if ranked(points[0]["kept"]) else MARGINS_NOTE)
             + (" APD's ceiling: every SGLD sample's own coordinates in APD's subspace at float32, the best a "
                "generator there can do; its storage column counts every sample's coordinates, so it is not held to "
                "the budget."

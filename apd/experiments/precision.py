@@ -71,10 +71,12 @@ from apd.errors import ConfigError
 from apd.evaluation.protocol import EvaluationInputs
 from apd.evaluation.stored import StoredPredictions
 from apd.evaluation.yardstick import (
+    GAPS_PER_DRAW,
     RANK_RULE,
     Reference,
     kept_for,
     kept_samples,
+    per_draw,
     ranked,
     wins_over_kept,
 )
@@ -254,10 +256,14 @@ def _means(auroc: dict) -> dict:
 
 
 def judged_margins(summary: dict, kept: dict, sgld: dict) -> dict:
-    """:func:`~apd.evaluation.yardstick.wins_over_kept` of a judged method (its mean AUROCs and NLL) against
-    ``kept``, SGLD's side from ``sgld`` (its judged summary: mean per-set AUROCs and NLL, the reference)."""
-    return wins_over_kept(_means(summary["auroc"]), mean_of(summary["nll"]), kept, _means(sgld["auroc"]),
-                          mean_of(sgld["nll"]))
+    """:func:`~apd.evaluation.yardstick.wins_over_kept` of a judged method against ``kept``: its
+    :func:`~apd.evaluation.yardstick.spread` over draws gives the means of its per-set AUROC gaps and of its
+    NLL gap (a study written before per-set gaps: its mean AUROCs); SGLD's side from ``sgld`` (its judged
+    summary: mean per-set AUROCs, the reference)."""
+    own = {"nll_gap": mean_of(summary["nll_gap"])}
+    if "set_gaps" in summary:
+        own["set_gaps"] = _means(summary["set_gaps"])
+    return wins_over_kept(own, _means(summary["auroc"]), mean_of(summary["nll"]), kept, _means(sgld["auroc"]))
 
 
 def kept_row(ctx: RunContext, predictions: StoredPredictions, k: int, inputs: EvaluationInputs, reference: Reference,
@@ -407,7 +413,7 @@ def wins_over_float32_kept(summary: dict, float32_kept: dict | None, sgld: dict)
 MARGINS_NOTE = ("worst per-set AUROC gap in points (positive: below SGLD), NLL gap in nats; KL to SGLD's predictive. "
                 "Wins over kept: margins over both the evenly spaced and the random kept samples larger than the "
                 "random subsets' std, of the per-set BALD and max-prob AUROCs and the NLL;")  # studies before ranks
-RANKED_NOTE = ("worst per-set absolute AUROC gap in points (above or below SGLD alike), NLL gap in nats (signed); KL "
+RANKED_NOTE = ("worst per-set absolute AUROC gap in points (above or below SGLD alike), NLL gap in nats ({gaps}); KL "
                "to SGLD's predictive. Kept samples: centred in equal parts of each chain (evenly spaced), the last of "
                "each chain, and random subsets stratified by chain. Wins over kept: the comparisons won, of the "
                "per-set absolute BALD and max-prob AUROC gaps and the NLL gap;")
@@ -432,7 +438,8 @@ def render_table(results: dict) -> str:
             f"of {results['plan']['subsets']} random subsets, all stored at the same precision. "
             f"{results['runs']} runs × {results['networks']} networks per draw (mean ± std over runs); judged on "
             f"validation images and the OOD tuning pool ({' / '.join(results['ood_sets'])}). Gaps to SGLD: "
-            + (RANKED_NOTE if by_ranks else MARGINS_NOTE) +
+            + (RANKED_NOTE.format(gaps=GAPS_PER_DRAW[per_draw(row.get("apd") for row in results["rows"])])
+               if by_ranks else MARGINS_NOTE) +
             " over kept at the row's precision, and over ⌈S⌉ samples kept at float32 (the float32 row's). "
             + (RANK_RULE + " " if by_ranks else "") + "Storage shift: mean total "
             "variation between the predictive stored at float32 and at the precision (the same members), on "

@@ -53,12 +53,22 @@ QUALITY_NOTE = ("Gaps to SGLD (the yardstick, `apd/evaluation/yardstick.py`): wo
                 "OOD sets of SGLD's AUROC − the method's, in percent points (positive: below SGLD on some set); NLL "
                 "gap = NLL − SGLD's NLL (nats); KL = mean over test inputs of KL(SGLD's predictive ‖ the method's), "
                 "SGLD's predictive over {samples} stored samples.")  # results written before two-sided gaps
-TWO_SIDED_NOTE = ("Gaps to SGLD (the yardstick, `apd/evaluation/yardstick.py`), smaller is better: worst per-set "
-                  "AUROC gap = max over the OOD sets of |SGLD's AUROC − the method's|, in percent points (above or "
-                  "below SGLD alike); NLL gap = NLL − SGLD's NLL (nats, signed); KL = mean over the inputs of "
-                  "KL(SGLD's predictive ‖ the method's), on the test inputs and (OOD) on each OOD set, averaged over "
-                  "the sets; BALD per input = mean over the inputs of |the method's BALD − SGLD's| (nats), likewise; "
-                  "SGLD's predictive and BALD over {samples} stored samples.")
+GAPS_NOTE = ("Gaps to SGLD (the yardstick, `apd/evaluation/yardstick.py`), smaller is better: worst per-set "
+             "AUROC gap = max over the OOD sets of |SGLD's AUROC − the method's|, in percent points (above or "
+             "below SGLD alike); NLL gap = {nll}; KL = mean over the inputs of KL(SGLD's predictive ‖ the "
+             "method's), on the test inputs and (OOD) on each OOD set, averaged over the sets; BALD per input = mean "
+             "over the inputs of |the method's BALD − SGLD's| (nats), likewise; SGLD's predictive and BALD over "
+             "{samples} stored samples. {draws}")
+PER_DRAW = dict(nll="|NLL − SGLD's NLL| (nats, above or below alike)",
+                draws="A method's gaps are the means over its runs of each run's gap (one draw of its ensemble, as "
+                      "each random subset is one draw of kept samples).")
+# results written before the gaps per draw: AUROC gaps of the runs' mean, NLL gap signed
+OF_THE_MEAN = dict(nll="NLL − SGLD's NLL (nats, signed)",
+                   draws="These results were written before gaps per draw: a method's AUROC gaps are those of its "
+                         "mean AUROC over the runs, smaller than the mean of its runs' gaps wherever its draws "
+                         "scatter about SGLD's value, where each random subset is one draw, so its percentile ranks "
+                         "lean in its favour; `apd evaluate` run again gives the gaps per draw and the two-sided NLL "
+                         "gap.")
 REPLICATED_NOTE = (" A method distilled with several generator seeds shows seed 0's values; its ✓ means that every "
                    "seed wins, \"(k of K)\" that k of its K seeds do, and its wins are those every seed wins, then "
                    "each seed's count (every seed: the table of generator seeds).")
@@ -76,10 +86,15 @@ GAP_DIGITS = {"bald_gap": 1, "max_prob_gap": 1, "nll_gap": 3, "kl": 4, "kl_ood":
 
 
 def quality_note(results: dict) -> str:
-    """The note on the gaps to SGLD that ``results`` were computed with (two-sided where they hold ``kl_ood``)."""
+    """The note on the gaps to SGLD that ``results`` were computed with: per draw where they hold
+    ``set_gaps``, else of the runs' mean (two-sided AUROC gaps where they hold ``kl_ood``)."""
     samples = results.get("yardstick", {}).get("reference", {}).get("kl_samples", "?")
-    two_sided = any("kl_ood" in row for row in (results.get("quality") or {}).values())
-    return (TWO_SIDED_NOTE if two_sided else QUALITY_NOTE).format(samples=samples)
+    rows = (results.get("quality") or {}).values()
+    if any("set_gaps" in row for row in rows):
+        return GAPS_NOTE.format(samples=samples, **PER_DRAW)
+    if any("kl_ood" in row for row in rows):
+        return GAPS_NOTE.format(samples=samples, **OF_THE_MEAN)
+    return QUALITY_NOTE.format(samples=samples)
 
 
 def seeds_against(results: dict, method: str, size: str) -> tuple[dict | None, int]:
@@ -257,7 +272,8 @@ def kept_margins_table(results: dict) -> Table | None:
 
     def wins(m: str, row: dict) -> dict:
         aurocs = {score: set_aurocs(results, m, score) for score in ("bald", "max_prob")}
-        return wins_over_kept(aurocs, accuracy(results, m, "nll").mean, row, sgld_auroc, reference["nll"])
+        own = (results.get("quality") or {}).get(m, {})
+        return wins_over_kept(own, aurocs, accuracy(results, m, "nll").mean, row, sgld_auroc)
 
     def sgld_wins(row: dict) -> str:  # the reference itself against the same kept samples
         if accuracy(results, "sgld", "nll") is None:

@@ -22,6 +22,7 @@ from contextlib import ExitStack
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from apd.config import config_hash
 from apd.errors import ArtifactError
@@ -32,12 +33,14 @@ from apd.evaluation.stored import StoredPredictions
 from apd.evaluation.yardstick import (
     Reference,
     curve_sizes,
+    drawn_quality,
     function_gaps,
     kept_for,
     kept_samples,
     quality,
     reference_predictive,
     reference_sums,
+    summarise,
 )
 from apd.io import hdf5_atomic, read_json, remove_tree, replace_directory, restore_directory, write_json_atomic
 from apd.methods import MethodName
@@ -54,6 +57,7 @@ from apd.pipeline.runtime import RunContext, machine, stopwatch, torch_threads
 from apd.pipeline.sample_publish import stored_burn_in
 from apd.posteriors import Posterior, SGLDSamples
 from apd.samplers.store import SampleStore
+from apd.uncertainty import bald
 
 log = logging.getLogger(__name__)
 
@@ -153,14 +157,8 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
         "sgld_diagnostics": _sgld_diagnostics(ctx),
         "burn_in": _burn_in(ctx),
     }
-    with stopwatch(results["timing"], "fidelity"):  # BALD from the first run's ensembles, predicted once
-        drawn = [m for m in methods if m not in (MethodName.SGLD, MethodName.SGD) and methods[m].has_weights]
-        sgld_bald = judgements[MethodName.SGLD][0].information["test"]
-        results["fidelity"] = {
-            m: {**weight_fidelity(methods[m], methods[MethodName.SGLD], e.networks,
-                                  torch.Generator().manual_seed(ctx.seed("evaluate", "fidelity", m))),
-                "bald_ratio": bald_ratio(judgements[m][0].information["test"], sgld_bald)}
-            for m in drawn}
+    with stopwatch(results["timing"], "fidelity"):
+        results["fidelity"] = fidelity_to_sgld(ctx, methods, judgements, sizes, inputs.x_test)
     with stopwatch(results["timing"], "reference_and_quality"):
         sums = reference_sums(stored, inputs, e.yardstick_reference)
         reference = sgld_reference(results, sums)
@@ -302,17 +300,42 @@ def _judgement_quality(judged: Judgement, reference: Reference) -> dict:
                    function_gaps(judged.predictive, judged.information, reference), reference)
 
 
+FIT_TO_ALIGNED = (MethodName.APD, MethodName.MOG, MethodName.MODES)  # fit to the samples as distill aligns them
+
+
+def fidelity_to_sgld(ctx: RunContext, methods: dict[str, Posterior], judgements: dict[str, list[Judgement]],
+                     sizes: dict[str, int], x_test: Tensor) -> dict:
+    """Each method with weights (not SGLD, not SGD's one network) against SGLD:
+    :func:`~apd.evaluation.fidelity.weight_fidelity` against SGLD's samples in the frame the method was fit
+    in (``sgld_frame``: aligned as ``apd distill`` aligns them for the methods fit to the aligned samples,
+    the mode mixture's modes counted among them, else as stored; per-weight spreads differ between the
+    frames, since the raw samples hold permuted copies of a mode), and the
+    :func:`~apd.evaluation.fidelity.bald_ratio` of its first run's ensemble (``sizes``: each method's members)
+    to that of as many SGLD samples drawn afresh (``bald_members``; BALD's plug-in estimate shrinks with K)."""
+    sgld = methods[MethodName.SGLD]
+    perms = store_alignment(ctx, sgld.store)
+    aligned = None if perms is None else SGLDSamples(sgld.store, ctx.device, perms=perms)
+    found = {}
+    for m, method in methods.items():
+        if m in (MethodName.SGLD, MethodName.SGD) or not method.has_weights:
+            continue
+        generator = torch.Generator().manual_seed(ctx.seed("evaluate", "fidelity", m))
+        frame = aligned if aligned is not None and m in FIT_TO_ALIGNED else sgld
+        members = sgld.ensemble_size(sizes[m])
+        sgld_bald = bald(sgld.predict_probs(x_test, members, generator))
+        found[m] = {**weight_fidelity(method, frame, ctx.cfg.evaluate.networks, generator),
+                    "bald_ratio": bald_ratio(judgements[m][0].information["test"], sgld_bald),
+                    "sgld_frame": "aligned" if frame is aligned else "as stored", "bald_members": members}
+    return found
+
+
 def method_quality(results: dict, method: str, runs: list[Judgement], reference: Reference) -> dict:
-    """The yardstick's quality of one evaluated method (:func:`apd.evaluation.yardstick.quality`): per-set
-    AUROCs and NLL as reported (means over runs), the function-space gaps averaged over the runs."""
-    aurocs = {score: set_aurocs(results, method, score) for score in ("bald", "max_prob")}
-    gaps = [function_gaps(j.predictive, j.information, reference) for j in runs]
-    function = {key: None if None in (values := [g[key] for g in gaps]) else float(np.mean(values))
-                for key in gaps[0]}
+    """The yardstick's quality of one evaluated method: each gap to SGLD averaged over its runs, and its
+    per-set AUROC gaps likewise (:func:`apd.evaluation.yardstick.drawn_quality`), so that it stands against
+    the kept samples as one draw of its ensemble, as each random subset does."""
     return {"in_sgld_samples": results["storage"][method]["in_sgld_samples"],
             "members": results["ensemble"][method],
-            **quality(aurocs["bald"], aurocs["max_prob"], accuracy(results, method, "nll").mean, function,
-                      reference)}
+            **drawn_quality([summarise(j, reference) for j in runs])}
 
 
 def at_networks(ctx: RunContext, methods: dict[str, Posterior], inputs: EvaluationInputs, sizes: dict[str, int],

@@ -4,8 +4,9 @@ is whether another training run of the same distiller would stand where it stand
 Each seed k's generator (:meth:`~apd.pipeline.layout.Layout.generator_of`) is drawn over the evaluation's
 R runs (its own draw stream, :func:`apd.pipeline.seeds.replicated`; seed 0's runs are those of the main
 tables) and summarised as the main tables summarise a method: accuracy, NLL and mean BALD AUROC (means over
-runs), its gaps to SGLD (:func:`apd.evaluation.yardstick.quality`), and against the same kept samples as
-seed 0 (⌈S⌉ float32 samples, and those a lower storage precision buys) each gap's standing
+runs), its gaps to SGLD (each the mean over runs of a run's gap: :func:`apd.evaluation.yardstick.drawn_quality`),
+and against the same kept samples as seed 0 (⌈S⌉ float32 samples, and those a lower storage precision buys)
+each gap's standing
 (:func:`~apd.evaluation.yardstick.summary_standings`: percentile rank among the random subsets, win) and the
 set-by-set comparisons (:func:`~apd.evaluation.yardstick.ranks_over_kept`).
 
@@ -26,9 +27,9 @@ from apd.evaluation.yardstick import (
     GAP_KEYS,
     SCORES,
     Reference,
-    function_gaps,
-    quality,
+    drawn_quality,
     ranks_over_kept,
+    summarise,
     summary_standings,
 )
 from apd.methods import MethodName
@@ -46,19 +47,16 @@ def seed_summary(runs: list[Judgement], reference: Reference, kept: dict[str, di
     percent), and against each kept-samples row of ``kept`` (size key → a
     :func:`~apd.evaluation.yardstick.kept_samples` row) its ``standings`` on every gap and its ``set_by_set``
     comparisons."""
-    per_run = [{score: j.set_aurocs(score) for score in SCORES} for j in runs]
-    aurocs = {score: {name: None if value is None else float(np.mean([r[score][name] for r in per_run]))
-                      for name, value in per_run[0][score].items()} for score in SCORES}
-    nll = float(np.mean([j.accuracy["nll"] for j in runs]))
-    gaps = [function_gaps(j.predictive, j.information, reference) for j in runs]
-    function = {key: None if None in (values := [g[key] for g in gaps]) else float(np.mean(values)) for key in gaps[0]}
-    own = quality(aurocs["bald"], aurocs["max_prob"], nll, function, reference)
+    summaries = [summarise(j, reference) for j in runs]
+    aurocs = {score: {name: None if value is None else float(np.mean([r["auroc"][score][name] for r in summaries]))
+                      for name, value in summaries[0]["auroc"][score].items()} for score in SCORES}
+    own = drawn_quality(summaries)
     bald = list(aurocs["bald"].values())
     sgld = {"bald": reference.bald_auroc, "max_prob": reference.max_prob_auroc}
-    return {"acc": float(np.mean([j.accuracy["acc"] for j in runs])), "nll": nll,
+    return {"acc": float(np.mean([s["acc"] for s in summaries])), "nll": float(np.mean([s["nll"] for s in summaries])),
             "mean_bald_auroc": None if None in bald else float(np.mean(bald)), **own, "auroc": aurocs,
             "against": {size: {"standings": summary_standings(own, row),
-                               "set_by_set": ranks_over_kept(aurocs, nll, row, sgld, reference.nll)}
+                               "set_by_set": ranks_over_kept(own["set_gaps"], own["nll_gap"], row, sgld)}
                         for size, row in kept.items()}}
 
 

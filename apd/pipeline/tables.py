@@ -207,14 +207,26 @@ def fidelity_table(results: dict) -> Table | None:
     if not fidelity:
         return None
     methods = methods_in_order(results, fidelity)
-    body = [[method_label(m), *(format_number(fidelity[m].get(key), 3) for key, _ in FIDELITY_COLUMNS)]
-            for m in methods]
+    framed = all("sgld_frame" in fidelity[m] for m in methods)
+    columns = FIDELITY_COLUMNS + ((("sgld_frame", "SGLD samples"), ("bald_members", "BALD members")) if framed else ())
+    body = [[method_label(m), *(fidelity[m].get(key) if key == "sgld_frame" else
+                                format_number(fidelity[m].get(key), 0 if key == "bald_members" else 3)
+                                for key, _ in columns)] for m in methods]
     note = ("Ratios to SGLD's own values (1 = the same); an NN ratio well below 1 means the generated "
-            "weights sit closer to the training samples than fresh SGLD samples do (memorisation).\n\n")
-    rows = [[m, *(fidelity[m].get(key) for key, _ in FIDELITY_COLUMNS)] for m in methods]
+            "weights sit closer to the training samples than fresh SGLD samples do (memorisation). "
+            + ("Weights are set against SGLD's samples in the frame the method was fit in (aligned: hidden units "
+               "permuted as `apd distill` aligns them; the raw samples hold permuted copies of a mode, which "
+               "widen their per-weight spread), and a method's BALD against that of as many SGLD samples (BALD "
+               "shrinks with fewer members)." if framed else
+               "These results were written before the frames and sizes were matched: every method's weights are "
+               "set against SGLD's samples as stored, so a method fit to aligned samples (APD, MoG, the mode "
+               "mixture where `apd distill` aligns) shows a smaller weight spread than SGLD's in any case, and "
+               "the BALD ratio divides BALD at the method's own ensemble size by SGLD's at its own, which "
+               "favours the larger ensemble.") + "\n\n")
+    rows = [[m, *(fidelity[m].get(key) for key, _ in columns)] for m in methods]
     return Table("fidelity", "Fidelity to the SGLD samples", note + markdown_table(
-        ["method", *(label for _, label in FIDELITY_COLUMNS)], body),
-        ["method", *(key for key, _ in FIDELITY_COLUMNS)], rows)
+        ["method", *(label for _, label in columns)], body),
+        ["method", *(key for key, _ in columns)], rows)
 
 
 def stability_verdict(stability: dict) -> str:

@@ -14,6 +14,7 @@ from apd.evaluation.stored import StoredPredictions
 from apd.evaluation.yardstick import (
     WIN_PERCENTILE,
     Reference,
+    drawn_quality,
     function_gaps,
     judge_rows,
     kept_curve,
@@ -101,12 +102,16 @@ def test_quality_and_summary_of_a_hand_made_judgement():
     function = {"kl": 0.01, "kl_ood": 0.02, "input_bald_gap": 0.03, "input_bald_gap_ood": 0.04}
     q = quality({"noise": 97.0, "photos": 89.5}, {"noise": 96.0, "photos": 70.0}, 0.25, function, ref)
     assert q == pytest.approx({"bald_gap": 2.0, "max_prob_gap": 10.0, "nll_gap": 0.05, **function})
+    below = quality({"noise": 97.0, "photos": 89.5}, {"noise": 96.0, "photos": 70.0}, 0.15, function, ref)
+    assert below["nll_gap"] == pytest.approx(0.05)  # two-sided: an NLL below SGLD's is as far from it
     detection = {"noise": {"bald": {"auroc": 0.97}, "max_prob": {"auroc": 0.96}},
                  "photos": {"bald": {"auroc": 0.895}, "max_prob": {"auroc": 0.70}}}
     judged = Judgement({"acc": 0.9, "nll": 0.25}, detection, torch.tensor([[0.5, 0.5]]), {}, {}, half, none)
     summary = summarise(judged, ref)
     assert summary["bald_gap"] == pytest.approx(2.0) and summary["max_prob_gap"] == pytest.approx(10.0)
     assert summary["mean_bald_auroc"] == pytest.approx(93.25) and summary["kl"] == 0.0 == summary["kl_ood"]
+    assert summary["set_gaps"] == {"bald": pytest.approx({"noise": 2.0, "photos": 0.5}),
+                                   "max_prob": pytest.approx({"noise": 1.0, "photos": 10.0})}
     single = Judgement({"acc": 0.9, "nll": 0.25}, {name: {"bald": None, "max_prob": {"auroc": 0.9}}
                                                   for name in detection}, torch.tensor([[0.5, 0.5]]), {}, {}, half,
                        none)
@@ -122,17 +127,33 @@ def test_ranks_over_kept_samples_by_hand():
            "last": {"auroc": {"bald": {"a": 88.0}}, "nll_gap": 0.05},
            "random": {"auroc": {"bald": {"a": {"values": [80.0 + i / 16 for i in range(200)]}}},
                       "nll_gap": {"values": [(i + 1) / 1024 for i in range(200)]}}}
-    sgld, nll = {"bald": {"a": 85.0}}, 0.25 + 2 / 1024
-    found = ranks_over_kept({"bald": {"a": 85.25}}, nll, row, sgld, 0.25)
+    sgld, nll_gap = {"bald": {"a": 85.0}}, 2 / 1024
+    found = ranks_over_kept({"bald": {"a": 0.25}}, nll_gap, row, sgld)
     a = found["auroc"]["bald"]["a"]  # gap 0.25: 7 subsets closer (i = 77 … 83), 2 as close (76, 84), 191 farther
     assert a["gap"] == 0.25 and a["fixed"] == [2.0, 3.0] and a["percentile"] == 96.0 and a["beats"]
-    close = ranks_over_kept({"bald": {"a": 85.5}}, nll, row, sgld, 0.25)["auroc"]["bald"]["a"]
+    close = ranks_over_kept({"bald": {"a": 0.5}}, nll_gap, row, sgld)["auroc"]["bald"]["a"]
     assert close["percentile"] == 92.0 and not close["beats"]  # 15 closer, 2 as close: (183 + 1) / 200
-    overshoot = ranks_over_kept({"bald": {"a": 90.0}}, nll, row, sgld, 0.25)["auroc"]["bald"]["a"]
-    assert overshoot["gap"] == 5.0 and not overshoot["beats"]  # above SGLD by 5: farther than both fixed rows
+    far = ranks_over_kept({"bald": {"a": 5.0}}, nll_gap, row, sgld)["auroc"]["bald"]["a"]
+    assert far["gap"] == 5.0 and not far["beats"]  # farther than both fixed rows
     assert found["nll"]["percentile"] == 99.25 and found["nll"]["beats"]  # gap 2/1024: 1 smaller, 1 equal
     assert (found["wins"], found["compared"]) == (2, 2)
-    assert wins_over_kept({"bald": {"a": 85.25}}, nll, row, sgld, 0.25) == found
+    own = {"set_gaps": {"bald": {"a": 0.25}}, "nll_gap": nll_gap}
+    assert wins_over_kept(own, {"bald": {"a": 99.0}}, 0.3, row, sgld) == found  # gaps per draw: not of the mean
+    # results written before gaps per draw: the gap of the runs' mean AUROC, the NLL gap as they stored it
+    assert wins_over_kept({"nll_gap": nll_gap}, {"bald": {"a": 85.25}}, 0.3, row, sgld) == found
+
+
+def test_a_methods_gaps_are_the_means_of_its_draws_gaps():
+    # two draws with BALD AUROC 84 and 86 on set a against SGLD's 85, NLL 0.24 and 0.26 against 0.25: their
+    # mean AUROC and NLL equal SGLD's, but each draw is 1 point and 0.01 nats away
+    half = {"test": torch.tensor([[0.5, 0.5]], dtype=torch.float64)}
+    ref = Reference({"a": 85.0}, {"a": 80.0}, 0.25, half, {"test": torch.zeros(1, dtype=torch.float64)}, 10)
+    draws = [Judgement({"acc": 0.9, "nll": nll}, {"a": {"bald": {"auroc": auroc / 100}, "max_prob": {"auroc": 0.8}}},
+                       torch.tensor([[0.5, 0.5]]), {}, {}, half, {"test": torch.zeros(1)})
+             for auroc, nll in ((84.0, 0.24), (86.0, 0.26))]
+    own = drawn_quality([summarise(d, ref) for d in draws])
+    assert own["bald_gap"] == pytest.approx(1.0) and own["set_gaps"]["bald"]["a"] == pytest.approx(1.0)
+    assert own["nll_gap"] == pytest.approx(0.01) and own["max_prob_gap"] == pytest.approx(0.0)
 
 
 def test_margins_over_kept_samples_by_hand():  # the rule of results written before percentile ranks
@@ -188,7 +209,7 @@ def test_every_sample_kept_is_the_reference_itself(store):
                     {"far": 100 * judged.detection["far"]["max_prob"]["auroc"]}, whole["nll"], predictive, information,
                     n)
     row = kept_samples(stored, 12, inputs, ref, subsets=2, generator=torch.Generator().manual_seed(2))
-    drawn = {k: v["mean"] for k, v in row["random"].items() if k != "auroc"}
+    drawn = {k: v["mean"] for k, v in row["random"].items() if k not in ("auroc", "set_gaps")}
     for summary in (row["evenly_spaced"], row["last"], drawn):
         assert summary["bald_gap"] == pytest.approx(0.0, abs=1e-9)
         assert summary["nll_gap"] == pytest.approx(0.0, abs=1e-6) and summary["kl"] == pytest.approx(0.0, abs=1e-7)
@@ -206,8 +227,8 @@ def test_every_sample_kept_is_the_reference_itself(store):
 def test_a_values_mean_and_std_are_its_spreads_or_itself_and_zero():
     keys = ("acc", "nll", "mean_bald_auroc", "max_prob_gap", "nll_gap", "kl", "kl_ood", "input_bald_gap",
             "input_bald_gap_ood")
-    summaries = [{**dict.fromkeys(keys, 0.5), "bald_gap": 1.0, "auroc": {}},
-                 {**dict.fromkeys(keys, 0.5), "bald_gap": 3.0, "auroc": {}}]
+    summaries = [{**dict.fromkeys(keys, 0.5), "bald_gap": 1.0, "auroc": {}, "set_gaps": {}},
+                 {**dict.fromkeys(keys, 0.5), "bald_gap": 3.0, "auroc": {}, "set_gaps": {}}]
     drawn = spread(summaries)["bald_gap"]
     assert (mean_of(drawn), std_of(drawn)) == (2.0, 1.0)
     assert (mean_of(4.5), std_of(4.5)) == (4.5, 0.0)

@@ -57,6 +57,9 @@ def test_results_have_every_method_set_and_score(pipeline):
     assert [row["components"] for row in results["mog"]] == [1, 3]
     assert results["storage"]["sgld"]["in_sgld_samples"] == 200
     assert set(results["fidelity"]) == set(methods) - {"sgld", "sgd", "laplace-glm"}  # weight-space methods
+    for name, row in results["fidelity"].items():  # unaligned (distill.align none): SGLD's samples as stored
+        assert row["sgld_frame"] == "as stored" and row["bald_members"] == min(results["ensemble"][name], 200)
+    assert all("set_gaps" in row for row in results["quality"].values())  # each method's gaps per draw
     assert all(row["draws"] == 3 and row["accuracy"]["std"] >= 0 for row in results["mog"])
     assert (root / "tiny" / "eval" / "tables.md").is_file()
 
@@ -616,6 +619,17 @@ def test_a_methods_numbers_do_not_depend_on_the_other_methods_compared(pipeline,
     assert alone["yardstick"]["kept"][k] == beside["yardstick"]["kept"][k]
 
 
+def test_a_method_fit_to_aligned_samples_is_set_against_sgld_aligned(pipeline, tmp_path):
+    root, config = pipeline
+    copy_samples(root, tmp_path)
+    assert main(["evaluate", "--config", str(config), "--artifacts", str(tmp_path), "--quiet",
+                 "--set", 'evaluate.methods=["sgld", "mog"]', "--set", 'distill.align="permutation"',
+                 "--set", "evaluate.yardstick_sizes=[1]", "--set", "evaluate.figures=false"]) == 0
+    results = json.loads((tmp_path / "tiny" / "eval" / "results.json").read_text())
+    assert results["fidelity"]["mog"]["sgld_frame"] == "aligned"
+    assert results["fidelity"]["mog"]["bald_members"] == results["ensemble"]["mog"]
+
+
 def test_a_method_stored_at_int8_meets_float32_kept_samples_and_the_int8_ones_its_storage_buys(pipeline, caplog):
     """The yardstick sets a generator stored at int8 (storage S) against ⌈S⌉ float32 samples and against the
     ⌈S / s_int8⌉ samples that int8 buys (each stored at int8); both show in the tables, and the progress
@@ -659,11 +673,9 @@ def test_a_method_stored_at_int8_meets_float32_kept_samples_and_the_int8_ones_it
     from apd.evaluation.yardstick import ranks_over_kept
     from apd.pipeline.comparison_tables import kept_margins_table
 
-    ood, reference = results["ood"], y["reference"]
-    sgld = {score: {name: ood[name][score]["sgld"]["auroc"]["mean"] for name in ood} for score in ("bald", "max_prob")}
-    found = ranks_over_kept(sgld, results["accuracy"]["sgld"]["nll"]["mean"], row,
-                            {"bald": reference["bald_auroc"], "max_prob": reference["max_prob_auroc"]},
-                            reference["nll"])
+    reference, sgld = y["reference"], results["quality"]["sgld"]  # SGLD's gaps per draw
+    found = ranks_over_kept(sgld["set_gaps"], sgld["nll_gap"], row,
+                            {"bald": reference["bald_auroc"], "max_prob": reference["max_prob_auroc"]})
     margins = kept_margins_table({**results, "yardstick": y}).markdown
     line = next(text for text in margins.splitlines()
                 if text.startswith("| APD | ") and f"| {k_int8} int8 | BALD" in text)
