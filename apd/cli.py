@@ -164,7 +164,8 @@ def _print_leftovers(ctx: RunContext, present: list[Path]) -> None:
     where = "" if ctx.artifacts_root == Path("artifacts") else f" --artifacts {ctx.artifacts_root}"
     for stage, names in leftovers.items():
         command = f"apd {stage} --config {ctx.cfg.source}{where}"
-        print(f"interrupted {', '.join(sorted(names))}: run `{command}` to finish it")
+        print(f"interrupted {', '.join(sorted(names))}: run `{command}` to finish it (where the stage is "
+              "complete, a run with --force was stopped: that keeps the complete one, --force starts over)")
 
 
 def _print_sgld_diagnostics(ctx: RunContext) -> None:
@@ -176,13 +177,20 @@ def _print_sgld_diagnostics(ctx: RunContext) -> None:
     manifest = manifest_of(ctx.layout.samples)
     if not manifest.is_file():
         return
-    record = read_json(manifest)
-    summary = record.get("diagnostics")
-    if summary is None:
+    try:
+        record = read_json(manifest)
+        summary = record.get("diagnostics")
+        if summary is None:
+            return
+        lines = summary_lines(summary)
+        if summary.get("warning"):
+            lines.append("warning: " + str(summary["warning"]))
+    except ArtifactError as exc:
+        print(f"sgld       {exc}")
         return
-    lines = summary_lines(summary)
-    if summary.get("warning"):
-        lines.append("warning: " + summary["warning"])
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:  # a manifest edited by hand
+        print(f"sgld       {manifest}: not diagnostics this apd wrote ({type(exc).__name__}: {exc})")
+        return
     print(f"sgld       {record.get('chains', 1)} chain(s) on {record.get('workers', 1)} worker(s); " + lines[0])
     for line in lines[1:]:
         print("           " + line.strip())
@@ -215,7 +223,7 @@ def _takes_lock(command: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     with noting_interrupts():  # first of all: from here on, Ctrl-C and SIGTERM end in one line
-        name = "apd"
+        name, args = "apd", None
         try:
             for stream in (sys.stdout, sys.stderr):  # a terminal that cannot show a character gets its escape
                 with contextlib.suppress(AttributeError, ValueError):
@@ -227,7 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt) or interrupted():  # C extensions may turn Ctrl-C into another error
                 how = "interrupted" if exit_code() == 130 else "stopped by SIGTERM"
-                print(f"{name}: {how}; run the same command again to resume", file=sys.stderr)
+                again = ("the same command without --force resumes it (or, where the stage was complete, keeps "
+                         "that; --force starts over)" if getattr(args, "force", False) else
+                         "run the same command again to resume")
+                print(f"{name}: {how}; {again}", file=sys.stderr)
                 return _leaving(exit_code())
             if isinstance(exc, ApdError):
                 print(f"{name}: error: {_one_line(exc)}", file=sys.stderr)

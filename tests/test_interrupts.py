@@ -77,7 +77,8 @@ def test_progress_bars_and_publication_stop_after_a_swallowed_ctrl_c(tmp_path):
     assert list(ctx.progress(range(3))) == [0, 1, 2]
 
 
-def test_the_cli_exits_130_and_publishes_nothing_after_a_swallowed_ctrl_c(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("force", [False, True])
+def test_the_cli_exits_130_and_publishes_nothing_after_a_swallowed_ctrl_c(tmp_path, monkeypatch, capsys, force):
     config = tmp_path / "c.toml"
     config.write_text(toml({"name": "c", "data": {"train_size": 500, "val_size": 200}, "net": {"hidden": [8]},
                             "sgld": {"iterations": 200, "burn_in": 50, "thin": 10, "checkpoint_every": 100}}))
@@ -90,10 +91,13 @@ def test_the_cli_exits_130_and_publishes_nothing_after_a_swallowed_ctrl_c(tmp_pa
         return real_append(self, *args, **kwargs)
 
     monkeypatch.setattr(SampleStore, "append_many", append_while_ctrl_c_is_swallowed)
-    code = main(["sample", "--config", str(config), "--artifacts", str(tmp_path / "artifacts"), "--quiet"])
+    code = main(["sample", "--config", str(config), "--artifacts", str(tmp_path / "artifacts"), "--quiet",
+                 *(["--force"] if force else [])])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 130
-    assert err == ["apd sample: interrupted; run the same command again to resume"]
+    assert err == ["apd sample: interrupted; " + ("the same command without --force resumes it (or, where the stage "
+                                                  "was complete, keeps that; --force starts over)" if force else
+                                                  "run the same command again to resume")]
     assert len(calls) == 3  # it stopped at the next iteration, not at the end of the chain
     assert not (tmp_path / "artifacts" / "c" / "samples.h5").exists()
     assert not (tmp_path / "artifacts" / "c" / "samples.json").exists()
