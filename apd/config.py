@@ -23,7 +23,7 @@ from typing import Any, Literal
 from apd.errors import ConfigError
 from apd.methods import ALL_METHODS
 
-DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")  # a device name as configured or given by --device
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d{1,4})?")  # a device name as configured or given by --device
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # a pipeline's name: one plain file name
 YARDSTICK_SUBSETS = 200  # the fewest random kept subsets a percentile rank is taken among (evaluate and studies)
 

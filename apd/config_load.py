@@ -21,7 +21,7 @@ from apd.config import (
     parse_override,
 )
 from apd.errors import ConfigError
-from apd.methods import ADVERSARIAL_SOURCES, MLP_ONLY_METHODS
+from apd.methods import ADVERSARIAL_SOURCES, MLP_ONLY_METHODS, SCORE_NAMES
 from apd.schedules import thinned_count
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,16 @@ def _check_consistency(cfg: PipelineConfig, where: str) -> None:
     if d.mode_embedding and d.per_chain:
         raise ConfigError(f"{where}: 'distill.mode_embedding' conditions one generator on the chain, "
                           "'distill.per_chain' trains one per chain; set one of them off")
+    if d.align != "none" and not cfg.net.hidden:
+        raise ConfigError(f"{where}: 'distill.align' = {d.align!r} permutes hidden units; a network without "
+                          "'net.hidden' layers has none (set distill.align = \"none\")")
     _check_network(cfg, where)
+    e = cfg.evaluate
+    if not e.scores or (unknown := sorted(set(e.scores) - set(SCORE_NAMES))):
+        raise ConfigError(f"{where}: 'evaluate.scores' must name some of {', '.join(SCORE_NAMES)}"
+                          + (f"; {unknown[0]!r} is none of them" if e.scores else ""))
+    if not e.mog_components:
+        raise ConfigError(f"{where}: 'evaluate.mog_components' must list at least one number of components")
     if cfg.evaluate.mog_fit_samples < max(cfg.evaluate.mog_components):
         raise ConfigError(f"{where}: 'evaluate.mog_fit_samples' must be at least the largest "
                           f"'evaluate.mog_components'")

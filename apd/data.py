@@ -160,6 +160,14 @@ def read_idx_dataset(directory: Path, dataset: str) -> tuple[np.ndarray, np.ndar
         if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
             raise DataError(f"{dataset}: {split} images {images.shape} and labels {labels.shape} "
                             "do not match")
+    classes = np.unique(arrays["train_labels"])
+    if len(classes) < 2 or classes[0] != 0 or classes[-1] != len(classes) - 1:
+        raise DataError(f"{dataset}: the training labels in {directory} must be the classes 0 … C − 1 (C ≥ 2), each "
+                        f"present; found {len(classes)} distinct labels from {classes[0]} to {classes[-1]}")
+    test = arrays["test_labels"]
+    if len(test) and test.max() >= len(classes):
+        raise DataError(f"{dataset}: a test label in {directory} is {int(test.max())}, not one of the training "
+                        f"labels' classes 0 … {len(classes) - 1}")
     return arrays["train_images"], arrays["train_labels"], arrays["test_images"], arrays["test_labels"]
 
 
@@ -206,9 +214,14 @@ def _split_official(cfg: DataConfig, seed: int, images: np.ndarray, labels: np.n
 
 
 def _check_stratified(dataset: str, labels: np.ndarray, sizes: dict[str, int]) -> None:
-    """A :class:`DataError` naming the first split of ``sizes`` (config key → size) smaller than the number
-    of classes in ``labels``: a stratified split gives every class at least one item."""
-    classes = len(np.unique(labels))
+    """A :class:`DataError` where a class of ``labels`` has a single item, or naming the first split of
+    ``sizes`` (config key → size) smaller than the number of classes: a stratified split gives every class
+    at least one item."""
+    classes, counts = np.unique(labels, return_counts=True)
+    if counts.min() < 2:
+        raise DataError(f"{dataset}: class {classes[np.argmin(counts)]} has one item; a stratified split needs two "
+                        "of every class")
+    classes = len(classes)
     for key, size in sizes.items():
         if size < classes:
             raise DataError(f"{dataset}: '{key}' ({size}) must be at least the number of classes ({classes}): "

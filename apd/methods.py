@@ -68,6 +68,7 @@ METHODS_TABLE: dict[MethodName, Method] = {m.name: m for m in (
 
 # Every method, the default list of `[evaluate] methods`.
 ALL_METHODS: tuple[str, ...] = tuple(name.value for name in METHODS_TABLE)
+SCORE_NAMES = ("entropy", "variation_ratio", "max_prob", "bald", "model_variance")  # apd.uncertainty's scores
 ADVERSARIAL_SOURCES: tuple[str, ...] = tuple(m.name.value for m in METHODS_TABLE.values() if m.attackable)
 MLP_ONLY_METHODS: tuple[str, ...] = tuple(m.name.value for m in METHODS_TABLE.values() if m.mlp_only)
 LOADABLE: tuple[str, ...] = tuple(m.name.value for m in METHODS_TABLE.values() if m.loadable)

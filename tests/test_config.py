@@ -81,6 +81,7 @@ def test_defaults_fill_missing_sections():
         ({"peers": {"swag_lrs": [0.1, float("nan")]}}, "'peers.swag_lrs[1]' must be a finite number"),
         ({"evaluate": {"networks": 1}}, "'evaluate.networks' must be at least 2"),
         ({"device": "tpu"}, "'device' must be"),
+        ({"device": "cuda:99999999999999999999"}, "'device' must be"),  # no such card number: not a traceback
         ({"distill": {"standardize": 1}}, "'distill.standardize' must be true or false"),
         ({"distill": {"align": "sort"}}, "'distill.align' must be one of"),
         ({"distill": {"align": "permutation", "mode": "online"}}, "'distill.align' = 'permutation' needs"),
@@ -93,6 +94,10 @@ def test_defaults_fill_missing_sections():
         ({"net": {"conv": [6]}, "distill": {"align": "permutation"}}, "'distill.align' = 'permutation' permutes"),
         ({"net": {"conv": [6]}, "distill": {"residual": {"model": "kronecker"}}}, "factors an MLP's layers"),
         ({"net": {"conv": [6]}}, "'evaluate.methods' has 'modes', defined for MLPs only"),
+        ({"net": {"hidden": []}, "distill": {"align": "permutation"}}, "a network without 'net.hidden' layers"),
+        ({"evaluate": {"scores": ["bald", "maxprob"]}}, "'maxprob' is none of them"),
+        ({"evaluate": {"scores": []}}, "'evaluate.scores' must name some of entropy"),
+        ({"evaluate": {"mog_components": []}}, "'evaluate.mog_components' must list at least one"),
     ],
 )
 def test_invalid_values_name_key_and_file(raw, message):
@@ -235,3 +240,10 @@ def test_flat_keys_of_the_last_release_still_load_with_one_line_each(caplog):
     assert len(warnings) == 8 and all("deprecated" in w and "\n" not in w for w in warnings)
     off = from_dict({"distill": {"subspace_residual": False, "subspace_residual_model": "kronecker"}})
     assert off.distill.residual.model == "none" and not off.distill.has_residual()
+
+
+def test_the_configs_score_names_are_those_apd_computes():
+    from apd.methods import SCORE_NAMES
+    from apd.uncertainty import SCORE_FUNCTIONS
+
+    assert tuple(SCORE_FUNCTIONS) == SCORE_NAMES

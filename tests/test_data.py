@@ -68,6 +68,24 @@ def test_mnist_directory_split_and_normalisation(tmp_path):
     assert torch.bincount(data.y_val).tolist() == [10] * 10
 
 
+@pytest.mark.parametrize(("stem", "row", "label", "message"), [
+    ("train-labels-idx1-ubyte", 0, 250, "training labels .* must be the classes 0 … C − 1"),
+    ("t10k-labels-idx1-ubyte", 3, 250, "a test label .* is 250, not one of the training labels' classes 0 … 9"),
+    ("train-labels-idx1-ubyte", None, None, "class 9 has one item"),
+])
+def test_labels_a_split_cannot_use_are_one_clear_error(tmp_path, stem, row, label, message):
+    arrays = write_mnist_like(tmp_path / "idx", compress=False)
+    labels = arrays[stem].copy()
+    if row is None:  # class 9 down to one training image
+        labels[labels == 9] = 8
+        labels[9] = 9
+    else:
+        labels[row] = label
+    write_idx(tmp_path / "idx" / stem, labels)
+    with pytest.raises(DataError, match=message):
+        load_dataset(DataConfig(dataset="mnist", data_dir=str(tmp_path / "idx"), val_size=50), seed=0)
+
+
 def test_mnist_plain_files_and_env_var(tmp_path, monkeypatch):
     write_mnist_like(tmp_path / "plain", compress=False)
     monkeypatch.setenv("APD_DATA_DIR", str(tmp_path / "plain"))

@@ -103,12 +103,19 @@ def complete_baseline(ctx: RunContext, name: str) -> bool:
     return name not in ctx.cfg.evaluate.methods or peer_complete(ctx, name)
 
 
+def check_batch_fits(ctx: RunContext, key: str, batch_size: int) -> None:
+    """A :class:`ConfigError` where the minibatch of setting ``key`` exceeds the training split."""
+    if batch_size > len(ctx.data.y_train):
+        raise ConfigError(f"{ctx.cfg.source}: '{key}' ({batch_size}) is larger than the training split "
+                          f"({len(ctx.data.y_train)} images)")
+
+
 def check_sampling_fits(ctx: RunContext, spec: ParamSpec) -> None:
-    """Fail before any work when the minibatch exceeds the training split or the store cannot fit on disk."""
-    s, n_train = ctx.cfg.sgld, len(ctx.data.y_train)
-    if s.batch_size > n_train:
-        raise ConfigError(f"{ctx.cfg.source}: 'sgld.batch_size' ({s.batch_size}) is larger than the training "
-                          f"split ({n_train} images)")
+    """Fail before any work when a minibatch (the chains', the baselines') exceeds the training split or the
+    store cannot fit on disk."""
+    s = ctx.cfg.sgld
+    check_batch_fits(ctx, "sgld.batch_size", s.batch_size)
+    check_batch_fits(ctx, "baselines.batch_size", ctx.cfg.baselines.batch_size)
     expected = thinned_count(s) * s.chains * spec.numel * 4 * DISK_MARGIN + FREE_MARGIN
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(ctx.out_dir).free
@@ -184,9 +191,7 @@ def train_and_save_baseline(ctx: RunContext, name: str) -> Path:
     if complete_baseline(ctx, name):
         return path
     dropout = b.dropout if name == "mcdropout" else 0.0
-    if b.batch_size > len(ctx.data.y_train):
-        raise ConfigError(f"{cfg.source}: 'baselines.batch_size' ({b.batch_size}) is larger than the training "
-                          f"split ({len(ctx.data.y_train)} images)")
+    check_batch_fits(ctx, "baselines.batch_size", b.batch_size)
     data, device = ctx.data, ctx.device
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(ctx.seed("baseline", name, "init"))

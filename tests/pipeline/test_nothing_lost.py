@@ -240,6 +240,15 @@ def test_batch_larger_than_the_training_split(art, setting):
     art.fails("sample", "--set", setting, match="batch_size")
 
 
+def test_a_baselines_batch_larger_than_the_training_split_fails_before_the_chains(tmp_path, capsys):
+    config = tmp_path / "p.toml"
+    config.write_text(toml(CONFIG))
+    argv = ["sample", "--config", str(config), "--artifacts", str(tmp_path), "--quiet"]
+    assert main([*argv, "--set", "baselines.batch_size=5000"]) == 2
+    assert "'baselines.batch_size' (5000) is larger than the training split" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("samples*"))  # no chain stepped
+
+
 @pytest.mark.parametrize(("settings", "match"), [
     (["distill.subspace_rank=100000"], "subspace_rank"), (["distill.fit_samples=2"], "fit_samples"),
     (["distill.subspace_rank=25", "distill.fit_samples=40"], "rank")],  # the store holds 20 samples
@@ -575,6 +584,21 @@ def test_quiet_prints_nothing_and_evaluate_ends_with_a_short_summary(art, capsys
     assert out[-1] == f"every table: {art.path('eval') / 'tables.md'}"
 
 
+def test_info_describes_a_hand_edited_sample_manifest_in_one_line(art, capsys):
+    manifest = art.path("samples.json")
+    original = manifest.read_bytes()
+    try:
+        manifest.write_text(json.dumps({**json.loads(original), "diagnostics": "x"}))
+        assert main(art.argv("info")) == 0
+        lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("sgld ")]
+        assert len(lines) == 1 and "not diagnostics this apd wrote" in lines[0]
+        manifest.write_text(json.dumps({**json.loads(original), "diagnostics": {"warning": 1}}))
+        assert main(art.argv("info")) == 0
+        assert "warning: 1" in capsys.readouterr().out
+    finally:
+        manifest.write_bytes(original)
+
+
 def test_info_names_what_an_interrupted_run_left_and_the_command_that_resumes_it(art, capsys):
     for name in ("samples-0.partial.h5", "samples-0.ckpt.pt", "generator.ckpt.pt", "eval.partial/scores.h5"):
         art.path(name).parent.mkdir(exist_ok=True)
@@ -582,9 +606,12 @@ def test_info_names_what_an_interrupted_run_left_and_the_command_that_resumes_it
     assert main(art.argv("info")) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("interrupted ")]
     where = f"--config {art.config} --artifacts {art.root}"
-    assert lines == [f"interrupted eval.partial: run `apd evaluate {where}` to finish it",
-                     f"interrupted generator.ckpt.pt: run `apd distill {where}` to finish it",
-                     f"interrupted samples-0.ckpt.pt, samples-0.partial.h5: run `apd sample {where}` to finish it"]
+    forced = " (where the stage is complete, a run with --force was stopped: that keeps the complete one, --force "
+    forced += "starts over)"
+    assert lines == [f"interrupted eval.partial: run `apd evaluate {where}` to finish it" + forced,
+                     f"interrupted generator.ckpt.pt: run `apd distill {where}` to finish it" + forced,
+                     f"interrupted samples-0.ckpt.pt, samples-0.partial.h5: run `apd sample {where}` to finish it"
+                     + forced]
 
 
 @pytest.mark.parametrize(("command", "rc"), [("evaluate", 2), ("distill", 2), ("info", 0)])
