@@ -29,7 +29,7 @@ from sklearn.model_selection import train_test_split
 from torch import Tensor
 
 from apd.config import DataConfig
-from apd.errors import DataError
+from apd.errors import ConfigError, DataError
 from apd.toy2d import OOD_SETS as TOY2D_OOD
 from apd.toy2d import toy2d_ood, toy2d_splits
 
@@ -95,7 +95,13 @@ class Dataset:
 
 def load_dataset(cfg: DataConfig, seed: int, data_dir: str | None = None) -> Dataset:
     """Load and split the configured dataset; ``data_dir`` (e.g. from ``--data-dir``) overrides
-    ``cfg.data_dir``. A missing or malformed dataset raises a one-line :class:`DataError`."""
+    ``cfg.data_dir``. A missing or malformed dataset raises a one-line :class:`DataError`, an OOD set name
+    of no kind this module builds a :class:`ConfigError` (a set of a known kind missing here is only skipped
+    when evaluating: :func:`available_ood`)."""
+    known = (*BUILTIN_OOD, "digits", "fashion", "mnist", *DIRECTORY_OOD, *TOY2D_OOD, *cfg.ood_dirs)
+    if unknown := [name for name in cfg.ood if name not in known]:
+        raise ConfigError(f"'data.ood' names {unknown[0]!r}, no OOD set apd builds (choose from "
+                          f"{', '.join(dict.fromkeys(known))})")
     if cfg.dataset == "digits":
         return _load_digits(cfg, seed)
     if cfg.dataset == "toy2d":

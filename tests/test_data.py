@@ -10,7 +10,7 @@ from PIL import Image
 
 from apd.config import DataConfig
 from apd.data import available_ood, load_dataset, ood_set, read_idx
-from apd.errors import DataError
+from apd.errors import ConfigError, DataError
 from tests.conftest import FASHION_DIR
 
 
@@ -84,6 +84,11 @@ def test_labels_a_split_cannot_use_are_one_clear_error(tmp_path, stem, row, labe
     write_idx(tmp_path / "idx" / stem, labels)
     with pytest.raises(DataError, match=message):
         load_dataset(DataConfig(dataset="mnist", data_dir=str(tmp_path / "idx"), val_size=50), seed=0)
+
+
+def test_an_ood_set_of_no_kind_apd_builds_is_a_config_error_before_any_data_is_read():
+    with pytest.raises(ConfigError, match="'data.ood' names 'unifrom', no OOD set apd builds"):
+        load_dataset(DataConfig(dataset="mnist", data_dir="/nonexistent", ood=["gaussian", "unifrom"]), seed=0)
 
 
 def test_mnist_plain_files_and_env_var(tmp_path, monkeypatch):
