@@ -67,8 +67,8 @@ OF_THE_MEAN = dict(nll="NLL − SGLD's NLL (nats, signed)",
                    draws="These results were written before gaps per draw: a method's AUROC gaps are those of its "
                          "mean AUROC over the runs, smaller than the mean of its runs' gaps wherever its draws "
                          "scatter about SGLD's value, where each random subset is one draw, so its percentile ranks "
-                         "lean in its favour; `apd evaluate` run again gives the gaps per draw and the two-sided NLL "
-                         "gap.")
+                         "lean in its favour (SGLD's own ensemble, whose runs' mean is the reference, has AUROC gaps "
+                         "of 0); `apd evaluate` run again gives the gaps per draw and the two-sided NLL gap.")
 REPLICATED_NOTE = (" A method distilled with several generator seeds shows seed 0's values; its ✓ means that every "
                    "seed wins, \"(k of K)\" that k of its K seeds do, and its wins are those every seed wins, then "
                    "each seed's count (every seed: the table of generator seeds).")

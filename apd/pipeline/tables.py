@@ -220,9 +220,9 @@ def fidelity_table(results: dict) -> Table | None:
                "shrinks with fewer members)." if framed else
                "These results were written before the frames and sizes were matched: every method's weights are "
                "set against SGLD's samples as stored, so a method fit to aligned samples (APD, MoG, the mode "
-               "mixture where `apd distill` aligns) shows a smaller weight spread than SGLD's in any case, and "
-               "the BALD ratio divides BALD at the method's own ensemble size by SGLD's at its own, which "
-               "favours the larger ensemble.") + "\n\n")
+               "mixture where `apd distill` aligns) is set against a per-weight spread that permuted copies of a "
+               "mode widen, and the BALD ratio divides BALD at the method's own ensemble size by SGLD's at its "
+               "own, which favours the larger ensemble.") + "\n\n")
     rows = [[m, *(fidelity[m].get(key) for key, _ in columns)] for m in methods]
     return Table("fidelity", "Fidelity to the SGLD samples", note + markdown_table(
         ["method", *(label for _, label in columns)], body),
