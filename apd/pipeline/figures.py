@@ -25,6 +25,7 @@ import h5py
 import numpy as np
 
 from apd.errors import ArtifactError
+from apd.evaluation.yardstick import per_draw
 from apd.io import read_json, write_bytes_atomic
 from apd.methods import colour
 from apd.metrics import Stat
@@ -282,8 +283,9 @@ def storage_share_figure(results: dict) -> Figure | None:
 
 def storage_quality_figure(results: dict) -> Figure | None:
     """Storage against quality (the kept-samples yardstick): x = stored numbers in SGLD samples' worth (log),
-    y = the signed gap to SGLD of the worst per-set BALD AUROC (left, percentage points) and of the test NLL
-    (right, nats) on linear axes: 0 is SGLD itself, above 0 worse than SGLD, below 0 better. Kept SGLD
+    y = the gap to SGLD of the worst per-set BALD AUROC (left, percentage points, |AUROC − SGLD's|) and of
+    the test NLL (right, nats; |NLL − SGLD's|, signed in results written before gaps per draw, where below 0
+    is an NLL below SGLD's) on linear axes: 0 is SGLD itself. Kept SGLD
     samples (evenly spaced, and random subsets' mean ± std) and MoG growth are curves, every evaluated method
     a point with a marker shape of its own; points at about the same storage (kept and Stein-thinned SGLD store
     as much as APD) are spread sideways by a few pixels about their true x (:func:`dodge`)."""
@@ -321,8 +323,10 @@ def storage_quality_figure(results: dict) -> Figure | None:
         else:
             empty_panel(ax, ylabel, "no kept size or method has this gap" + undefined)
     figure_legend(figure)
-    figure.suptitle("Storage against quality: signed gap to SGLD (0 = SGLD; above 0 worse than SGLD, "
-                    "below 0 better)\nmarkers at about one storage are spread sideways by a few pixels", fontsize=9)
+    signed = ("" if per_draw(quality.values()) else
+              "\nthe NLL gap signed in these results (below 0: an NLL below SGLD's)")
+    figure.suptitle(f"Storage against quality: gap to SGLD (0 = SGLD itself){signed}\nmarkers at about one "
+                    "storage are spread sideways by a few pixels", fontsize=9)
     return plain_ticks(figure)
 
 
