@@ -162,13 +162,15 @@ def mean_distance(samples: Tensor, spec: ParamSpec, perms: Tensor, reference: Te
 @dataclass
 class Alignment:
     """Per-sample permutations [n, H] to the ``reference`` [D] (the aligned samples' mean), the rounds taken,
-    and the samples' mean distance to their mean before and after."""
+    the samples' mean distance to their mean before and after, and whether aligning was refused (``refused``:
+    the identity kept, the reference the unaligned mean)."""
 
     perms: Tensor
     reference: Tensor
     rounds: int
     distance_before: float
     distance_after: float
+    refused: bool = False
 
 
 def align_set(samples: Tensor, spec: ParamSpec, rounds: int = 20, tol: float = 1e-3) -> Alignment:
@@ -196,5 +198,5 @@ def align_set(samples: Tensor, spec: ParamSpec, rounds: int = 20, tol: float = 1
         if gain < tol:
             break
     if after_sq > before_sq:
-        return Alignment(unaligned, mean, done, before, before)
+        return Alignment(unaligned, mean, done, before, before, refused=True)
     return Alignment(perms, reference, done, before, after)

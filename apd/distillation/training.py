@@ -95,8 +95,11 @@ def _loss(cfg: DistillConfig) -> GANLoss:
 
 def store_permutations(store: SampleStore, spec: ParamSpec, rows: list[int], fit: Alignment) -> Tensor:
     """Permutations [len(store), H] aligning every row of ``store`` to ``fit.reference``: ``fit``'s own for
-    its ``rows``, the others matched to the reference 1,000 rows at a time."""
+    its ``rows``, the others matched to the reference 1,000 rows at a time; the identity for every row where
+    ``fit`` refused to align (its reference then the unaligned mean, which no row is aligned to)."""
     perms = identity(spec, len(store))
+    if fit.refused:
+        return perms
     perms[rows] = fit.perms
     rest = sorted(set(range(len(store))) - set(rows))
     for i in range(0, len(rest), 1000):

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from apd.distillation.alignment import (
+    Alignment,
     align_set,
     hidden_activations,
     hidden_widths,
@@ -87,3 +88,19 @@ def test_unrelated_samples_are_never_made_farther_from_their_mean():
     samples = torch.randn(40, spec.numel, generator=torch.Generator().manual_seed(8))
     result = align_set(samples, spec)
     assert result.distance_after <= result.distance_before
+
+
+def test_a_refused_alignment_leaves_every_row_of_the_store_as_stored(tmp_path):
+    from apd.distillation.training import store_permutations
+    from apd.samplers.store import SampleStore
+
+    spec, theta = spec_and_net([3, 8, 2], 9)
+    rows = permute(theta.expand(6, -1), spec, random_perms(spec, 6, 10))  # permuted copies of one network
+    with SampleStore.create(tmp_path / "s.h5", spec, {}) as store:
+        store.append_many(rows, steps=list(range(6)))
+    fit = align_set(rows[:2], spec)
+    with SampleStore.open(tmp_path / "s.h5") as store:
+        aligned = store_permutations(store, spec, [0, 1], fit)  # rows 2 … 5 matched to the fit's mean
+        assert not fit.refused and not torch.equal(aligned, identity(spec, 6))
+        refused = Alignment(identity(spec, 2), rows[:2].mean(0), 1, 1.0, 1.0, refused=True)
+        assert torch.equal(store_permutations(store, spec, [0, 1], refused), identity(spec, 6))
