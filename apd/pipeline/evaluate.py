@@ -322,7 +322,7 @@ def fidelity_to_sgld(ctx: RunContext, methods: dict[str, Posterior], judgements:
         generator = torch.Generator().manual_seed(ctx.seed("evaluate", "fidelity", m))
         frame = aligned if aligned is not None and m in FIT_TO_ALIGNED else sgld
         members = sgld.ensemble_size(sizes[m])
-        sgld_bald = bald(sgld.predict_probs(x_test, members, generator))
+        sgld_bald = bald(sgld.predict_probs(x_test, members, generator)).double().cpu()  # as judgements hold it
         found[m] = {**weight_fidelity(method, frame, ctx.cfg.evaluate.networks, generator),
                     "bald_ratio": bald_ratio(judgements[m][0].information["test"], sgld_bald),
                     "sgld_frame": "aligned" if frame is aligned else "as stored", "bald_members": members}
