@@ -213,7 +213,8 @@ def fidelity_table(results: dict) -> Table | None:
                                 format_number(fidelity[m].get(key), 0 if key == "bald_members" else 3)
                                 for key, _ in columns)] for m in methods]
     note = ("Ratios to SGLD's own values (1 = the same); an NN ratio well below 1 means the generated "
-            "weights sit closer to the training samples than fresh SGLD samples do (memorisation). "
+            "weights sit closer to the SGLD samples than fresh SGLD samples do: memorised samples, or a spread "
+            "narrower than SGLD's (read it beside the weight std ratio). "
             + ("Weights are set against SGLD's samples in the frame the method was fit in (aligned: hidden units "
                "permuted as `apd distill` aligns them; the raw samples hold permuted copies of a mode, which "
                "widen their per-weight spread), and a method's BALD against that of as many SGLD samples (BALD "
