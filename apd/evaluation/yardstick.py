@@ -170,16 +170,14 @@ def summarise(judgement: Judgement, reference: Reference) -> dict[str, float | N
 
 
 def drawn_quality(summaries: list[dict]) -> dict:
-    """A method's gaps over its R draws (each draw's :func:`summarise`): the mean over the draws of each of
-    :data:`GAP_KEYS`, the gap one draw has on average, and of each per-set AUROC gap (``set_gaps``, score →
-    set, percent points), what :func:`ranks_over_kept` ranks; None where a draw lacks the value."""
-    def mean(values: list[float | None]) -> float | None:
-        return None if any(v is None for v in values) else float(np.mean(values))
-
-    first = summaries[0]["set_gaps"]
-    return {**{key: mean([s[key] for s in summaries]) for key in GAP_KEYS},
-            "set_gaps": {score: {name: mean([s["set_gaps"][score][name] for s in summaries]) for name in by_set}
-                         for score, by_set in first.items()}}
+    """A method's gaps over its R draws (each draw's :func:`summarise`): the mean over the draws (of
+    :func:`spread`) of each of :data:`GAP_KEYS`, the gap one draw has on average, and of each per-set AUROC gap
+    (``set_gaps``, score → set, percent points), what :func:`ranks_over_kept` ranks; None where a draw lacks
+    the value."""
+    drawn = spread(summaries)
+    return {**{key: mean_of(drawn[key]) for key in GAP_KEYS},
+            "set_gaps": {score: {name: mean_of(stat) for name, stat in by_set.items()}
+                         for score, by_set in drawn["set_gaps"].items()}}
 
 
 def _mean_std(values: list[float | None]) -> dict[str, float] | None:

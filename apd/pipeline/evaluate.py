@@ -31,13 +31,12 @@ from apd.evaluation.protocol import EvaluationInputs, Judgement, judge
 from apd.evaluation.stability import ChainSums, reference_stability
 from apd.evaluation.stored import StoredPredictions
 from apd.evaluation.yardstick import (
+    GAP_KEYS,
     Reference,
     curve_sizes,
     drawn_quality,
-    function_gaps,
     kept_for,
     kept_samples,
-    quality,
     reference_predictive,
     reference_sums,
     summarise,
@@ -294,10 +293,9 @@ def sgld_reference(results: dict, sums: ChainSums) -> Reference:
 
 
 def _judgement_quality(judged: Judgement, reference: Reference) -> dict:
-    aurocs = {score: {name: None if found.get(score) is None else 100.0 * found[score]["auroc"]
-                      for name, found in judged.detection.items()} for score in ("bald", "max_prob")}
-    return quality(aurocs["bald"], aurocs["max_prob"], judged.accuracy["nll"],
-                   function_gaps(judged.predictive, judged.information, reference), reference)
+    """The gaps to SGLD (:data:`~apd.evaluation.yardstick.GAP_KEYS`) of one judged ensemble."""
+    summary = summarise(judged, reference)
+    return {key: summary[key] for key in GAP_KEYS}
 
 
 FIT_TO_ALIGNED = (MethodName.APD, MethodName.MOG, MethodName.MODES)  # fit to the samples as distill aligns them
