@@ -86,8 +86,8 @@ class CyclicalSchedule(StepSchedule):
 
     restarting at lr0 every L iterations. Update t explores (a plain gradient step, no noise) while
     mod(t, L)/L < explore_fraction and samples (a Langevin step) afterwards; the samples are the iterates
-    the Langevin steps make, θ_{t+1} for every sampling update t, so a cycle's last one is kept and the
-    iterate its first exploring step made is not.
+    the Langevin steps make, θ_{t+1} for every sampling update t, so a cycle's last one is kept and none
+    that an exploring step made.
     """
 
     lr0: float
