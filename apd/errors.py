@@ -33,7 +33,8 @@ class DivergenceError(ApdError):
 
 
 class DeviceMemoryError(ApdError):
-    """A CUDA device that ran out of memory; the message names it and the settings to lower."""
+    """A device (a CUDA card or the CPU's memory) that ran out of memory; the message names it and the settings
+    to lower."""
 
 
 class DeviceUnusableError(ApdError):
@@ -55,13 +56,25 @@ MEMORY_SETTINGS = {
 MACHINE_ERRORS = frozenset({35, 36, 46, 100, 101, 209, 214, 216, 222, 802, 803, 804})
 
 
+# How PyTorch's CPU allocator says that the machine's memory cannot hold a tensor (a RuntimeError).
+CPU_ALLOCATOR_REFUSED = "DefaultCPUAllocator: can't allocate memory"
+
+
+def _out_of_memory(command: str, what: str) -> DeviceMemoryError:
+    """The one-line error ``what`` for ``command``: what to lower, and what else to try."""
+    settings = MEMORY_SETTINGS.get(command, "the batch and sample sizes of the config")
+    return DeviceMemoryError(f"{what}: lower {settings}, or the network's widths (net.hidden, net.conv), with "
+                             "--set SECTION.KEY=VALUE; or run on another device (--device)")
+
+
 @contextlib.contextmanager
 def device_failures_are_errors(command: str, device: torch.device) -> Iterator[None]:
-    """``with device_failures_are_errors(command, device):`` turns what the machine causes on a CUDA card in the
-    block into one-line errors: running out of memory into a :class:`DeviceMemoryError` naming ``device`` and
-    what to lower for ``command`` (its :data:`MEMORY_SETTINGS`), a card the machine cannot run on (a
-    :data:`MACHINE_ERRORS` code) into a :class:`DeviceUnusableError`. Other CUDA errors (a device-side assert,
-    an illegal address) are the code's and propagate."""
+    """``with device_failures_are_errors(command, device):`` turns what the machine causes in the block into
+    one-line errors: running out of memory, on a CUDA card or in the CPU's memory (PyTorch's allocator refusing a
+    tensor, or Python's :class:`MemoryError`), into a :class:`DeviceMemoryError` naming where and what to lower
+    for ``command`` (its :data:`MEMORY_SETTINGS`), a card the machine cannot run on (a :data:`MACHINE_ERRORS`
+    code) into a :class:`DeviceUnusableError`. Other errors (a device-side assert, an illegal address) are the
+    code's and propagate."""
     import torch
 
     try:
@@ -69,11 +82,15 @@ def device_failures_are_errors(command: str, device: torch.device) -> Iterator[N
     except torch.cuda.OutOfMemoryError:
         if device.type == "cuda" and device.index is None:  # "cuda": the current CUDA device
             device = torch.device("cuda", torch.cuda.current_device())
-        settings = MEMORY_SETTINGS.get(command, "the batch and sample sizes of the config")
-        raise DeviceMemoryError(f"CUDA out of memory on {device}: lower {settings} (--set SECTION.KEY=VALUE), "
-                                "or run on another device (--device)") from None
+        raise _out_of_memory(command, f"CUDA out of memory on {device}") from None
     except getattr(torch, "AcceleratorError", ()) as exc:  # torch ≥ 2.8 gives CUDA's errors their code
         if getattr(exc, "error_code", None) not in MACHINE_ERRORS:
             raise
         reason = str(exc).splitlines()[0].removeprefix("CUDA error: ")
         raise DeviceUnusableError(f"{device} cannot be used: {reason}; run on another device (--device)") from None
+    except MemoryError:
+        raise _out_of_memory(command, "out of CPU memory") from None
+    except RuntimeError as exc:  # after the CUDA errors, which are RuntimeErrors as well
+        if CPU_ALLOCATOR_REFUSED not in str(exc):
+            raise
+        raise _out_of_memory(command, "out of CPU memory") from None

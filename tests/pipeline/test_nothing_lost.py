@@ -374,6 +374,27 @@ def test_cuda_out_of_memory_is_one_line_naming_the_device_and_what_to_lower(art,
     assert setting in err
 
 
+def test_a_network_too_wide_for_the_machine_is_one_line(art):
+    """Its first layer alone would take 256 TB, past any machine's address space, so the allocation fails on
+    every machine (overcommitting or not): one line naming what to lower, exit code 2, nothing touched."""
+    err = art.fails("sample", "--set", "net.hidden=[1000000000000]", match="out of CPU memory: lower sgld.batch_size")
+    assert "net.hidden" in err
+
+
+def test_python_out_of_memory_is_one_line_and_other_runtime_errors_are_the_codes(art, monkeypatch):
+    def out_of_memory(*args):
+        raise MemoryError
+
+    def wrong_shapes(*args):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied (100x64 and 65x100)")
+
+    monkeypatch.setattr("apd.pipeline.distill.run_distill", out_of_memory)
+    art.fails("distill", match="out of CPU memory: lower distill.in_memory_gb")
+    monkeypatch.setattr("apd.pipeline.distill.run_distill", wrong_shapes)
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        main(art.argv("distill"))
+
+
 def _cuda_error(code: int, message: str) -> torch.AcceleratorError:
     """A CUDA error as torch raises it: its message and CUDA's code."""
     error = torch.AcceleratorError(f"CUDA error: {message}\nCUDA kernel errors might be asynchronously reported")
