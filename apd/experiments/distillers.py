@@ -8,9 +8,9 @@ WGAN-GP on raw weight vectors (Wang et al., 2018); subspace APD (the same GAN on
 without a residual, with the per-weight or the Kronecker-factored Laplace residual, matched to SGLD's
 in-distribution disagreement or at its fitted spread: :mod:`apd.distillation.residual`,
 :mod:`apd.distillation.kronecker`); its Gaussian null model θ = μ + U·diag(σ)·z; a diagonal Gaussian; and
-diagonal mixtures of k Gaussians. Every weight-space model (the codecs, the GANs, the projected samples)
-sees the samples with their hidden units aligned as ``apd distill`` aligns them (``[distill] align``,
-:mod:`apd.distillation.alignment`); the mixtures fit the stored samples, as ``apd evaluate``'s MoG does.
+diagonal mixtures of k Gaussians. Every weight-space model (the codecs, the GANs, the projected samples,
+the mixtures) sees the samples with their hidden units aligned as ``apd distill`` aligns them (``[distill]
+align``, :mod:`apd.distillation.alignment`), as ``apd evaluate``'s MoG does.
 
 Reported per distiller: storage in SGLD samples' worth, build time, accuracy and mean AUROC of BALD and
 max_prob (the paper's "variation ratio" column, 1 − max p̄) as shares of SGLD's, the AUROC on every OOD
@@ -226,7 +226,7 @@ def build(variant: Variant, ctx: RunContext, store: SampleStore, plan: Distiller
         return Built(SGLDSamples(store, device))
     if variant.family == "mog":
         return Built(fit_mixture(store, variant.components, cfg.evaluate.mog_fit_samples,
-                                 ctx.seed("evaluate", "mog", variant.components), device))
+                                 ctx.seed("evaluate", "mog", variant.components), device, data.perms))
     if variant.family == "dense":
         codec = WeightCodec("identity", spec.numel)
     else:
