@@ -43,8 +43,9 @@ class DeviceUnusableError(ApdError):
 
 # Per command, the settings its GPU memory grows with, which an out-of-memory error names.
 MEMORY_SETTINGS = {
-    "sample": "sgld.batch_size or baselines.batch_size",
-    "distill": "distill.in_memory_gb, distill.batch_size or distill.eval_networks",
+    "sample": "sgld.batch_size, baselines.batch_size or the network's widths (net.hidden, net.conv)",
+    "distill": "distill.in_memory_gb, distill.batch_size, distill.eval_networks or the GAN's widths "
+               "(distill.gen_hidden, distill.critic_hidden)",
     "evaluate": "evaluate.networks, evaluate.sgld_samples, evaluate.mc_passes or evaluate.ood_size",
 }
 
@@ -63,8 +64,8 @@ CPU_ALLOCATOR_REFUSED = "DefaultCPUAllocator: can't allocate memory"
 def _out_of_memory(command: str, what: str) -> DeviceMemoryError:
     """The one-line error ``what`` for ``command``: what to lower, and what else to try."""
     settings = MEMORY_SETTINGS.get(command, "the batch and sample sizes of the config")
-    return DeviceMemoryError(f"{what}: lower {settings}, or the network's widths (net.hidden, net.conv), with "
-                             "--set SECTION.KEY=VALUE; or run on another device (--device)")
+    return DeviceMemoryError(f"{what}: lower {settings} (--set SECTION.KEY=VALUE), or run on another device "
+                             "(--device)")
 
 
 @contextlib.contextmanager

@@ -104,7 +104,7 @@ def distill_offline(ctx: RunContext) -> Path:
         with SampleStore.open(ctx.layout.samples, expect_spec=ParamSpec.from_module(ctx.network())) as store:
             store_alignment(ctx, store)  # aligned here once and stored: the workers read it
     if todo:
-        split_work(ctx, distill_seeds, todo, d.workers, "generator seeds")
+        split_work(ctx, distill_seeds, todo, d.workers, "generator seeds", "distill")
     return ctx.layout.generator
 
 

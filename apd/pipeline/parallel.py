@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from apd.errors import device_failures_are_errors
 from apd.pipeline.distributed import spawn
 from apd.pipeline.runtime import RunContext, setup_logging
 
@@ -34,17 +35,19 @@ def worker_count(ctx: RunContext, pieces: int, workers: int) -> int:
 
 
 def split_work(ctx: RunContext, work: Callable[[RunContext, list], None], pieces: Sequence[Any], workers: int,
-               what: str) -> None:
+               what: str, command: str) -> None:
     """``work(ctx, share)`` for the shares of ``pieces`` dealt to :func:`worker_count` workers: here when
     that is one, else each in a process of its own (module docstring). ``work`` is a module-level function
-    (it reaches the workers by name); ``what`` names the pieces in the log and in a dead worker's message."""
+    (it reaches the workers by name); ``what`` names the pieces in the log and in a dead worker's message;
+    ``command`` is the ``apd`` command whose settings a worker's out-of-memory error names, as the command's
+    own does (:func:`~apd.errors.device_failures_are_errors`)."""
     size = worker_count(ctx, len(pieces), workers)
     if size == 1:
         work(ctx, list(pieces))
         return
     shares = [list(pieces[rank::size]) for rank in range(size)]
     log.info("%s on %d workers: %s", what, size, "; ".join(_names(share) for share in shares))
-    spawn(_worker, size, portable(ctx), work, shares,
+    spawn(_worker, size, portable(ctx), command, work, shares,
           on_death=lambda rank, how: f"the worker of {what} {_names(shares[rank])} {how}; complete artifacts are "
                                      "unchanged: run the same command again to redo the rest")
 
@@ -72,9 +75,11 @@ def worker_context(rank: int, size: int, context: dict, threads: int) -> RunCont
     return RunContext(**context)
 
 
-def _worker(rank: int, size: int, init_method: str, context: dict, work: Callable[[RunContext, list], None],
-            shares: list[list]) -> None:
+def _worker(rank: int, size: int, init_method: str, context: dict, command: str,
+            work: Callable[[RunContext, list], None], shares: list[list]) -> None:
     """One worker of :func:`split_work`: its share on the pipeline's threads (or its part of the cores)."""
     del init_method  # the pieces exchange nothing
     threads = context["cfg"].threads or max(1, (os.cpu_count() or 1) // size)
-    work(worker_context(rank, size, context, threads), shares[rank])
+    ctx = worker_context(rank, size, context, threads)
+    with device_failures_are_errors(command, ctx.device):
+        work(ctx, shares[rank])

@@ -82,7 +82,7 @@ def run_sample(ctx: RunContext) -> None:
 def train_all_baselines(ctx: RunContext, workers: int) -> None:
     """The pieces of :data:`BASELINE_PIECES` not complete yet, on up to ``workers`` processes."""
     todo = [piece for piece in BASELINE_PIECES if not all(complete_baseline(ctx, name) for name in piece)]
-    split_work(ctx, train_baselines, todo, workers, "baselines")
+    split_work(ctx, train_baselines, todo, workers, "baselines", "sample")
 
 
 def train_baselines(ctx: RunContext, pieces: list[tuple[str, ...]]) -> None:
