@@ -103,7 +103,7 @@ def test_distill_aligns_once_before_its_workers_start(tiny_pipeline, tmp_path, m
     ctx = tiny_context(tmp_path, distill={**ALIGNED, "seeds": 2, "workers": 2})
     started = []
 
-    def workers(ctx, work, pieces, count, what):
+    def workers(ctx, work, pieces, count, what, command):
         inputs = {"samples": manifest_digest(manifest_of(ctx.layout.samples))}
         started.append(is_complete(manifest_of(ctx.layout.alignment), alignment_key(ctx), inputs))
 
