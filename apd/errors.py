@@ -41,7 +41,7 @@ class DeviceUnusableError(ApdError):
     """A CUDA device this machine cannot run on (busy, broken, or not served by its driver or PyTorch build)."""
 
 
-# Per command, the settings its GPU memory grows with, which an out-of-memory error names.
+# Per command, the settings its memory (a card's or the CPU's) grows with, which an out-of-memory error names.
 MEMORY_SETTINGS = {
     "sample": "sgld.batch_size, baselines.batch_size or the network's widths (net.hidden, net.conv)",
     "distill": "distill.in_memory_gb, distill.batch_size, distill.eval_networks or the GAN's widths "

@@ -375,9 +375,11 @@ def test_cuda_out_of_memory_is_one_line_naming_the_device_and_what_to_lower(art,
 
 
 def test_a_network_too_wide_for_the_machine_is_one_line(art):
-    """Its first layer alone would take 256 TB, past any machine's address space, so the allocation fails on
-    every machine (overcommitting or not): one line naming what to lower, exit code 2, nothing touched."""
-    err = art.fails("sample", "--set", "net.hidden=[1000000000000]", match="out of CPU memory: lower sgld.batch_size")
+    """Its first layer alone would take 2.56e17 bytes, past the address space of any machine (2**57 bytes with
+    5-level paging), so the allocation fails on every machine, overcommitting or not: one line naming what to
+    lower, exit code 2, nothing touched."""
+    err = art.fails("sample", "--set", "net.hidden=[1000000000000000]",
+                    match="out of CPU memory: lower sgld.batch_size")
     assert "net.hidden" in err
 
 
