@@ -166,3 +166,20 @@ def test_missing_samples_name_the_stage(tmp_path, capsys):
     config.write_text(toml({**TINY, "name": "nothing"}))
     assert main(["experiment", "distillers", "--config", str(config), "--artifacts", str(tmp_path), "--quiet"]) == 2
     assert "run `apd sample --config" in capsys.readouterr().err
+
+
+def test_the_mixtures_fit_the_samples_aligned_as_the_generators_see_them(monkeypatch, tmp_path):
+    """A mixture row is fit to the store with the permutations the study's training samples carry (the
+    alignment of ``apd distill``, as ``apd evaluate``'s MoG), not to the samples as stored."""
+    from types import SimpleNamespace
+
+    from apd.experiments import distillers
+    from tests.tiny_pipeline import tiny_context
+
+    fitted = []
+    monkeypatch.setattr(distillers, "fit_mixture", lambda *args: fitted.append(args) or "mixture")
+    perms = torch.arange(6).reshape(2, 3)
+    store = SimpleNamespace(spec=None)
+    built = distillers.build(distillers.Variant("MoG-2", "mog", components=2), tiny_context(tmp_path), store,
+                             DistillerPlan(), 0.0, SimpleNamespace(perms=perms))
+    assert built.method == "mixture" and fitted[0][0] is store and fitted[0][1] == 2 and fitted[0][-1] is perms
