@@ -29,7 +29,7 @@ from apd.pipeline.runtime import RunContext
 from apd.pipeline.seeds import replicated
 from apd.pipeline.stored_alignment import is_pipeline_alignment, load_alignment, save_alignment
 from apd.posteriors.modes import chain_means
-from apd.samplers.store import SampleStore
+from apd.samplers.store import SampleStore, StoreRows
 
 log = logging.getLogger(__name__)
 
@@ -121,12 +121,17 @@ def _prepare(ctx: RunContext, store: SampleStore, d: DistillConfig) -> TrainingS
     return TrainingSamples(permute(fit, store.spec, perms[rows]), perms, alignment)
 
 
-def store_alignment(ctx: RunContext, store: SampleStore) -> Tensor | None:
+def store_alignment(ctx: RunContext, store: SampleStore | StoreRows) -> Tensor | None:
     """The permutations [len(store), H] that :func:`training_samples` aligns every row of ``store`` with for the
     generator, or None where ``[distill] align = "none"``: the preparation every method fit to the samples
-    shares with APD (the MoG, the mode mixture)."""
+    shares with APD (the MoG, the mode mixture). A view of some rows (:class:`~apd.samplers.store.StoreRows`,
+    SGLD's samples after the burn-in) gets its rows' permutations of the whole store's alignment."""
     d = ctx.cfg.distill
-    return None if d.align == "none" else _alignment(ctx, store, d)[0]
+    if d.align == "none":
+        return None
+    if isinstance(store, StoreRows):
+        return _alignment(ctx, store.store, d)[0][torch.from_numpy(store.rows)]
+    return _alignment(ctx, store, d)[0]
 
 
 def _alignment(ctx: RunContext, store: SampleStore, d: DistillConfig, fit: Tensor | None = None

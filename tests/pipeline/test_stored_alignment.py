@@ -110,3 +110,20 @@ def test_distill_aligns_once_before_its_workers_start(tiny_pipeline, tmp_path, m
     monkeypatch.setattr(distill, "split_work", workers)
     distill.distill_offline(ctx)
     assert started == [True]
+
+
+def test_the_samples_after_the_burn_in_are_aligned_as_their_rows_of_the_store(tiny_pipeline, tmp_path):
+    """SGLD's samples after the trace's burn-in (a view of some rows, ``evaluate.burn_in_from_trace``) get those
+    rows' permutations of the pipeline's one alignment, so that the fidelity table sets a method fit to the
+    aligned samples against SGLD's in its frame."""
+    from apd.pipeline.methods import sgld_samples
+    from apd.samplers.store import StoreRows
+
+    copy_samples(tiny_pipeline[0], tmp_path)
+    ctx = tiny_context(tmp_path, distill=ALIGNED, evaluate={"burn_in_from_trace": True})
+    whole = aligned(ctx)
+    with SampleStore.open(ctx.layout.samples) as store:
+        view = sgld_samples(ctx, store)
+        assert isinstance(view, StoreRows) and 0 < len(view) < len(store)
+        perms = recipes.store_alignment(ctx, view)
+    assert len(perms) == len(view) and torch.equal(perms, whole[torch.from_numpy(view.rows)])
