@@ -510,11 +510,13 @@ def test_tiny_pipeline_runs_on_cuda(tmp_path):
     assert results["device"].startswith("cuda") and results["accuracy"]["apd"]["acc"]["mean"] > 0.8
 
 
-@pytest.mark.cuda
-def test_the_tiny_pipeline_with_fashion_fc1s_settings_runs_on_cuda(tmp_path):
-    """The settings of fcNN1's pipeline that the tiny pipeline lacks, every stage on a CUDA device: two chains
-    from the prior, aligned samples, one generator per chain stored at float16, two generator seeds (trained as
-    one batch there), the burn-in from the trace, the attacks; a short check before fcNN1 itself on a card."""
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_the_tiny_pipeline_with_fashion_fc1s_settings_runs(tmp_path, device):
+    """The settings of fcNN1's pipeline that the tiny pipeline lacks, every stage on the CPU and on a CUDA
+    device (chosen by ``device = "auto"``, no flag): two chains from the prior, aligned samples, one generator
+    per chain stored at float16, two generator seeds (trained as one batch on a card), the burn-in from the
+    trace (SGLD's samples after it set against APD's in the aligned frame), the attacks; a short check before
+    fcNN1 itself."""
     raw = json.loads(json.dumps(TINY))
     raw["sgld"] |= {"chains": 2, "workers": 2, "init": "prior"}
     raw["distill"] |= {"per_chain": True, "align": "permutation", "precision": "float16", "seeds": 2, "workers": 2}
@@ -523,12 +525,15 @@ def test_the_tiny_pipeline_with_fashion_fc1s_settings_runs_on_cuda(tmp_path):
     config = tmp_path / "tiny.toml"
     config.write_text(toml(raw))
     for stage in ("sample", "distill", "evaluate"):
-        assert main([stage, "--config", str(config), "--artifacts", str(tmp_path), "--quiet"]) == 0
+        flags = ["--device", "cpu"] if device == "cpu" else []
+        assert main([stage, "--config", str(config), "--artifacts", str(tmp_path), "--quiet", *flags]) == 0
     root = tmp_path / "tiny"
     results = json.loads((root / "eval" / "results.json").read_text())
-    assert results["device"].startswith("cuda") and results["replicates"]["apd"]["seeds"] == 2
-    for name in ("generator.json", "generator-seed1.json"):
-        assert json.loads((root / name).read_text())["trained_with_seeds"] == [0, 1]
+    assert results["device"].startswith(device) and results["replicates"]["apd"]["seeds"] == 2
+    assert results["fidelity"]["apd"]["sgld_frame"] == "aligned"
+    batched = [json.loads((root / name).read_text()).get("trained_with_seeds")
+               for name in ("generator.json", "generator-seed1.json")]
+    assert batched == ([[0, 1]] * 2 if device == "cuda" else [None, None])  # one worker per seed on a CPU
 
 
 @pytest.mark.cuda
