@@ -513,10 +513,10 @@ def test_tiny_pipeline_runs_on_cuda(tmp_path):
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_the_tiny_pipeline_with_fashion_fc1s_settings_runs(tmp_path, device):
     """The settings of fcNN1's pipeline that the tiny pipeline lacks, every stage on the CPU (``--device cpu``)
-    and on a CUDA device with no flag (``device = "auto"`` picks it): two chains from the prior, aligned samples, one generator
-    per chain stored at float16, two generator seeds (trained as one batch on a card), the burn-in from the
-    trace (SGLD's samples after it set against APD's in the aligned frame), the attacks; a short check before
-    fcNN1 itself."""
+    and on a CUDA device with no flag (``device = "auto"`` picks it): two chains from the prior, aligned
+    samples, one generator per chain stored at float16, two generator seeds (trained as one batch on a card),
+    the burn-in from the trace (SGLD's samples after it set against APD's in the aligned frame), the attacks; a
+    short check before fcNN1 itself."""
     raw = json.loads(json.dumps(TINY))
     raw["sgld"] |= {"chains": 2, "workers": 2, "init": "prior"}
     raw["distill"] |= {"per_chain": True, "align": "permutation", "precision": "float16", "seeds": 2, "workers": 2}
