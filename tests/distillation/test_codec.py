@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from apd.distillation.codec import WeightCodec, fit_codec
+from apd.distillation.codec import WeightCodec, fit_codec, off_subspace_std
 
 
 def test_identity_and_standardize_round_trip():
@@ -43,6 +43,15 @@ def test_subspace_recovers_a_known_low_dimensional_structure():
     torch.testing.assert_close(codec.residual, residual, atol=0.0, rtol=0.15)
     codes = codec.encode(samples)
     torch.testing.assert_close(codes.std(0), torch.ones(rank), atol=1e-3, rtol=0)
+
+
+def test_the_residual_std_summed_block_by_block_is_the_hand_worked_one():
+    """U = e₁: the part off the subspace is the second coordinate, 2, −2, 0, 0 → s = (0, √(8/4)); blocks of
+    3 rows do not divide the 4 samples."""
+    centred = torch.tensor([[1.0, 2.0], [-1.0, -2.0], [3.0, 0.0], [-3.0, 0.0]])
+    basis = torch.tensor([[1.0], [0.0]])
+    std = off_subspace_std(centred, centred @ basis, basis, rows=3)
+    torch.testing.assert_close(std, torch.tensor([0.0, 2.0 ** 0.5]))
 
 
 def test_decode_is_the_principal_part_plus_the_residual_noise():
