@@ -201,7 +201,7 @@ def machine_name(machine: dict) -> str:
 def render_end_to_end(record: dict) -> str:
     """A pipeline's stages timed end to end (``benchmarks/time_pipeline.py``): each stage's wall clock, the
     parts its manifests record, the total (or which stages a run stopped before finishing), and where it
-    was measured."""
+    was measured, at which commit (and the commit of any resumption made at another)."""
     parts = record.get("parts", {})
     body = [[f"`apd {stage}`", format_duration(seconds)] for stage, seconds in record["stages"].items()]
     if "total" in record:
@@ -210,7 +210,9 @@ def render_end_to_end(record: dict) -> str:
         body.append(["total", f"not reached: the run stopped before `apd {record['unfinished']}` finished"])
     machine = record["machine"]
     detail = "; ".join(f"{name} {format_duration(seconds)}" for name, seconds in parts.items())
-    return (f"`{record['config']}` at commit `{short_commit(record['commit'])}` on {machine_name(machine)}; "
+    elsewhere = "".join(f", `apd {resumed['stage']}` resumed at `{short_commit(resumed['commit'])}`"
+                        for resumed in record.get("resumed", []) if "commit" in resumed)
+    return (f"`{record['config']}` at commit `{short_commit(record['commit'])}`{elsewhere} on {machine_name(machine)}; "
             f"load average before the run {load_average(machine)}; each stage its own process, imports "
             f"included. Recorded by the stages: {detail}.\n\n" + markdown_table(["stage", "wall clock"], body))
 

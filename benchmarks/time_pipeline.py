@@ -13,7 +13,10 @@ directory removed afterwards: the project's own are never touched. The total is 
 summed. ``--resume`` goes on with a run that stopped (a machine lent for less time than the pipeline takes):
 the stages its ``--out`` record has not finished, in its ``--artifacts``, at the same commit, the stage it
 stopped in run again from its start (``--force``: not from its checkpoint), so that every stage's time is
-that of one whole run; the record notes when and on what load each resumption started.
+that of one whole run; the record notes when and on what load each resumption started. A fix made while the
+run was stopped is another commit: ``--across-commits`` resumes at it all the same, and the record names the
+commit each resumption ran at (rendered beside the run's own), for the reader to judge whether the fix
+touched a stage timed before it.
 """
 
 from __future__ import annotations
@@ -73,6 +76,8 @@ def main() -> int:
     parser.add_argument("--artifacts", type=Path, help="a new directory for the artifacts, kept afterwards")
     parser.add_argument("--resume", action="store_true",
                         help="go on with the stopped run whose record is --out and whose artifacts are --artifacts")
+    parser.add_argument("--across-commits", action="store_true",
+                        help="with --resume: go on at this commit though the run started at another")
     args = parser.parse_args()
     record = {"config": args.config, **run_header(), "stages": {}}
     if args.resume:
@@ -109,18 +114,21 @@ def main() -> int:
 
 
 def resumed_record(parser: argparse.ArgumentParser, args: argparse.Namespace, header: dict) -> dict:
-    """The stopped run's record (``--out``), to go on with in its ``--artifacts`` at ``header``'s commit, with
-    ``header``'s start and load average added to its resumptions; anything else is a parser error."""
+    """The stopped run's record (``--out``), to go on with in its ``--artifacts`` at ``header``'s commit (another
+    only with ``--across-commits``, then named in the resumption), with ``header``'s start and load average
+    added to its resumptions; anything else is a parser error."""
     if args.out is None or args.artifacts is None or not args.out.is_file() or not args.artifacts.is_dir():
         parser.error("--resume needs --out, the stopped run's record, and --artifacts, its artifacts")
     record = json.loads(args.out.read_text())
     if "unfinished" not in record:
         parser.error(f"--resume: {args.out} is the record of a finished run")
-    if (record["config"], record["commit"]) != (args.config, header["commit"]):
+    if record["config"] != args.config or (record["commit"] != header["commit"] and not args.across_commits):
         parser.error(f"--resume: {args.out} times {record['config']} at {record['commit']}, not "
-                     f"{args.config} at {header['commit']}")
+                     f"{args.config} at {header['commit']} (--across-commits goes on at this commit)")
     resumption = {"stage": record["unfinished"], "started": header["started"],
                   "load_average_before": header["machine"]["load_average_before"]}
+    if header["commit"] != record["commit"]:
+        resumption["commit"] = header["commit"]
     return record | {"resumed": [*record.get("resumed", []), resumption]}
 
 

@@ -48,7 +48,8 @@ def test_pipeline_timing_names_each_seed_and_a_batch_of_seeds_once(tmp_path, mon
 def test_a_stopped_pipeline_timing_resumes_at_the_stage_it_stopped_in_timed_whole(tmp_path, monkeypatch):
     """``time_pipeline.py --resume`` goes on with the record of a run stopped in ``apd evaluate``: the stages it
     finished are kept, the one it stopped in runs again from its start (``--force``), the total is the stages'
-    sum and the resumption is noted; a finished record, or one of another commit, is refused (exit 2)."""
+    sum and the resumption is noted; a finished record, or one of another commit, is refused (exit 2), the
+    latter taken with ``--across-commits``, its commit named in the resumption."""
     import json
     import subprocess
     import sys
@@ -96,6 +97,11 @@ def test_a_stopped_pipeline_timing_resumes_at_the_stage_it_stopped_in_timed_whol
     with pytest.raises(SystemExit) as elsewhere:
         time_pipeline.main()
     assert finished.value.code == elsewhere.value.code == 2 and calls == [("evaluate", True)]
+    monkeypatch.setattr(sys, "argv", [*argv, "--resume", "--across-commits"])
+    assert time_pipeline.main() == 0
+    record = json.loads(out.read_text())
+    assert record["commit"] == "abc" and record["resumed"][-1]["commit"] == "def"
+    assert calls == [("evaluate", True)] * 2 and list(record["stages"]) == ["sample", "distill", "evaluate"]
 
 
 def test_the_card_checks_refuse_an_unknown_check_in_one_line():

@@ -316,6 +316,15 @@ def test_end_to_end_timing_is_rendered_from_its_record(project):
     assert "Recorded by the stages: sampling 1 min 27 s; evaluation 1 min 35 s." in table
     assert "| `apd sample` | 2 min 5 s |" in table
     assert "| total | **4 min 39 s** |" in table
+    # resumed at the same commit, then at another: only the other is named
+    record["resumed"] = [{"stage": "distill", "started": "2026-12-01T01:00:00+00:00", "load_average_before": [0.2]},
+                         {"stage": "evaluate", "started": "2026-12-01T02:00:00+00:00", "load_average_before": [0.3],
+                          "commit": "fedcba9876543210"}]
+    (project / "docs" / "results" / "demo" / "end_to_end.json").write_text(json.dumps(record))
+    table = render_table("demo", "end-to-end", project)
+    assert table.startswith("`pipelines/digits.toml` at commit `0123456789ab+changes`, `apd evaluate` resumed at "
+                            "`fedcba987654` on Some CPU (2 cores);")
+    del record["resumed"]
     # on a GPU, a run stopped before its last stage: the card is named and the missing total said
     del record["total"]
     record["machine"]["gpu"] = "Some GPU"
