@@ -319,22 +319,29 @@ def _judged_cells(point: dict, summary: dict | None, key: str | None, margins: s
 
 def render_summary(results_by_pipeline: dict[str, dict]) -> str:
     """One row per pipeline's frontier: its weights, chains (one generator each), budgets and APD's ranks,
-    the budgets at which APD is below both kept rows on all four summaries (:func:`crossings`) and its
-    set-by-set wins at each."""
+    the budgets at which APD is below both float32 kept rows on all four summaries (:func:`crossings`), those
+    at which it is below the samples kept at its own precision ("—" where the study kept none so) and its
+    set-by-set wins against the float32 ones at each budget."""
     body = []
     for name, results in results_by_pipeline.items():
         points = results["points"]
-        crossed = crossings(results)
         chains = next((str(p["apd"]["chains"]) for p in points if p["apd"] is not None), "–")
+        at_precision = (_listed_budgets(crossings(results, "kept_at_precision"))
+                        if any(p.get("kept_at_precision") for p in points) else "—")
         body.append([f"`{name}`", f"{results['dim']:,}", chains, ", ".join(f"{p['budget']:g}" for p in points),
                      ", ".join("–" if p["apd"] is None else str(p["apd"]["rank"]) for p in points),
-                     ", ".join(f"{budget:g}" for budget in crossed) or "none",
+                     _listed_budgets(crossings(results)), at_precision,
                      ", ".join("–" if p["apd"] is None else f"{p['apd']['margins']['wins']}/"
                                f"{p['apd']['margins']['compared']}" for p in points)])
     header = ["pipeline", "weights", "chains", "budgets (samples' worth)", "APD's ranks",
-              "below both kept on all four at",
-              "set-by-set wins"]
+              "below both float32 kept on all four at", "below both kept at APD's precision on all four at",
+              "set-by-set wins (float32 kept)"]
     return markdown_table(header, body)
+
+
+def _listed_budgets(budgets: list[float]) -> str:
+    """``2, 4, 8``, or ``none``."""
+    return ", ".join(f"{budget:g}" for budget in budgets) or "none"
 
 
 def draw_figure(results: dict, path: Path) -> None:

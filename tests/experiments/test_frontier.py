@@ -207,17 +207,22 @@ def test_the_frontiers_region_puts_several_pipelines_frontiers_side_by_side(tmp_
     below = {"bald_gap": 1.0, "max_prob_gap": 0.5, "nll_gap": 0.001, "kl": 0.005}
     above = {**below, "kl": 0.05}
     frontiers = {"small": [_point(1, None, kept, kept), _point(4, below, kept, kept)],
-                 "large": [_point(2, above, kept, kept), _point(4, above, kept, kept)]}
+                 "large": [_point(2, above, kept, kept), _point(4, above, kept, kept)],
+                 "compact": [_point(2, below, kept, kept, at_precision=(kept, kept)),
+                             _point(4, below, kept, kept, at_precision=(below, below))]}
     for name, points in frontiers.items():
         for point in points:
             if point["apd"] is not None:
                 point["apd"].update(chains=2, margins={"wins": point["budget"], "compared": 9})
         (tmp_path / "docs" / "results" / name).mkdir(parents=True)
         (tmp_path / "docs" / "results" / name / "frontier.json").write_text(json.dumps({"dim": 2410, "points": points}))
-    document = "<!-- results:small,large:frontiers -->\nold\n<!-- end -->\n"
+    document = "<!-- results:small,large,compact:frontiers -->\nold\n<!-- end -->\n"
     rows = [line for line in render_document(document, tmp_path).splitlines() if line.startswith("| `")]
-    assert rows == ["| `small` | 2,410 | 2 | 1, 4 | –, 3 | 4 | –, 4/9 |",
-                    "| `large` | 2,410 | 2 | 2, 4 | 3, 3 | none | 2/9, 4/9 |"]
+    # "compact" kept samples at APD's precision too: below them at 2 (their gaps are the float32 rows'), at 4
+    # not (they equal APD's own)
+    assert rows == ["| `small` | 2,410 | 2 | 1, 4 | –, 3 | 4 | — | –, 4/9 |",
+                    "| `large` | 2,410 | 2 | 2, 4 | 3, 3 | none | — | 2/9, 4/9 |",
+                    "| `compact` | 2,410 | 2 | 2, 4 | 3, 3 | 2, 4 | 2 | 2/9, 4/9 |"]
 
 
 def test_a_frontier_at_another_precision_has_a_region_of_its_own(tmp_path):
