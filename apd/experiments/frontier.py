@@ -273,7 +273,8 @@ def render_table(results: dict) -> str:
             f"{plan['subsets']} random subsets"
             + (f"; and ⌈S / s⌉ SGLD samples (s: one sample's storage at {precision}; at least S where the store "
                f"holds that many), each stored at {precision} as {rounded_as}" if at_precision else "")
-            + f". {results['runs']} runs × {results['networks']} networks per APD "
+            + f". APD trained once per budget (one seed: its spread is the draws', not the training's); "
+            f"{results['runs']} runs × {results['networks']} networks per APD "
             f"draw (mean ± std over runs); judged on validation images and the OOD tuning pool "
             f"({' / '.join(results['ood_sets'])}). "
             + (RANKED_NOTE.format(gaps=GAPS_PER_DRAW[per_draw(point.get("apd") for point in points)])

@@ -152,6 +152,7 @@ def test_apd_is_below_the_kept_samples_where_each_summary_is_smaller_than_both_k
     assert crossings(results) == [4]  # ...APD's curve crosses where APD is below, not where its ceiling is
     table = render_table(results)
     assert "| 8 | APD per chain | r=3 | 8 |" in table and table.rstrip().endswith("at 4 samples' worth.")
+    assert "APD trained once per budget (one seed: its spread is the draws', not the training's); 2 runs × 5" in table
     assert "| 8 | SGLD coordinates (APD's ceiling) | r=3 | 50 |" in table and table.count("APD's ceiling") == 2
     assert "ceiling" not in render_table({**results, "points": [one_sample, crossing]})
     twice = {**results, "points": [crossing, {**crossing, "budget": 8}, {**crossing, "budget": 16}]}
