@@ -80,6 +80,8 @@ def main() -> int:
                         help="with --resume: go on at this commit though the run started at another")
     args = parser.parse_args()
     record = {"config": args.config, **run_header(), "stages": {}}
+    if args.across_commits and not args.resume:
+        parser.error("--across-commits goes with --resume")
     if args.resume:
         record = resumed_record(parser, args, record)
     elif args.artifacts is not None and args.artifacts.exists():

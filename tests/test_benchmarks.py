@@ -97,6 +97,10 @@ def test_a_stopped_pipeline_timing_resumes_at_the_stage_it_stopped_in_timed_whol
     with pytest.raises(SystemExit) as elsewhere:
         time_pipeline.main()
     assert finished.value.code == elsewhere.value.code == 2 and calls == [("evaluate", True)]
+    monkeypatch.setattr(sys, "argv", [*argv, "--across-commits"])
+    with pytest.raises(SystemExit) as alone:
+        time_pipeline.main()
+    assert alone.value.code == 2
     monkeypatch.setattr(sys, "argv", [*argv, "--resume", "--across-commits"])
     assert time_pipeline.main() == 0
     record = json.loads(out.read_text())
