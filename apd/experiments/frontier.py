@@ -63,7 +63,7 @@ from apd.evaluation.yardstick import (
     standing,
 )
 from apd.experiments.options import plan_from_options
-from apd.experiments.outputs import write_study
+from apd.experiments.outputs import provenance, write_study
 from apd.experiments.precision import (
     GAPS,
     apd_bytes,
@@ -384,9 +384,9 @@ def draw_figure(results: dict, path: Path) -> None:
 
 
 def run_frontier(ctx: RunContext, options: list[str]) -> dict:
-    """``apd experiment frontier``: compare, write ``experiments/STEM.{json,md,png}`` (:func:`study_stem`),
-    print the table."""
+    """``apd experiment frontier``: compare, write ``experiments/STEM.{json,md,png}`` (:func:`study_stem`) with
+    the study's provenance, print the table."""
     plan = plan_from_options(options, FrontierPlan)
-    results = frontier(ctx, plan)
+    results = {**frontier(ctx, plan), "provenance": provenance(ctx)}
     write_study(ctx.layout.experiments, study_stem(plan), results, render_table, draw_figure, show=not ctx.quiet)
     return results

@@ -1,6 +1,6 @@
-"""What every study leaves: ``experiments/STEM.json`` (its results), ``STEM.md`` (its table) and
-``STEM.png`` (its figure), replaced together once all are written, the table printed (not with
-``--quiet``); and the one way a study runs from
+"""What every study leaves: ``experiments/STEM.json`` (its results, with where they were made:
+:func:`provenance`), ``STEM.md`` (its table) and ``STEM.png`` (its figure), replaced together once all are
+written, the table printed (not with ``--quiet``); and the one way a study runs from
 its ``--option`` strings to those files."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from apd.experiments.options import plan_from_options
-from apd.io import write_json_atomic, write_text_atomic, written_together
-from apd.pipeline.runtime import RunContext
+from apd.io import read_json, write_json_atomic, write_text_atomic, written_together
+from apd.pipeline.layout import manifest_of
+from apd.pipeline.runtime import RunContext, machine
 
 
 def write_study(out: Path, stem: str, results: dict, render: Callable[[dict], str],
@@ -31,11 +32,20 @@ def write_study(out: Path, stem: str, results: dict, render: Callable[[dict], st
     return markdown
 
 
+def provenance(ctx: RunContext) -> dict[str, Any]:
+    """Where a study's results were made: the machine (:func:`~apd.pipeline.runtime.machine`) and the digests of
+    the sample store's files it read, as the store's manifest records them (None without one), so that a
+    published study names the store it ran on rather than the docs saying so."""
+    manifest = manifest_of(ctx.layout.samples)
+    return {"machine": machine(ctx.device),
+            "store_files": read_json(manifest).get("files") if manifest.is_file() else None}
+
+
 def run_study(ctx: RunContext, options: list[str], plan: type, compute: Callable[[RunContext, Any], dict], stem: str,
               render: Callable[[dict], str], draw: Callable[[dict, Path], None]) -> dict:
     """``compute(ctx, plan)`` for the ``plan`` dataclass built from ``options``
-    (:func:`~apd.experiments.options.plan_from_options`), written by :func:`write_study` under
-    ``ctx.layout.experiments``; returns the results."""
-    results = compute(ctx, plan_from_options(options, plan))
+    (:func:`~apd.experiments.options.plan_from_options`) with its :func:`provenance`, written by
+    :func:`write_study` under ``ctx.layout.experiments``; returns the results."""
+    results = {**compute(ctx, plan_from_options(options, plan)), "provenance": provenance(ctx)}
     write_study(ctx.layout.experiments, stem, results, render, draw, show=not ctx.quiet)
     return results

@@ -51,6 +51,8 @@ def test_the_experiment_writes_its_table_and_figure(tiny_pipeline, tmp_path):
     assert len(results["sgld"]["values"]) == 10 and results["apd"] is None  # not distilled under tmp_path
     assert results["sgld"]["min"] <= results["sgld"]["p05"] <= results["sgld"]["mean"] <= results["sgld"]["max"]
     assert "| mean of chain 0 |" in (out / "modes.md").read_text()
+    store = json.loads((out.parent / "samples.json").read_text())["files"]
+    assert results["provenance"]["store_files"] == store  # the store it read, by its manifest's digests
     assert (out / "modes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
