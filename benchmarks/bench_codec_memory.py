@@ -4,8 +4,8 @@ per-dimension residual) holds beyond its input, in multiples of the input [n, D]
 Run: ``.venv/bin/python benchmarks/bench_codec_memory.py [--rows 2000] [--dim 150000] [--out FILE]`` (one
 thread). The input is Gaussian: memory depends only on the sizes. fcNN2's distiller fits 2,000 rows of
 D = 478,410 weights (3.8 GB as float32), once per budget in its frontier and precision studies; the default
-is the same rows at a third of its D, the ratio being the same. One fit per process: the peak RSS
-(``ru_maxrss``) is the process's own, taken after the input is made and again after the fit.
+is the same rows at a third of its D (at fcNN2's own D the ratio came out a little lower). One fit per
+process: the peak RSS (``ru_maxrss``) is the process's own, taken after the input is made and after the fit.
 """
 
 from __future__ import annotations
