@@ -7,7 +7,8 @@ For each budget S of ``budgets`` (SGLD samples' worth, bytes / (4·D)):
   one shared principal subspace, at the largest rank r whose codec and generators fit S when stored at
   ``precision`` (:func:`~apd.experiments.precision.chain_generators_storage`), trained on float32
   coordinates and then stored at the precision (the generator networks at ``generators_at`` where given,
-  the codec at ``precision``: :func:`~apd.experiments.precision.apd_bytes`);
+  the codec at ``precision``: :func:`~apd.experiments.precision.apd_bytes`); trained ``seeds`` times, from
+  generator seeds 0 … seeds − 1 (:func:`~apd.pipeline.seeds.replicated`), seed 0 as a study of one seed trains it;
 - **kept samples**: S SGLD samples stored at float32, centred in equal parts of each chain, the last of
   each chain, and ``subsets`` random subsets stratified by chain (:func:`~apd.evaluation.yardstick.kept_samples`):
   the kept-samples yardstick, ⌈S⌉ samples as they are;
@@ -27,8 +28,8 @@ and max-prob AUROC gap to SGLD, NLL gap, KL(SGLD's predictive ‖ the method's) 
 function-space gaps on the tuning pool); and APD's wins over the kept samples
 (:func:`~apd.evaluation.yardstick.wins_over_kept`: a gap below the evenly spaced and the last samples' and a
 percentile rank of at least 95 among the random subsets, stratified by chain). APD's curve crosses the kept
-samples' at the budgets where it wins on all four summaries (:func:`below_kept`), and the
-curve of the samples kept at APD's precision likewise. APD's storage is at most S, so both sets of kept
+samples' at the budgets where every one of its trainings wins on all four summaries (:func:`below_kept`), and
+the curve of the samples kept at APD's precision likewise. APD's storage is at most S, so both sets of kept
 samples have at least APD's bytes, unless the store holds fewer than ⌈S / s⌉; a crossing counts only where
 they do (:func:`crossings`).
 
@@ -82,6 +83,7 @@ from apd.nets import ParamSpec
 from apd.pipeline.figures import new_figure, save_figure
 from apd.pipeline.recipes import evaluation_inputs, training_samples
 from apd.pipeline.runtime import RunContext
+from apd.pipeline.seeds import replicated
 from apd.pipeline.stage import require_input
 from apd.pipeline.table_format import MISSING, format_gap, format_number, format_sample_count, markdown_table, mean_std
 from apd.samplers.store import SampleStore, chain_partition
@@ -104,6 +106,7 @@ class FrontierPlan:
     ceiling: bool = True  # also score every sample's coordinates in APD's subspace (float32)
     kept_at_precision: bool = True  # also keep the samples S buys at APD's precision (none at float32)
     generators_at: Literal["", "float32", "float16", "int8", "int4"] = ""  # the generator networks' own; "": APD's
+    seeds: int = bounded(1, ge=1)  # APD's trainings per budget, from generator seeds 0 … seeds − 1
 
     def generators(self) -> str:
         """The precision APD's generator networks are stored at: ``generators_at``, or APD's ``precision``."""
@@ -149,25 +152,30 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
                 stored_kept = kept_samples(predictions, kept_for(budget, spec.numel, plan.precision, n), inputs,
                                            reference, plan.subsets, torch.Generator().manual_seed(seed),
                                            plan.precision)
-            apd = ceiling = None
+            trainings, ceiling = [], None
             if rank:
-                t0 = time.perf_counter()
                 coordinates = sgld_coordinates(ctx, store, data, rank)
-                exact = train_chain_generators(ctx, store, coordinates, plan.steps or cfg.distill.steps)
-                stored = stored_apd(exact, plan.precision, plan.generators())
-                nbytes = apd_bytes(stored.model, plan.precision, plan.generators())
-                apd = {"rank": rank, "chains": chains, "seconds": round(time.perf_counter() - t0, 2),
-                       **scored(ctx, stored, nbytes, inputs, reference, kept, seed, sgld)}
+                for k in range(plan.seeds):
+                    t0 = time.perf_counter()
+                    exact = train_chain_generators(ctx, store, coordinates, plan.steps or cfg.distill.steps, k)
+                    stored = stored_apd(exact, plan.precision, plan.generators())
+                    nbytes = apd_bytes(stored.model, plan.precision, plan.generators())
+                    draws = ctx.seed(*replicated(k, "experiment", "frontier", budget))
+                    trainings.append({"rank": rank, "chains": chains, "seed": k,
+                                      **scored(ctx, stored, nbytes, inputs, reference, kept, draws, sgld),
+                                      "seconds": round(time.perf_counter() - t0, 2)})
                 if plan.ceiling:
                     ceiling = {"rank": rank, **scored(ctx, coordinates, coordinates.stored_bytes("float32"), inputs,
                                                       reference, kept, seed, sgld)}
-                for summary in filter(None, (apd, ceiling)):
+                for summary in filter(None, (*trainings, ceiling)):
                     summary["margins_at_precision"] = (None if stored_kept is None else
                                                        judged_margins(summary, stored_kept, sgld))
+            apd = trainings[0] if trainings else None
             points.append({"budget": budget, "kept": kept, "kept_at_precision": stored_kept, "apd": apd,
-                           "ceiling": ceiling})
+                           "retrained": trainings[1:], "ceiling": ceiling})
             log.info("budget %d: %s", budget, "no generator fits" if apd is None else
-                     f"APD rank {rank}, wins {apd['margins']['wins']} of {apd['margins']['compared']}")
+                     f"APD rank {rank}, wins " + ", ".join(str(t["margins"]["wins"]) for t in trainings)
+                     + f" of {apd['margins']['compared']}")
     return {"pipeline": cfg.name, "dataset": ctx.data.name, "dim": spec.numel, "sgld_samples": n, "runs": e.runs,
             "networks": e.networks, "ood_sets": list(inputs.ood),
             "judged_on": "validation images and the OOD tuning pool (never the test split or evaluate's OOD sets)",
@@ -186,7 +194,12 @@ def below_kept(point: dict, method: str = "apd", kept: str = "kept") -> list[str
     per draw, signed: an NLL below SGLD's is below any NLL above it). A summary a kept row lacks (one kept
     sample has no BALD) is not below, and a point without those kept samples has none. APD's curve crosses
     the kept samples' at the budgets where it is below on all four."""
-    summary, rows = point.get(method), point.get(kept)
+    return summary_below(point.get(method), point.get(kept))
+
+
+def summary_below(summary: dict | None, rows: dict | None) -> list[str]:
+    """The summaries of :data:`SUMMARIES` on which one method's yardstick ``summary`` is below the kept
+    samples' ``rows`` (:func:`below_kept`)."""
     if summary is None or rows is None:
         return []
     below = []
@@ -211,27 +224,48 @@ def fewer_bytes(point: dict, kept: str) -> bool:
     return apd is not None and rows is not None and rows["in_sgld_samples"] < apd["in_sgld_samples"]
 
 
-def crossings(results: dict, kept: str = "kept") -> list[float]:
-    """The budgets at which APD is below both rows of the ``kept`` samples on every summary
-    (:func:`below_kept`) and those samples take at least APD's storage (:func:`fewer_bytes`)."""
-    return [point["budget"] for point in results["points"]
-            if len(below_kept(point, "apd", kept)) == len(SUMMARIES) and not fewer_bytes(point, kept)]
+def trainings(point: dict) -> list[dict]:
+    """APD's trainings at one budget, generator seed 0 first (none where no generator fits; studies written
+    before ``seeds`` trained one)."""
+    return [] if point["apd"] is None else [point["apd"], *point.get("retrained", [])]
 
 
-def _kept_rows(kept: dict, label: str) -> list[tuple[str, str, dict, None]]:
+def crossings(results: dict, kept: str = "kept", seed: int | None = None) -> list[float]:
+    """The budgets at which APD (every training, or the one from generator seed ``seed``) is below both rows of
+    the ``kept`` samples on every summary (:func:`below_kept`) and those samples take at least APD's storage
+    (:func:`fewer_bytes`)."""
+    def crosses(point: dict) -> bool:
+        judged = trainings(point) if seed is None else trainings(point)[seed:seed + 1]
+        return bool(judged) and not fewer_bytes(point, kept) and all(
+            len(summary_below(summary, point.get(kept))) == len(SUMMARIES) for summary in judged)
+    return [point["budget"] for point in results["points"] if crosses(point)]
+
+
+def seeds_of(results: dict) -> int:
+    """How many times the study trained APD per budget (studies written before ``seeds``: once)."""
+    return results["plan"].get("seeds", 1)
+
+
+def _kept_rows(kept: dict, label: str) -> list[tuple[str, str, dict, bool]]:
     """The evenly spaced and the random rows of one set of kept samples, labelled ``label``."""
     return [(f"{label}, {name.removeprefix('kept, ')}", f"k={kept['k']}",
-             {**kept[key], "in_sgld_samples": kept["in_sgld_samples"]}, None) for key, name in KEPT.items()
+             {**kept[key], "in_sgld_samples": kept["in_sgld_samples"]}, False) for key, name in KEPT.items()
             if key in kept]  # studies written before percentile ranks kept no last samples
 
 
-def _rows(point: dict, precision: str) -> list[tuple[str, str, dict | None, str | None]]:
-    """(method, rank or k, its yardstick summary, ``"apd"`` or ``"ceiling"`` for those two) at one budget:
-    APD, its ceiling where it was scored, the kept samples at float32, then those at APD's precision where
-    they were scored."""
-    apd, ceiling, stored_kept = point["apd"], point.get("ceiling"), point.get("kept_at_precision")
-    return [(APD, "none fits" if apd is None else f"r={apd['rank']}", apd, "apd"),
-            *([(CEILING, f"r={ceiling['rank']}", ceiling, "ceiling")] if ceiling is not None else []),
+def apd_label(seed: int, seeds: int) -> str:
+    """APD's row: ``APD per chain``, or ``APD per chain, seed k`` in a study of several trainings."""
+    return APD if seeds == 1 else f"{APD}, seed {seed}"
+
+
+def _rows(point: dict, precision: str, seeds: int) -> list[tuple[str, str, dict | None, bool]]:
+    """(method, rank or k, its yardstick summary, whether it is judged against the kept samples) at one
+    budget: APD's trainings, its ceiling where it was scored, the kept samples at float32, then those at
+    APD's precision where they were scored."""
+    ceiling, stored_kept = point.get("ceiling"), point.get("kept_at_precision")
+    apd = [(apd_label(summary.get("seed", 0), seeds), f"r={summary['rank']}", summary, True)
+           for summary in trainings(point)] or [(APD, "none fits", None, True)]
+    return [*apd, *([(CEILING, f"r={ceiling['rank']}", ceiling, True)] if ceiling is not None else []),
             *_kept_rows(point["kept"], "kept"),
             *(_kept_rows(stored_kept, f"kept at {precision}") if stored_kept is not None else [])]
 
@@ -273,8 +307,11 @@ def render_table(results: dict) -> str:
             f"{plan['subsets']} random subsets"
             + (f"; and ⌈S / s⌉ SGLD samples (s: one sample's storage at {precision}; at least S where the store "
                f"holds that many), each stored at {precision} as {rounded_as}" if at_precision else "")
-            + f". APD trained once per budget (one seed: its spread is the draws', not the training's); "
-            f"{results['runs']} runs × {results['networks']} networks per APD "
+            + (". APD trained once per budget (one seed: its spread is the draws', not the training's); "
+               if seeds_of(results) == 1 else
+               f". APD trained {seeds_of(results)} times per budget, from generator seeds 0 to "
+               f"{seeds_of(results) - 1} (a crossing counts where every training crosses); ")
+            + f"{results['runs']} runs × {results['networks']} networks per APD "
             f"draw (mean ± std over runs); judged on validation images and the OOD tuning pool "
             f"({' / '.join(results['ood_sets'])}). "
             + (RANKED_NOTE.format(gaps=GAPS_PER_DRAW[per_draw(point.get("apd") for point in points)])
@@ -289,7 +326,7 @@ def render_table(results: dict) -> str:
     against = [("margins", "kept"), *([("margins_at_precision", "kept_at_precision")] if at_precision else [])]
     body = []
     for point in points:
-        for method, size, summary, key in _rows(point, precision):
+        for method, size, summary, judged in _rows(point, precision, seeds_of(results)):
             kl = None if summary is None else summary["kl"]
             body.append([f"{point['budget']:g}", method, size,
                          format_sample_count(None if summary is None else summary["in_sgld_samples"]),
@@ -297,11 +334,13 @@ def render_table(results: dict) -> str:
                            for gap in GAPS),
                          mean_std(kl, 4) if isinstance(kl, dict) else format_number(kl, 4),
                          *(cell for margins, kept in against
-                           for cell in _judged_cells(point, summary, key, margins, kept))])
-    verdict = f"\nAPD is below both kept rows on all four summaries at {_listed(crossings(results))}"
+                           for cell in _judged_cells(point, summary, judged, margins, kept))])
+    every = "" if seeds_of(results) == 1 else f" in every one of its {seeds_of(results)} trainings"
+    verdict = f"\nAPD is below both kept rows on all four summaries{every} at {_listed(crossings(results))}"
+    verdict += _by_seed(results, "kept")
     if at_precision:
-        verdict += (f"; below both rows of the samples kept at {precision}, with at least its storage, at "
-                    f"{_listed(crossings(results, 'kept_at_precision'))}")
+        verdict += (f"; below both rows of the samples kept at {precision}, with at least its storage,{every} at "
+                    f"{_listed(crossings(results, 'kept_at_precision'))}" + _by_seed(results, "kept_at_precision"))
     short = [point["budget"] for point in points if fewer_bytes(point, "kept_at_precision")]
     if short:
         verdict += (f". At {_listed(short)} the samples kept at {precision} take less storage than APD, so no "
@@ -309,35 +348,52 @@ def render_table(results: dict) -> str:
     return note + markdown_table(header, body) + "\n" + verdict + ".\n"
 
 
-def _judged_cells(point: dict, summary: dict | None, key: str | None, margins: str, kept: str) -> list[str]:
+def _by_seed(results: dict, kept: str) -> str:
+    """`` (seed by seed: 2 and 4; 2; none)`` after a verdict over several trainings: the budgets each crosses."""
+    if seeds_of(results) == 1:
+        return ""
+    each = [", ".join(f"{b:g}" for b in crossings(results, kept, k)) or "none" for k in range(seeds_of(results))]
+    return f" (seed by seed: {'; '.join(each)})"
+
+
+def _judged_cells(point: dict, summary: dict | None, judged: bool, margins: str, kept: str) -> list[str]:
     """The wins and below-both cells of one row against one set of kept samples: dashes for a kept row."""
-    if key is None:
+    if not judged:
         return ["—", "—"]
     won = summary.get(margins) if summary else None
     return ["—" if won is None else f"{won['wins']} of {won['compared']}",
-            ", ".join(below_kept(point, key, kept)) or "none"]
+            ", ".join(summary_below(summary, point.get(kept))) or "none"]
 
 
 def render_summary(results_by_pipeline: dict[str, dict]) -> str:
-    """One row per pipeline's frontier: its weights, chains (one generator each), budgets and APD's ranks,
-    the budgets at which APD is below both float32 kept rows on all four summaries (:func:`crossings`), those
-    at which it is below the samples kept at its own precision ("—" where the study kept none so) and its
-    set-by-set wins against the float32 ones at each budget."""
+    """One row per pipeline's frontier: its weights, chains (one generator each), APD's trainings per budget,
+    budgets and APD's ranks, the budgets at which APD (every training) is below both float32 kept rows on all
+    four summaries (:func:`crossings`), those at which it is below the samples kept at its own precision ("—"
+    where the study kept none so) and its set-by-set wins against the float32 ones at each budget (fewest to
+    most over the trainings)."""
     body = []
     for name, results in results_by_pipeline.items():
         points = results["points"]
         chains = next((str(p["apd"]["chains"]) for p in points if p["apd"] is not None), "–")
         at_precision = (_listed_budgets(crossings(results, "kept_at_precision"))
                         if any(p.get("kept_at_precision") for p in points) else "—")
-        body.append([f"`{name}`", f"{results['dim']:,}", chains, ", ".join(f"{p['budget']:g}" for p in points),
+        body.append([f"`{name}`", f"{results['dim']:,}", chains, str(results.get("plan", {}).get("seeds", 1)),
+                     ", ".join(f"{p['budget']:g}" for p in points),
                      ", ".join("–" if p["apd"] is None else str(p["apd"]["rank"]) for p in points),
-                     _listed_budgets(crossings(results)), at_precision,
-                     ", ".join("–" if p["apd"] is None else f"{p['apd']['margins']['wins']}/"
-                               f"{p['apd']['margins']['compared']}" for p in points)])
-    header = ["pipeline", "weights", "chains", "budgets (samples' worth)", "APD's ranks",
+                     _listed_budgets(crossings(results)), at_precision, ", ".join(map(_wins, points))])
+    header = ["pipeline", "weights", "chains", "APD trainings", "budgets (samples' worth)", "APD's ranks",
               "below both float32 kept on all four at", "below both kept at APD's precision on all four at",
               "set-by-set wins (float32 kept)"]
     return markdown_table(header, body)
+
+
+def _wins(point: dict) -> str:
+    """APD's set-by-set wins over the float32 kept samples at one budget: ``4/9``, ``3–5/9`` over several
+    trainings, ``–`` where no generator fits."""
+    won = sorted(summary["margins"]["wins"] for summary in trainings(point))
+    if not won:
+        return "–"
+    return f"{won[0]}{'' if won[0] == won[-1] else f'–{won[-1]}'}/{point['apd']['margins']['compared']}"
 
 
 def _listed_budgets(budgets: list[float]) -> str:
@@ -346,24 +402,26 @@ def _listed_budgets(budgets: list[float]) -> str:
 
 
 def draw_figure(results: dict, path: Path) -> None:
-    """One panel per yardstick gap against storage (log scale): APD's curve (mean ± std over runs) and the
-    kept samples' (evenly spaced; the random subsets' mean ± std), at float32 and at APD's precision where
-    the study kept those, where the gap is defined."""
-    precision = results["plan"]["precision"]
-    methods = [APD, *KEPT.values(), CEILING, *(f"kept at {precision}, {name.removeprefix('kept, ')}"
-                                               for name in KEPT.values())]
+    """One panel per yardstick gap against storage (log scale): APD's curve (mean ± std over runs; one curve
+    per training, the same colour) and the kept samples' (evenly spaced; the random subsets' mean ± std), at
+    float32 and at APD's precision where the study kept those, where the gap is defined."""
+    precision, seeds = results["plan"]["precision"], seeds_of(results)
+    methods = [*(apd_label(k, seeds) for k in range(seeds)), *KEPT.values(), CEILING,
+               *(f"kept at {precision}, {name.removeprefix('kept, ')}" for name in KEPT.values())]
+    styles = {APD: 0, **dict(zip(methods[seeds:], range(1, len(methods)), strict=False))}
     figure, axes = new_figure(1, 3, panel=(5.2, 3.9))
     for ax, (key, label) in zip(axes[0], GAPS.items(), strict=True):
-        for i, method in enumerate(methods):
+        for method in methods:
             xs, ys, errors = [], [], []
             for point in results["points"]:
-                summary = next((s for name, _, s, _ in _rows(point, precision) if name == method), None)
+                summary = next((s for name, _, s, _ in _rows(point, precision, seeds) if name == method), None)
                 value = None if summary is None else summary[key]
                 if value is not None:  # one kept sample has no BALD; older studies have no ceiling
                     # the ceiling at APD's budget, not at its own storage (all the samples' coordinates)
                     xs.append(point["budget"] if method == CEILING else summary["in_sgld_samples"])
                     ys.append(mean_of(value))
                     errors.append(std_of(value))
+            i = styles.get(method, 0)  # APD's trainings share its colour
             if xs:
                 ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, color=f"C{i}", label=method,
                             linestyle=("-", "-", "-.", "--", ":", "-", "-.", "--")[i])
@@ -378,7 +436,8 @@ def draw_figure(results: dict, path: Path) -> None:
             ax.legend(fontsize=7)
     plan = FrontierPlan(**results["plan"])
     generators = "" if plan.generators() == plan.precision else f" (generators {plan.generators()})"
-    figure.suptitle(f"{results['pipeline']}: APD, one generator per chain at {plan.precision}{generators}, "
+    trained = "" if seeds == 1 else f", {seeds} trainings"
+    figure.suptitle(f"{results['pipeline']}: APD, one generator per chain at {plan.precision}{generators}{trained}, "
                     "against as many kept SGLD samples")
     save_figure(figure, path)
 

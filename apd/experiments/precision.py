@@ -88,6 +88,7 @@ from apd.nets import ParamSpec
 from apd.pipeline.figures import new_figure, save_figure
 from apd.pipeline.recipes import TrainingSamples, codec_for, evaluation_inputs, training_samples
 from apd.pipeline.runtime import RunContext
+from apd.pipeline.seeds import replicated
 from apd.pipeline.stage import require_input
 from apd.pipeline.table_format import MISSING, format_gap, format_number, format_sample_count, markdown_table, mean_std
 from apd.posteriors import APDGenerator, Posterior
@@ -159,13 +160,14 @@ def random_batches(codes: Tensor, batch_size: int, seed: int) -> Callable[[], Te
 
 
 def train_chain_generators(ctx: RunContext, store: SampleStore, coordinates: StoredCoordinates,
-                           steps: int) -> APDGenerator:
+                           steps: int, seed: int = 0) -> APDGenerator:
     """WGAN-GP (the pipeline's ``[distill]`` settings) on each chain's rows of ``coordinates``, ``steps``
-    generator steps each, seeded per chain and trained as one
+    generator steps each, seeded per chain (from generator seed ``seed``'s streams,
+    :func:`~apd.pipeline.seeds.replicated`) and trained as one
     (:func:`~apd.distillation.training.make_chain_trainers`); the chains' shares of the store weigh the draws."""
     d, (ids, rows, shares) = ctx.cfg.distill, chain_partition(store.chains)
     codes = [coordinates.coordinates[r.to(coordinates.coordinates.device)] for r in rows]
-    seeds = [ctx.seed("experiment", "precision", "chain", chain) for chain in ids]
+    seeds = [ctx.seed(*replicated(seed, "experiment", "precision", "chain", chain)) for chain in ids]
     trainers = make_chain_trainers(d, coordinates.coordinates.shape[1], seeds, shares, ctx.device)
     batches = [random_batches(part, d.batch_size, seed) for part, seed in zip(codes, seeds, strict=True)]
     with ctx.progress(total=steps, desc=f"{len(ids)} chain generators, r={coordinates.coordinates.shape[1]}",

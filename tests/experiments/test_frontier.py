@@ -205,6 +205,48 @@ def test_no_crossing_is_counted_where_the_samples_kept_at_apds_precision_take_le
                                    "kept at int4 take less storage than APD, so no crossing is counted there.")
 
 
+def test_apd_trained_from_several_seeds_is_judged_training_by_training(tiny_pipeline, tmp_path):
+    rc, err = _frontier(tiny_pipeline, tmp_path / "one", "budgets=[2]", "steps=5", "ceiling=false")
+    assert rc == 0, err
+    rc, err = _frontier(tiny_pipeline, tmp_path / "three", "budgets=[2]", "steps=5", "ceiling=false", "seeds=3")
+    assert rc == 0, err
+    once, thrice = (json.loads((tmp_path / name / "tiny" / "experiments" / "frontier.json").read_text())["points"][0]
+                    for name in ("one", "three"))
+    trained = [thrice["apd"], *thrice["retrained"]]
+    assert [t["seed"] for t in trained] == [0, 1, 2] and once["retrained"] == []
+    assert len({t["rank"] for t in trained}) == 1 and len({t["in_sgld_samples"] for t in trained}) == 1
+    # generator seed 0 is the one training of a study of one seed: its gaps are the same to the last digit
+    assert {k: v for k, v in thrice["apd"].items() if k != "seconds"} == {
+        k: v for k, v in once["apd"].items() if k != "seconds"}
+    assert trained[1]["bald_gap"] != trained[0]["bald_gap"] != trained[2]["bald_gap"]  # trained and drawn anew
+    table = (tmp_path / "three" / "tiny" / "experiments" / "frontier.md").read_text()
+    assert all(f"| 2 | APD per chain, seed {k} | r={thrice['apd']['rank']} |" in table for k in range(3))
+    assert "APD trained 3 times per budget, from generator seeds 0 to 2" in table
+    assert "in every one of its 3 trainings at" in table and "(seed by seed: " in table
+
+
+def test_a_crossing_over_several_trainings_counts_where_every_one_crosses(tmp_path):
+    kept = {"bald_gap": 3.0, "max_prob_gap": 2.0, "nll_gap": 0.010, "kl": 0.02}
+    below = {"bald_gap": 1.0, "max_prob_gap": 0.5, "nll_gap": 0.001, "kl": 0.005}
+    above = {**below, "kl": 0.05}
+    points = [_point(2, below, kept, kept), _point(4, below, kept, kept)]
+    for point, other in zip(points, (below, above), strict=True):  # at 4, seed 2 is above on the KL
+        seed_1, seed_2 = (_point(point["budget"], values, kept, kept)["apd"] for values in (below, other))
+        for k, summary in enumerate((point["apd"], seed_1, seed_2)):
+            summary.update(seed=k, chains=2, margins={"wins": 5 + k - 2 * (summary is seed_2), "compared": 9})
+        point["retrained"] = [seed_1, seed_2]
+    results = {"pipeline": "p", "dim": 10, "sgld_samples": 100, "runs": 2, "networks": 5, "ood_sets": ["a"],
+               "plan": {"precision": "int8", "subsets": 3, "seeds": 3}, "points": points}
+    assert crossings(results) == [2] and crossings(results, seed=1) == [2, 4] and crossings(results, seed=2) == [2]
+    assert render_table(results).rstrip().endswith(
+        "in every one of its 3 trainings at 2 samples' worth (seed by seed: 2, 4; 2, 4; 2).")
+    (tmp_path / "docs" / "results" / "p").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "p" / "frontier.json").write_text(json.dumps(results))
+    rendered = render_document("<!-- results:p:frontiers -->\nold\n<!-- end -->\n", tmp_path)
+    # three trainings; set-by-set wins 5, 6 and 5 of 9 at each budget: 5–6
+    assert "| `p` | 10 | 2 | 3 | 2, 4 | 3, 3 | 2 | — | 5–6/9, 5–6/9 |" in rendered
+
+
 def test_the_frontiers_region_puts_several_pipelines_frontiers_side_by_side(tmp_path):
     """One row per pipeline named in the region, each from its committed frontier.json alone."""
     kept = {"bald_gap": 3.0, "max_prob_gap": 2.0, "nll_gap": 0.010, "kl": 0.02}
@@ -224,9 +266,9 @@ def test_the_frontiers_region_puts_several_pipelines_frontiers_side_by_side(tmp_
     rows = [line for line in render_document(document, tmp_path).splitlines() if line.startswith("| `")]
     # "compact" kept samples at APD's precision too: below them at 2 (their gaps are the float32 rows'), at 4
     # not (they equal APD's own)
-    assert rows == ["| `small` | 2,410 | 2 | 1, 4 | –, 3 | 4 | — | –, 4/9 |",
-                    "| `large` | 2,410 | 2 | 2, 4 | 3, 3 | none | — | 2/9, 4/9 |",
-                    "| `compact` | 2,410 | 2 | 2, 4 | 3, 3 | 2, 4 | 2 | 2/9, 4/9 |"]
+    assert rows == ["| `small` | 2,410 | 2 | 1 | 1, 4 | –, 3 | 4 | — | –, 4/9 |",
+                    "| `large` | 2,410 | 2 | 1 | 2, 4 | 3, 3 | none | — | 2/9, 4/9 |",
+                    "| `compact` | 2,410 | 2 | 1 | 2, 4 | 3, 3 | 2, 4 | 2 | 2/9, 4/9 |"]
 
 
 def test_a_frontier_at_another_precision_has_a_region_of_its_own(tmp_path):
