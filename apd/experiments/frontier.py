@@ -408,7 +408,8 @@ def draw_figure(results: dict, path: Path) -> None:
     precision, seeds = results["plan"]["precision"], seeds_of(results)
     methods = [*(apd_label(k, seeds) for k in range(seeds)), *KEPT.values(), CEILING,
                *(f"kept at {precision}, {name.removeprefix('kept, ')}" for name in KEPT.values())]
-    styles = {APD: 0, **dict(zip(methods[seeds:], range(1, len(methods)), strict=False))}
+    colours = dict(zip(methods[seeds:], range(1, len(methods)), strict=False))  # APD's trainings: C0
+    markers = {apd_label(k, seeds): "os^Dv<>p"[k % 8] for k in range(seeds)}  # and a marker each
     figure, axes = new_figure(1, 3, panel=(5.2, 3.9))
     for ax, (key, label) in zip(axes[0], GAPS.items(), strict=True):
         for method in methods:
@@ -421,10 +422,10 @@ def draw_figure(results: dict, path: Path) -> None:
                     xs.append(point["budget"] if method == CEILING else summary["in_sgld_samples"])
                     ys.append(mean_of(value))
                     errors.append(std_of(value))
-            i = styles.get(method, 0)  # APD's trainings share its colour
+            i = colours.get(method, 0)
             if xs:
-                ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, color=f"C{i}", label=method,
-                            linestyle=("-", "-", "-.", "--", ":", "-", "-.", "--")[i])
+                ax.errorbar(xs, ys, yerr=errors, marker=markers.get(method, "o"), capsize=3, color=f"C{i}",
+                            label=method, linestyle=("-", "-", "-.", "--", ":", "-", "-.", "--")[i])
         ax.axhline(0, color="grey", linewidth=0.8)
         ax.set_xscale("log")
         budgets = [point["budget"] for point in results["points"]]
