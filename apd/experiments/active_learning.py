@@ -50,7 +50,7 @@ from apd.experiments.active_report import draw_figure, render_markdown, write_cs
 from apd.io import read_json, write_json_atomic, write_text_atomic, written_together
 from apd.metrics import accuracy
 from apd.nets import ParamSpec
-from apd.pipeline.runtime import RunContext
+from apd.pipeline.runtime import RunContext, machine
 
 log = logging.getLogger(__name__)
 
@@ -278,6 +278,7 @@ def run_active_learning(ctx: RunContext, options: list[str]) -> dict:
                     bar.set_description(f"active learning, round {r}/{plan.rounds} ({model})")
 
                 run_round(ctx, plan, state, round_index, pool, advance)
+                record_machine(state, machine(ctx.device), round_index)
                 state["rounds_done"] = round_index + 1
                 state["seconds"] = round(state["seconds"] + time.perf_counter() - started, 3)
                 write_json_atomic(path, state)
@@ -304,6 +305,14 @@ def round_done(state: dict, plan: ActivePlan) -> None:
 
 def default_target(ctx: RunContext, plan: ActivePlan) -> float:
     return plan.target_accuracy or (0.9 if ctx.cfg.data.dataset == "digits" else 0.8)
+
+
+def record_machine(state: dict, here: dict, round_index: int) -> None:
+    """Note in ``state`` the machine that ran round ``round_index`` where it is not the one that ran the round
+    before (a run resumed elsewhere): the study's provenance, ``[{"machine": …, "from_round": k}, …]``."""
+    machines = state.setdefault("machines", [])
+    if not machines or machines[-1]["machine"] != here:
+        machines.append({"machine": here, "from_round": round_index})
 
 
 def summarise(ctx: RunContext, plan: ActivePlan, state: dict) -> dict:
@@ -347,7 +356,8 @@ def summarise(ctx: RunContext, plan: ActivePlan, state: dict) -> dict:
             "sgld": {"lr": plan.sgld_lr or ctx.cfg.sgld.lr, "prior_var": plan.prior_var or ctx.cfg.sgld.prior_var},
             "curves": curves, "seconds_per_round": timing, "apd_storage": storage,
             "seconds": state["seconds"],
-            "cpu_seconds": round(sum(b["cpu_seconds"] for b in state["batches"]), 3)}
+            "cpu_seconds": round(sum(b["cpu_seconds"] for b in state["batches"]), 3),
+            "provenance": {"machines": state.get("machines", [])}}
 
 
 def write_outputs(ctx: RunContext, results: dict) -> None:

@@ -119,6 +119,9 @@ def test_two_rounds_write_json_csv_and_figure(uninterrupted):
         picked = [i for picks in run_state["acquired"] for i in picks]
         assert len(set(picked)) == len(picked) == 6 and not set(picked) & set(run_state["labelled"][:20])
     assert results["apd_storage"]["in_sgld_samples"] > 0
+    # where it was made: one machine ran every round (it reads no sample store, so names none)
+    [made_on] = results["provenance"]["machines"]
+    assert made_on["from_round"] == 0 and made_on["machine"]["cores"] >= 1
     rows = list(csv.DictReader((out / "active_learning.csv").open()))
     assert len(rows) == 14 * 3 and {"model", "acquisition", "labelled", "test_accuracy_mean"} <= set(rows[0])
     assert (out / "active_learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -145,3 +148,11 @@ def test_resumed_run_equals_an_uninterrupted_one(uninterrupted, tmp_path, monkey
         return results["curves"], {name: run["labelled"] for name, run in state["runs"].items()}
 
     assert outcome(tmp_path) == outcome(uninterrupted)
+
+
+def test_a_run_resumed_on_another_machine_names_both():
+    first, second = {"cpu": "A", "cores": 2}, {"cpu": "B", "cores": 16}
+    state: dict = {}
+    for round_index, here in enumerate((first, first, second, second)):
+        active.record_machine(state, here, round_index)
+    assert state["machines"] == [{"machine": first, "from_round": 0}, {"machine": second, "from_round": 2}]
