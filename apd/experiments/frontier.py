@@ -243,7 +243,7 @@ def crossings(results: dict, kept: str = "kept", seed: int | None = None) -> lis
 
 def seeds_of(results: dict) -> int:
     """How many times the study trained APD per budget (studies written before ``seeds``: once)."""
-    return results["plan"].get("seeds", 1)
+    return results.get("plan", {}).get("seeds", 1)
 
 
 def _kept_rows(kept: dict, label: str) -> list[tuple[str, str, dict, bool]]:
@@ -377,7 +377,7 @@ def render_summary(results_by_pipeline: dict[str, dict]) -> str:
         chains = next((str(p["apd"]["chains"]) for p in points if p["apd"] is not None), "–")
         at_precision = (_listed_budgets(crossings(results, "kept_at_precision"))
                         if any(p.get("kept_at_precision") for p in points) else "—")
-        body.append([f"`{name}`", f"{results['dim']:,}", chains, str(results.get("plan", {}).get("seeds", 1)),
+        body.append([f"`{name}`", f"{results['dim']:,}", chains, str(seeds_of(results)),
                      ", ".join(f"{p['budget']:g}" for p in points),
                      ", ".join("–" if p["apd"] is None else str(p["apd"]["rank"]) for p in points),
                      _listed_budgets(crossings(results)), at_precision, ", ".join(map(_wins, points))])
