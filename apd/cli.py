@@ -169,7 +169,7 @@ def _print_leftovers(ctx: RunContext, present: list[Path]) -> None:
 
 
 def _print_sgld_diagnostics(ctx: RunContext) -> None:
-    """The convergence diagnostics recorded in the sample manifest, when there is one."""
+    """The convergence diagnostics and the samples' digest recorded in the sample manifest, when there is one."""
     from apd.io import read_json
     from apd.pipeline.layout import manifest_of
     from apd.samplers.diagnostics import summary_lines
@@ -194,6 +194,8 @@ def _print_sgld_diagnostics(ctx: RunContext) -> None:
     print(f"sgld       {record.get('chains', 1)} chain(s) on {record.get('workers', 1)} worker(s); " + lines[0])
     for line in lines[1:]:
         print("           " + line.strip())
+    if record.get("samples_digest"):
+        print(f"           samples' digest {record['samples_digest']} (equal for the same samples in any file)")
 
 
 def _print_reference_stability(ctx: RunContext) -> None:

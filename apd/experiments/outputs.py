@@ -33,12 +33,15 @@ def write_study(out: Path, stem: str, results: dict, render: Callable[[dict], st
 
 
 def provenance(ctx: RunContext) -> dict[str, Any]:
-    """Where a study's results were made: the machine (:func:`~apd.pipeline.runtime.machine`) and the digests of
-    the sample store's files it read, as the store's manifest records them (None without one), so that a
-    published study names the store it ran on rather than the docs saying so."""
+    """Where a study's results were made: the machine (:func:`~apd.pipeline.runtime.machine`), the digests of
+    the sample store's files it read and the digest of the samples they hold
+    (:func:`~apd.samplers.store_digest.content_digest`), as the store's manifest records them (None without
+    one or, for the samples' digest, for a store published before it was recorded), so that a published
+    study names the store it ran on rather than the docs saying so."""
     manifest = manifest_of(ctx.layout.samples)
-    return {"machine": machine(ctx.device),
-            "store_files": read_json(manifest).get("files") if manifest.is_file() else None}
+    record = read_json(manifest) if manifest.is_file() else {}
+    return {"machine": machine(ctx.device), "store_files": record.get("files"),
+            "store_samples": record.get("samples_digest")}
 
 
 def run_study(ctx: RunContext, options: list[str], plan: type, compute: Callable[[RunContext, Any], dict], stem: str,

@@ -22,6 +22,7 @@ from apd.pipeline.stage import publish
 from apd.samplers.burn_in import trace_burn_in
 from apd.samplers.diagnostics import diagnose, summary_lines
 from apd.samplers.store import SampleStore
+from apd.samplers.store_digest import content_digest
 from apd.samplers.store_join import join_stores, repack_by_chain
 
 log = logging.getLogger(__name__)
@@ -48,12 +49,14 @@ def publish_samples(ctx: RunContext, spec: ParamSpec, reports: list[Finished], b
             repacked = path.with_name("samples.chains.partial.h5")
             repack_by_chain(written, repacked, s.compression)
             files = {repacked: path}
+        samples_digest = _samples_digest(spec, next(iter(files)))
     else:
         meta = {**store_meta(ctx, list(range(s.chains)), reports[0].noise_source), "workers": len(reports)}
         probe = path.with_name("samples.probe.h5")  # the same join over the shards' names while unpublished
         join_stores(probe, list(built), meta=meta)
         try:
             diagnostics = _diagnose(ctx, spec, probe, figure)
+            samples_digest = _samples_digest(spec, probe)
         finally:
             probe.unlink(missing_ok=True)
         joined = partial_of(path)
@@ -67,7 +70,8 @@ def publish_samples(ctx: RunContext, spec: ParamSpec, reports: list[Finished], b
     details = {"samples": samples, "dimension": spec.numel, "chains": s.chains, "workers": len(reports),
                "seconds": round(seconds, 2), "cpu_seconds": round(sum(report.cpu_seconds for report in reports), 2),
                "iterations_per_second": round(s.iterations * s.chains / max(seconds, 1e-9), 1),
-               "monitor_ensemble_val_accuracy": accuracy, "diagnostics": diagnostics, "machine": machine(ctx.device)}
+               "monitor_ensemble_val_accuracy": accuracy, "diagnostics": diagnostics, "machine": machine(ctx.device),
+               "samples_digest": samples_digest}
     if len(reports) > 1:
         details["shards"] = [{"file": final.name, "rank": report.rank, "host": report.host,
                               "chains": report.chains, "samples": report.samples, "seconds": round(report.seconds, 2),
@@ -97,6 +101,13 @@ def stored_burn_in(store: SampleStore) -> dict:
         return trace_burn_in(store.log_liks, store.chains)
     except ValueError as exc:
         return {"error": str(exc)}
+
+
+def _samples_digest(spec: ParamSpec, store_path: Path) -> str:
+    """The content digest of the store at ``store_path`` (:func:`apd.samplers.store_digest.content_digest`): what
+    names the samples published, whatever file holds them."""
+    with SampleStore.open(store_path, expect_spec=spec) as store:
+        return content_digest(store)
 
 
 def _diagnose(ctx: RunContext, spec: ParamSpec, store_path: Path, figure: Path) -> dict:

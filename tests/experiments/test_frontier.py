@@ -38,8 +38,9 @@ def test_each_budget_buys_apd_its_largest_rank_and_the_kept_samples_as_many_samp
     points = results["points"]
     assert [p["budget"] for p in points] == [1, 2, 4]  # in increasing order
     # where it was made: the machine, and the digests of the store it read, as the store's manifest gives them
-    store = json.loads((tmp_path / "tiny" / "samples.json").read_text())["files"]
-    assert results["provenance"]["store_files"] == store and results["provenance"]["machine"]["cores"] >= 1
+    store = json.loads((tmp_path / "tiny" / "samples.json").read_text())
+    assert results["provenance"]["store_files"] == store["files"] and results["provenance"]["machine"]["cores"] >= 1
+    assert results["provenance"]["store_samples"] == store["samples_digest"] is not None
     d = from_dict(TINY).distill
     storage = lambda r: chain_generators_storage(d, r, SPEC, 2, "int8")  # noqa: E731
     for point in points:

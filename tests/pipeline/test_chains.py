@@ -28,6 +28,7 @@ from apd.pipeline.sample import sample_sgld
 from apd.pipeline.sample_chains import Finished
 from apd.pipeline.sample_workers import _check_shards
 from apd.samplers.store import SampleStore
+from apd.samplers.store_digest import content_digest
 from tests.tiny_pipeline import TINY, toml
 from tests.worker_helpers import free_port, signal_then_wait
 
@@ -105,6 +106,10 @@ def test_two_workers_store_what_one_worker_stores(one_worker, two_workers):
     assert set(record["files"]) == {"samples.h5", "samples-0.h5", "samples-1.h5"}
     assert [s["chains"] for s in record["shards"]] == [[0, 2], [1]]
     assert record["samples"] == 3 * per_chain and record["workers"] == 2 and record["chains"] == 3
+    # the same samples in other files: the samples' digest is one worker's, and the one the published store gives
+    assert record["samples_digest"] == read_json(manifest_of(one_worker.layout.samples))["samples_digest"]
+    with SampleStore.open(layout.samples) as store:
+        assert content_digest(store) == record["samples_digest"]
     diagnostics = record["diagnostics"]
     assert diagnostics["chains_used"] == 3 and not diagnostics["pseudo_chains"]
     assert set(diagnostics["families"]) == {"function", "log_lik", "weight_pcs"}
@@ -310,6 +315,7 @@ def test_joined_store_works_unchanged_in_distill_and_evaluate(joined_pipeline, c
     out = capsys.readouterr().out
     assert "sgld       2 chain(s) on 2 worker(s); convergence diagnostics, 2 chains" in out
     assert "function-space inputs (300)" in out
+    assert f"samples' digest {read_json(layout / 'samples.json')['samples_digest']} " in out
     stability = results["reference_stability"]  # one chain in each half
     assert stability["chains"] == 2 and sorted(sum(stability["split_half"]["halves"], [])) == [0, 1]
     assert f"reference  2 chains, {stability['samples']:,} samples: halves of the chains" in out
