@@ -85,7 +85,15 @@ from apd.pipeline.recipes import evaluation_inputs, training_samples
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.seeds import replicated
 from apd.pipeline.stage import require_input
-from apd.pipeline.table_format import MISSING, format_gap, format_number, format_sample_count, markdown_table, mean_std
+from apd.pipeline.table_format import (
+    MISSING,
+    format_gap,
+    format_number,
+    format_sample_count,
+    markdown_table,
+    mean_std,
+    spoken_list,
+)
 from apd.samplers.store import SampleStore, chain_partition
 
 log = logging.getLogger(__name__)
@@ -272,8 +280,7 @@ def _rows(point: dict, precision: str, seeds: int) -> list[tuple[str, str, dict 
 
 def _listed(budgets: list[float]) -> str:
     """``2, 4 and 8 samples' worth``, or ``no budget``."""
-    names = [f"{budget:g}" for budget in budgets]
-    at = " and ".join(filter(None, [", ".join(names[:-1]), *names[-1:]]))
+    at = spoken_list([f"{budget:g}" for budget in budgets])
     return f"{at} samples' worth" if at else "no budget"
 
 
@@ -352,7 +359,7 @@ def _by_seed(results: dict, kept: str) -> str:
     """`` (seed by seed: 2 and 4; 2; none)`` after a verdict over several trainings: the budgets each crosses."""
     if seeds_of(results) == 1:
         return ""
-    each = [", ".join(f"{b:g}" for b in crossings(results, kept, k)) or "none" for k in range(seeds_of(results))]
+    each = [_listed_budgets(crossings(results, kept, k)) for k in range(seeds_of(results))]
     return f" (seed by seed: {'; '.join(each)})"
 
 

@@ -16,6 +16,7 @@ from apd.pipeline.table_format import (
     format_sample_count,
     markdown_table,
     method_label,
+    spoken_list,
 )
 
 VALUE_ROWS = (("acc", "accuracy", 4), ("nll", "NLL", 3), ("mean_bald_auroc", "mean BALD AUROC", 1))
@@ -27,10 +28,6 @@ def _spread(value: dict | None, digits: int, signed: bool = False) -> str:
         return UNDEFINED
     mean = f"{value['mean']:+.{digits}f}" if signed else format_number(value["mean"], digits)
     return f"{mean} ± {format_number(value['std'], digits)}"
-
-
-def _listed(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def verdict(method: str, entry: dict, size: str, worth: float, subsets: int) -> str:
@@ -46,9 +43,9 @@ def verdict(method: str, entry: dict, size: str, worth: float, subsets: int) -> 
     if not every and not some:
         wins = "on no summary for any seed"
     elif not every:
-        wins = f"on no summary for every seed; for some, on {_listed(some)}"
+        wins = f"on no summary for every seed; for some, on {spoken_list(some)}"
     else:
-        wins = f"on {_listed(every)} for every seed" + (f", and on {_listed(some)} for some" if some else "")
+        wins = f"on {spoken_list(every)} for every seed" + (f", and on {spoken_list(some)} for some" if some else "")
     ranks = "; ".join(f"{GAP_LABELS[key]} {_spread(found['percentile'][key], 1)}" for key in GAP_LABELS
                       if found["percentile"][key] is not None)
     return (f"Across its {seeds} generator seeds, {label} ({format_sample_count(worth)} SGLD samples' worth) wins "

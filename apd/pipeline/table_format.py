@@ -137,6 +137,11 @@ def format_duration(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60} min"
 
 
+def spoken_list(items: Sequence[str]) -> str:
+    """Items as prose: ``a``, ``a and b``, ``a, b and c``; empty for none."""
+    return " and ".join(filter(None, [", ".join(items[:-1]), *items[-1:]]))
+
+
 def markdown_table(header: Sequence[str], body: Iterable[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in body]

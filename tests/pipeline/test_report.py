@@ -16,7 +16,7 @@ from apd.errors import ArtifactError
 from apd.pipeline.figures import write_figures
 from apd.pipeline.report import run_report, write_report
 from apd.pipeline.runtime import RunContext
-from apd.pipeline.table_format import format_duration
+from apd.pipeline.table_format import format_duration, spoken_list
 from apd.pipeline.tables import render_tables
 
 METHODS = ["sgd", "mcdropout", "sgld", "apd"]
@@ -310,6 +310,13 @@ def test_run_report_on_malformed_results_is_an_artifact_error(tmp_path):
 ])
 def test_durations_are_rounded_to_what_they_show(seconds, shown):
     assert format_duration(seconds) == shown
+
+
+@pytest.mark.parametrize(("items", "spoken"), [
+    ([], ""), (["2"], "2"), (["2", "4"], "2 and 4"), (["2", "4", "8"], "2, 4 and 8"),
+])
+def test_lists_read_as_prose(items, spoken):
+    assert spoken_list(items) == spoken
 
 
 def test_stability_table_gives_each_number_its_halves_and_says_whether_the_target_is_met():
