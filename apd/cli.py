@@ -138,10 +138,13 @@ def reproduce(ctx: RunContext, committed: str | None) -> int:
     from apd.reproduce import run_reproduce
 
     path = Path(committed) if committed else Path("docs/results") / ctx.cfg.name / "results.json"
-    lines = run_reproduce(ctx, path)
+    lines, context = run_reproduce(ctx, path)
     for line in lines:
         print(line)
     print(f"{len(lines)} table cells differ from {path}" if lines else f"every table cell matches {path}")
+    if lines:
+        for line in context:
+            print(line)
     return 1 if lines else 0
 
 

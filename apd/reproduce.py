@@ -4,7 +4,10 @@ committed ones (``docs/results/NAME/results.json``), number by number at the pre
 The comparison renders every table of ``tables.md`` (timing and machine excluded: they measure the
 machine, not the method) from both results and lists each cell that differs. Printed precision is the
 tolerance: a number identical to the digits shown passes; across machines with other thread counts,
-BLAS or a GPU, a value lying on a rounding boundary can still flip its last digit.
+BLAS or a GPU, a value lying on a rounding boundary can still flip its last digit, and a sum taken in
+another order can move a trained generator further. Where cells differ, :func:`where_they_part` says whether
+the fresh store holds the committed samples (their digests, :mod:`apd.samplers.store_digest`) and how the
+machines differ, so that a difference is traced to sampling or to what follows it.
 """
 
 from __future__ import annotations
@@ -47,12 +50,33 @@ def differences(committed: dict, fresh: dict) -> list[str]:
     return lines
 
 
-def run_reproduce(ctx: RunContext, committed_path: Path) -> list[str]:
+def where_they_part(committed: dict, fresh: dict) -> list[str]:
+    """Whether the fresh run sampled the committed samples (equal digests: the differences arise after
+    sampling; unequal: they start in it; unknown for results made before the digest was recorded), and
+    what differs between the machines that made the two (processor, cores, threads, torch, device)."""
+    ours, theirs = fresh.get("samples_digest"), committed.get("samples_digest")
+    if ours is None or theirs is None:
+        lines = ["samples: not comparable (results made before the samples' digest was recorded)"]
+    elif ours == theirs:
+        lines = [f"samples: the same as the committed ones (digest {ours}); the differences arise after sampling"]
+    else:
+        lines = [f"samples: not the committed ones (digest {ours}, committed {theirs}); the differences start in "
+                 "sampling"]
+    old, new = committed.get("machine") or {}, fresh.get("machine") or {}
+    changed = [f"{key} {old.get(key, '?')} → {new.get(key, '?')}" for key in sorted(set(old) | set(new))
+               if old.get(key) != new.get(key)]
+    lines.append("machine: " + ("; ".join(changed) if changed else "the committed results' processor, threads "
+                                "and torch"))
+    return lines
+
+
+def run_reproduce(ctx: RunContext, committed_path: Path) -> tuple[list[str], list[str]]:
     """Run sample, distill and evaluate with ``ctx`` (a scratch artifacts root, emptied first) and compare
-    with ``committed_path``; returns the differing cells."""
+    with ``committed_path``; returns the differing cells and :func:`where_they_part`."""
     committed = read_json(committed_path)
     shutil.rmtree(ctx.out_dir, ignore_errors=True)
     run_sample(ctx)
     run_distill(ctx)
     run_evaluate(ctx)
-    return differences(committed, read_json(ctx.layout.results))
+    fresh = read_json(ctx.layout.results)
+    return differences(committed, fresh), where_they_part(committed, fresh)

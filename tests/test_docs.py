@@ -11,7 +11,7 @@ import pytest
 
 from apd.docs import documents, render_docs, render_document, render_table
 from apd.errors import ArtifactError
-from apd.reproduce import differences
+from apd.reproduce import differences, where_they_part
 from tests.pipeline.test_report import full_results
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,6 +131,22 @@ def test_reproduce_lists_the_cells_that_differ_at_printed_precision():
     changed["accuracy"]["sgld"]["acc"]["mean"] = 0.5
     lines = differences(committed, changed)
     assert len(lines) == 1 and "accuracy" in lines[0] and "'0.9760 ± 0.0012'" in lines[0]
+
+
+def test_reproduce_says_whether_the_samples_or_the_machine_part_the_runs():
+    machine = {"cpu": "Xeon", "cores": 2, "threads": 2, "torch": "2.13.0+cpu", "device": "cpu"}
+    committed = {**full_results(), "samples_digest": "ab12", "machine": machine}
+    same_samples = {**committed, "machine": {**machine, "threads": 1}}
+    assert where_they_part(committed, same_samples) == [
+        "samples: the same as the committed ones (digest ab12); the differences arise after sampling",
+        "machine: threads 2 → 1"]
+    other = {**committed, "samples_digest": "cd34"}
+    assert where_they_part(committed, other) == [
+        "samples: not the committed ones (digest cd34, committed ab12); the differences start in sampling",
+        "machine: the committed results' processor, threads and torch"]
+    older = {key: value for key, value in committed.items() if key not in ("samples_digest", "machine")}
+    assert where_they_part(older, other)[0].startswith("samples: not comparable")
+    assert where_they_part(older, other)[1].startswith("machine: cores ? → 2; cpu ? → Xeon")
 
 
 def test_publish_copies_results_and_manifests_but_no_samples_or_weights(tiny_pipeline, tmp_path, monkeypatch):

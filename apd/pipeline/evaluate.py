@@ -140,6 +140,7 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
     if store is not None:  # first-layer weights drawn as images (toy2d has no image)
         with store:
             scores_file["sgld_first_layer"] = _first_layer_images(store, data.image_shape)
+    sampled = _sample_record(ctx)
     results = {
         "pipeline": cfg.name, "config_hash": config_hash(cfg, "evaluate"), "dataset": data.name,
         "sizes": data.sizes(), "device": str(device), "machine": machine(device), "runs": e.runs,
@@ -153,7 +154,7 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
                      "scale": e.ood_scale, "paper_variation_ratio": "max_prob (1 − max p̄)"},
         "storage": {m: _storage(ctx, m, method) for m, method in methods.items()},
         "timing": {m: round(t, 2) for m, t in timing.items()},
-        "sgld_diagnostics": _sgld_diagnostics(ctx),
+        "sgld_diagnostics": sampled.get("diagnostics"), "samples_digest": sampled.get("samples_digest"),
         "burn_in": _burn_in(ctx),
     }
     with stopwatch(results["timing"], "fidelity"):
@@ -188,10 +189,11 @@ def stored_predictions(ctx: RunContext, methods: dict[str, Posterior], inputs: E
     return StoredPredictions(sgld.store, inputs.stacked(ctx.device), ctx.device)
 
 
-def _sgld_diagnostics(ctx: RunContext) -> dict | None:
-    """The convergence diagnostics ``apd sample`` stored in the sample manifest (None without one)."""
+def _sample_record(ctx: RunContext) -> dict:
+    """The sample manifest ``apd sample`` wrote: its convergence diagnostics and the digest of the samples
+    (:func:`apd.samplers.store_digest.content_digest`); empty without one."""
     manifest = manifest_of(ctx.layout.samples)
-    return read_json(manifest).get("diagnostics") if manifest.is_file() else None
+    return read_json(manifest) if manifest.is_file() else {}
 
 
 def _burn_in(ctx: RunContext) -> dict:

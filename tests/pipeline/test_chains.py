@@ -307,6 +307,7 @@ def test_joined_store_works_unchanged_in_distill_and_evaluate(joined_pipeline, c
     assert results["accuracy"]["sgld"]["acc"]["mean"] > 0.85
     assert results["accuracy"]["apd"]["acc"]["mean"] > 0.7
     diagnostics = results["sgld_diagnostics"]
+    assert results["samples_digest"] == read_json(layout / "samples.json")["samples_digest"]  # the store it judged
     assert diagnostics["chains_used"] == 2 and diagnostics["families"]["function"]["quantities"] == 300
     stored = sum((layout / name).stat().st_size for name in ("samples.h5", "samples-0.h5", "samples-1.h5"))
     assert results["storage"]["sgld"]["bytes"] == stored
