@@ -29,7 +29,7 @@ def content_digest(store: SampleStore) -> str:
     block = max(1, _BLOCK_BYTES // (4 * max(store.dim, 1)))
     for start in range(0, len(store), block):
         rows = store.read_all(start, min(start + block, len(store))).numpy()
-        digest.update(rows.astype("<f4", copy=False).tobytes())
+        digest.update(np.ascontiguousarray(rows, dtype="<f4"))  # hashed in place, not copied
     for column, dtype in ((store.steps, "<i8"), (store.chains, "<i4"), (store.lrs, "<f8"), (store.log_liks, "<f8")):
-        digest.update(np.asarray(column).astype(dtype, copy=False).tobytes())
+        digest.update(np.ascontiguousarray(column, dtype=dtype))
     return digest.hexdigest()[:16]
