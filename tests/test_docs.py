@@ -12,7 +12,7 @@ import pytest
 from apd.docs import documents, render_docs, render_document, render_table
 from apd.errors import ArtifactError
 from apd.reproduce import differences, where_they_part
-from tests.pipeline.test_report import full_results
+from tests.report_helpers import full_results
 
 ROOT = Path(__file__).resolve().parent.parent
 

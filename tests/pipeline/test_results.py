@@ -7,7 +7,7 @@ import pytest
 
 from apd.metrics import Stat
 from apd.pipeline.results import accuracy, detection, mean_auroc, set_aurocs
-from tests.pipeline.test_report import full_results
+from tests.report_helpers import full_results
 
 
 def test_accuracy_and_detection_are_stats_over_runs():

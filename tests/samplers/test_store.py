@@ -17,20 +17,10 @@ import torch
 from apd.errors import ArtifactError
 from apd.nets import ParamSpec, mlp
 from apd.samplers.store import SampleStore, chain_partition
+from tests.store_helpers import META, SPEC, row, rows, write_shard
 
 REPO = Path(__file__).resolve().parent.parent
-SPEC = ParamSpec.from_module(mlp([6, 5, 3]))  # D = 6·5 + 5 + 5·3 + 3 = 53
 OTHER_SPEC = ParamSpec.from_module(mlp([6, 4, 3]))
-META = {"config": {"lr": 0.05, "hidden": [5]}, "version": "0.1.0", "dataset": "digits", "fingerprint": "ab12"}
-
-
-def row(i: int, dim: int = SPEC.numel) -> np.ndarray:
-    """The deterministic sample written at row i: θ_i[j] = i + j / 1000."""
-    return (i + np.arange(dim) / 1000).astype(np.float32)
-
-
-def rows(n: int, start: int = 0) -> np.ndarray:
-    return np.stack([row(i) for i in range(start, start + n)])
 
 
 def write_store(path: Path, n: int, **kwargs) -> None:
@@ -325,15 +315,6 @@ def test_second_process_is_refused_while_a_writer_holds_the_file(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ joined stores
-
-
-def write_shard(path: Path, chains: list[int], per_chain: int, **kwargs) -> None:
-    """A shard holding ``chains`` stepped together, as a sampler writes them: at step 10·k, one row per chain;
-    chain c's k-th sample is row(100·c + k)."""
-    with SampleStore.create(path, SPEC, {**META, "chains": chains}, **kwargs) as store:
-        for k in range(per_chain):
-            store.append_many(np.stack([row(100 * chain + k) for chain in chains]), steps=10 * k, chains=chains,
-                              lrs=[0.1 * chain for chain in chains], log_liks=[-k - chain for chain in chains])
 
 
 def test_joined_store_maps_every_shard_row_in_chain_order_without_copying(tmp_path):

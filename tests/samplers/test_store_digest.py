@@ -9,7 +9,7 @@ import pytest
 from apd.samplers.store import SampleStore
 from apd.samplers.store_digest import content_digest
 from apd.samplers.store_join import join_stores
-from tests.samplers.test_store import META, SPEC, rows
+from tests.store_helpers import META, SPEC, rows
 
 
 def _store(path, n=6, start=0, chain=0, **kwargs):

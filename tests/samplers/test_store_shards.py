@@ -9,7 +9,7 @@ from apd.errors import ArtifactError
 from apd.samplers.store import SampleStore
 from apd.samplers.store_join import join_stores
 from apd.samplers.store_shards import ShardReader, _selected_rows
-from tests.samplers.test_store import write_shard
+from tests.store_helpers import write_shard
 
 
 def test_selected_rows_of_hand_made_selections():
