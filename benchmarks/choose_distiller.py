@@ -12,7 +12,8 @@ AUROC and NLL gaps and the four function-space gaps; then the choice. Run from t
     python benchmarks/choose_distiller.py --config pipelines/digits.toml --budget 25 \\
         shipped=artifacts/digits embedding-4=artifacts/e4/digits
 
-``--json FILE`` also writes the rows and the choice. ``--ceiling`` also judges every stored sample's own
+``--json FILE`` also writes the rows, the choice and where it was made (the machine, the store's file and
+samples' digests: :func:`apd.experiments.outputs.provenance`). ``--ceiling`` also judges every stored sample's own
 coordinates in the pipeline's subspace at its rank and precision (:func:`apd.experiments.precision.sgld_coordinates`):
 the best any generator in that subspace can do, recorded beside the candidates, never chosen.
 """
@@ -34,6 +35,7 @@ from apd.evaluation.choice import Candidate, choice_markdown, choose, run_criter
 from apd.evaluation.protocol import judge
 from apd.evaluation.stored import StoredPredictions
 from apd.evaluation.yardstick import FUNCTION_KEYS, SCORES, summarise
+from apd.experiments.outputs import provenance
 from apd.experiments.precision import sgld_coordinates
 from apd.experiments.storage import sgld_reference
 from apd.pipeline.manifests import manifest_digest
@@ -103,7 +105,7 @@ def main() -> int:
     budget = None if math.isinf(args.budget) else args.budget
     record = {"budget": budget, "runs": e.runs, "networks": e.networks, "ood": list(inputs.ood),
               "recorded": list(RECORDED), "rows": rows, **({"ceiling": ceiling} if ceiling else {}),
-              **choose(judged, args.budget)}
+              **choose(judged, args.budget), "provenance": provenance(ctx)}
     print(choice_markdown(record))
     if args.json:
         args.json.write_text(json.dumps(record, indent=1) + "\n")

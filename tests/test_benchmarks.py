@@ -203,3 +203,30 @@ def test_floor_predicts_only_the_networks_a_method_needs_whole(monkeypatch):
                                        "sgld": 100, "kept": 4}}
     assert floor.whole_networks(results) == 3 * 200 + 1 + 3
     assert floor.last_layer_flops(ParamSpec.from_module(network([8, 4, 3])), 1000) == 2 * 1000 * 4 * 3
+
+
+def test_choose_distiller_records_the_choice_and_the_store_it_judged_on(tiny_pipeline, tmp_path, monkeypatch):
+    """``choose_distiller.py`` on the tiny pipeline's generator under two names: the same criterion for both
+    (judged on the same draws), the first kept of a tie, and the record names the machine and the digests of
+    the store it ran on, as the store's manifest gives them."""
+    import json
+
+    from apd.io import read_json
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from choose_distiller import main
+
+    root, config = tiny_pipeline
+    record_file = tmp_path / "choice.json"
+    monkeypatch.setattr("sys.argv", ["choose_distiller.py", "--config", str(config), "--json", str(record_file),
+                                     "--ceiling", f"shipped={root / 'tiny'}", f"again={root / 'tiny'}"])
+    assert main() == 0
+    record = json.loads(record_file.read_text())
+    shipped, again = record["rows"]
+    assert (shipped["name"], again["name"]) == ("shipped", "again")
+    assert shipped["criterion"] == again["criterion"] and record["chosen"] == "shipped"
+    assert record["ceiling"]["storage_precision"] == "float32"
+    manifest = read_json(root / "tiny" / "samples.json")
+    assert record["provenance"]["store_files"] == manifest["files"]
+    assert record["provenance"]["store_samples"] == manifest["samples_digest"] is not None
+    assert record["provenance"]["machine"]["threads"] == 1  # the script judges on one thread
