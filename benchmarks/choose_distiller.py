@@ -13,7 +13,10 @@ AUROC and NLL gaps and the four function-space gaps; then the choice. Run from t
         shipped=artifacts/digits embedding-4=artifacts/e4/digits
 
 ``--json FILE`` also writes the rows, the choice and where it was made (the machine, the store's file and
-samples' digests: :func:`apd.experiments.outputs.provenance`). ``--ceiling`` also judges every stored sample's own
+samples' digests: :func:`apd.experiments.outputs.provenance`); each row names the machine its generator was
+trained on (``trained_on``, from its manifest), thread count included: a GAN trained on another number of
+threads rounds differently and can come out another generator, so candidates judged against each other are
+trained on as many threads. ``--ceiling`` also judges every stored sample's own
 coordinates in the pipeline's subspace at its rank and precision (:func:`apd.experiments.precision.sgld_coordinates`):
 the best any generator in that subspace can do, recorded beside the candidates, never chosen.
 """
@@ -38,6 +41,8 @@ from apd.evaluation.yardstick import FUNCTION_KEYS, SCORES, summarise
 from apd.experiments.outputs import provenance
 from apd.experiments.precision import sgld_coordinates
 from apd.experiments.storage import sgld_reference
+from apd.io import read_json
+from apd.pipeline.layout import manifest_of
 from apd.pipeline.manifests import manifest_digest
 from apd.pipeline.recipes import evaluation_inputs, training_samples
 from apd.pipeline.runtime import RunContext
@@ -89,7 +94,8 @@ def main() -> int:
     rows, judged = [], []
     for name, folder in args.candidates:
         post = apd.load(folder, "apd")
-        rows.append(judged_row(ctx, name, post, inputs, reference))
+        rows.append({**judged_row(ctx, name, post, inputs, reference),
+                     "trained_on": read_json(manifest_of(folder / ctx.layout.generator.name)).get("machine")})
         judged.append(Candidate(name, rows[-1]["storage"], tuple(rows[-1].pop("criteria"))))
         print(f"{name}: storage {judged[-1].storage:.2f}, criterion {judged[-1].mean:.4f} ± {judged[-1].std:.4f}",
               file=sys.stderr)

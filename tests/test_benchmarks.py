@@ -230,3 +230,4 @@ def test_choose_distiller_records_the_choice_and_the_store_it_judged_on(tiny_pip
     assert record["provenance"]["store_files"] == manifest["files"]
     assert record["provenance"]["store_samples"] == manifest["samples_digest"] is not None
     assert record["provenance"]["machine"]["threads"] == 1  # the script judges on one thread
+    assert shipped["trained_on"] == again["trained_on"] == read_json(root / "tiny" / "generator.json")["machine"]
