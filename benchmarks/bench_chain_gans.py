@@ -1,19 +1,18 @@
-"""One WGAN-GP per chain (``[distill] per_chain``) at the fcNN1 distiller's sizes: the C chains' GANs trained
-in turn (one :class:`~apd.distillation.gan.GANTrainer` each), as one batched computation (stacked weights
-and batched matmuls, :class:`~apd.distillation.chain_generators.ChainTrainers`), and as ``torch.vmap`` over
+"""One WGAN-GP per chain (``[distill] per_chain``) at the sizes of fcNN1's per-chain distiller: the C chains'
+GANs trained in turn (one :class:`~apd.distillation.gan.GANTrainer` each), as one batched computation (stacked
+weights and batched matmuls, :class:`~apd.distillation.chain_generators.ChainTrainers`), and as ``torch.vmap`` over
 ``torch.func.functional_call`` of the stacked weights (``torch.func.stack_module_state``), side by side.
 
-Sizes of ``pipelines/fashion-fc1.toml``: codes of rank 35, z 32, generator and critic hidden [128, 128],
-batch 100, 5 critic steps per generator step, Adam (lr 1e-3, β (0.5, 0.9)). For C = 2, 4 and 8 chains it
-prints chain-steps per second (C generator steps, each with its 5 critic steps, per second of one
-iteration of all chains; best of a few on this noisy shared machine) and the speed-ups over the chains in
-turn, then how far each batched way's generators are from the sequential ones after those steps (float
-rounding). Takes about a minute on one thread. ``--device cuda`` measures the same on a GPU, where a step
-of these small networks is a few hundred short kernels, and ``--chains`` sets the C measured (e.g. 12: three
-generator seeds of fcNN1's four chains batched together); there a fourth way replays the batched step from its CUDA
-graph (:class:`~apd.cuda_graphs.RecordedStep`), as the pipeline steps it on a GPU. The batched trainer was kept: at
-every C it beat vmap, whose per-call overhead costs most at C = 2.
-"""
+Sizes of the per-chain distiller ``pipelines/fashion-fc1.toml`` shipped before the generator told the chain: codes
+of rank 35, z 32, generator and critic hidden [128, 128], batch 100, 5 critic steps per generator step, Adam (lr
+1e-3, β (0.5, 0.9)). For C = 2, 4 and 8 chains it prints chain-steps per second (C generator steps, each with its 5
+critic steps, per second of one iteration of all chains; best of a few on this noisy shared machine) and the
+speed-ups over the chains in turn, then how far each batched way's generators are from the sequential ones after
+those steps (float rounding). Takes about a minute on one thread. ``--device cuda`` measures the same on a GPU,
+where a step of these small networks is a few hundred short kernels, and ``--chains`` sets the C measured (e.g. 12:
+three generator seeds of fcNN1's four chains batched together); there a fourth way replays the batched step from
+its CUDA graph (:class:`~apd.cuda_graphs.RecordedStep`), as the pipeline steps it on a GPU. The batched trainer was
+kept: at every C it beat vmap, whose per-call overhead costs most at C = 2. """
 
 from __future__ import annotations
 

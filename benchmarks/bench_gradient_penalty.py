@@ -1,5 +1,5 @@
 """The WGAN-GP critic step with the interpolates scored on their own, side by side with one head pass over
-[real; fake; interpolates], at fcNN1's distiller sizes.
+[real; fake; interpolates], at the sizes of fcNN1's per-chain distiller (codes of rank 35).
 
 The penalty needs g = ∂D/∂h at the interpolates' first-layer pre-activations, taken with ``create_graph``
 (:func:`~apd.distillation.gan.scores_and_interpolate_grad_norm`). When the head scores the three batches in

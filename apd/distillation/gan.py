@@ -20,7 +20,7 @@ theirs whose linear layers are :class:`StackedLinear` (weights [C, out, in], one
 batch gains a leading chain axis [C, B, ·], each loss is per chain and their sum is minimised, and every
 draw comes from that chain's own stream (:func:`draw`). Since the chains share no weight, each chain's
 weights get exactly their own loss's gradient, and Adam and RMSprop update elementwise, so chain j trains
-as it would alone, to float rounding. On one CPU thread at the fcNN1 distiller's sizes (codes of 35,
+as it would alone, to float rounding. On one CPU thread at the sizes of fcNN1's per-chain distiller (codes of 35,
 hidden [128, 128], batch 100) the matmuls are compute-bound, so batching saves the chains' per-step
 overheads only: 1.0-1.3×, 1.1-1.6× and 1.3-1.7× the chain-steps per second of the chains in turn at C = 2,
 4 and 8, where ``torch.vmap`` over ``functional_call`` of the same computation gives 0.6-0.9×, 0.9-1.2× and
