@@ -169,7 +169,7 @@ def main() -> None:
           "usual; recorded (CUDA): the batched step replayed from its CUDA graph.")
     rows = {c: " / ".join(f"{r[w]:.0f}" for w in ways_measured) for c, r in rates.items()}
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} thread(s)"
-    record.add(f"one WGAN-GP per chain at fcNN1's distiller sizes, {where}, chain-steps/s "
+    record.add(f"one WGAN-GP per chain at fcNN1's per-chain distiller sizes, {where}, chain-steps/s "
                f"{' / '.join(ways_measured)} (`bench_chain_gans.py`)",
                "; ".join(f"C = {c}: {v}" for c, v in rows.items()))
     over = {c: {w: f"{r[w] / r['in turn']:.2f}×" for w in ways_measured[1:]} for c, r in rates.items()}

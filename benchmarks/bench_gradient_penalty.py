@@ -82,8 +82,8 @@ def main() -> None:
         print(f"C = {chains}: one head pass {ms['one pass']:.1f} ms, interpolates apart {ms['apart']:.1f} ms, "
               f"{ratio:.2f}×; max |Δθ_G| after {REPEATS + 1} steps {gap:.1e}", flush=True)
         measured.append(f"C = {chains}: {ms['apart']:.1f} against {ms['one pass']:.1f} ms, {ratio:.2f}×")
-    record.add("WGAN-GP step at fcNN1's distiller sizes, the penalty's interpolates scored apart against one head "
-               f"pass over [real; fake; interpolates], {torch.get_num_threads()} thread(s) "
+    record.add("WGAN-GP step at fcNN1's per-chain distiller sizes, the penalty's interpolates scored apart against "
+               f"one head pass over [real; fake; interpolates], {torch.get_num_threads()} thread(s) "
                "(`bench_gradient_penalty.py`)", "; ".join(measured))
     record.write(args.out)
 
