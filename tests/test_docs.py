@@ -121,15 +121,18 @@ def test_committed_documents_match_the_committed_results():
     assert render_docs(ROOT, check=True) == []
 
 
-def test_every_published_choice_of_distiller_names_the_machine_and_store_it_was_judged_on():
+def test_every_published_choice_of_distiller_names_the_machine_store_and_training_it_was_judged_on():
     """A pipeline's choice.json (benchmarks/choose_distiller.py --json) records where the one rule was applied,
-    so that its page need not say it: the machine and the digests of the store's files (the samples' digest
-    too, but a store published before that digest was recorded has none)."""
+    so that its page need not say it: the machine, the digests of the store's files and of its samples, and
+    the machine and thread count each candidate's generator was trained on (a GAN trained on another number
+    of threads can come out another generator)."""
     records = sorted((ROOT / "docs" / "results").glob("*/choice.json"))
     assert records
     for path in records:
-        made = json.loads(path.read_text()).get("provenance") or {}
-        assert made.get("machine", {}).get("cpu") and made.get("store_files"), path
+        record = json.loads(path.read_text())
+        made = record.get("provenance") or {}
+        assert made.get("machine", {}).get("cpu") and made.get("store_files") and made.get("store_samples"), path
+        assert all((row.get("trained_on") or {}).get("threads") for row in record["rows"]), path
 
 
 def test_reproduce_lists_the_cells_that_differ_at_printed_precision():
