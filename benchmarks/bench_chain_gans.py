@@ -12,7 +12,8 @@ those steps (float rounding). Takes about a minute on one thread. ``--device cud
 where a step of these small networks is a few hundred short kernels, and ``--chains`` sets the C measured (e.g. 12:
 three generator seeds of fcNN1's four chains batched together); there a fourth way replays the batched step from
 its CUDA graph (:class:`~apd.cuda_graphs.RecordedStep`), as the pipeline steps it on a GPU. The batched trainer was
-kept: at every C it beat vmap, whose per-call overhead costs most at C = 2. """
+kept: at every C it beat vmap, whose per-call overhead costs most at C = 2.
+"""
 
 from __future__ import annotations
 
