@@ -3,7 +3,9 @@
 For each budget S of ``budgets`` (SGLD samples' worth, bytes / (4·D)):
 
 - **APD**: one WGAN-GP per chain of the store (the pipeline's ``[distill]`` GAN, as ``[distill] per_chain``
-  trains it; :func:`~apd.experiments.precision.train_chain_generators`) over every sample's coordinates in
+  trains it; :func:`~apd.experiments.precision.train_chain_generators`), or with ``mode_embedding`` E > 0 one
+  WGAN-GP told the chain by E learned numbers (as ``[distill] mode_embedding`` trains it;
+  :func:`~apd.experiments.precision.train_conditioned_generator`), over every sample's coordinates in
   one shared principal subspace, at the largest rank r whose codec and generators fit S when stored at
   ``precision`` (:func:`~apd.experiments.precision.chain_generators_storage`), trained on float32
   coordinates and then stored at the precision (the generator networks at ``generators_at`` where given,
@@ -35,7 +37,8 @@ they do (:func:`crossings`).
 
 Judged, as the precision study is, on validation images and the OOD tuning pool only; writes
 ``artifacts/NAME/experiments/frontier.{json,md,png}``, or ``frontier-PRECISION.*`` for APD stored at a
-precision other than int8 (:func:`study_stem`), so that one study does not overwrite the other.
+precision other than int8, and ``frontier-PRECISION-conditioned-E.*`` for the generator told the chain by E
+numbers (:func:`study_stem`), so that one study does not overwrite the other.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ from apd.experiments.precision import (
     sgld_coordinates,
     stored_apd,
     train_chain_generators,
+    train_conditioned_generator,
 )
 from apd.experiments.storage import sgld_reference
 from apd.metrics import mean_of, std_of
@@ -99,7 +103,7 @@ from apd.samplers.store import SampleStore, chain_partition
 log = logging.getLogger(__name__)
 
 KEPT = {"evenly_spaced": "kept, evenly spaced", "last": "kept, last of each chain", "random": "kept, random subsets"}
-APD, CEILING = "APD per chain", "SGLD coordinates (APD's ceiling)"
+APD, TOLD, CEILING = "APD per chain", "APD told the chain", "SGLD coordinates (APD's ceiling)"
 SUMMARIES = {"bald_gap": "BALD", "max_prob_gap": "max-prob", "nll_gap": "NLL", "kl": "KL"}
 
 
@@ -110,22 +114,33 @@ class FrontierPlan:
     budgets: list[int] = bounded([2, 4, 8, 16])  # SGLD samples' worth; S kept samples at each
     precision: Precision = "int8"  # APD's stored tensors (S kept samples stay float32)
     subsets: int = bounded(YARDSTICK_SUBSETS, ge=YARDSTICK_SUBSETS)  # random kept subsets per budget
-    steps: int = bounded(0, ge=0)  # generator steps per chain; 0: the pipeline's distill.steps
+    steps: int = bounded(0, ge=0)  # each generator's steps; 0: the pipeline's distill.steps
     ceiling: bool = True  # also score every sample's coordinates in APD's subspace (float32)
     kept_at_precision: bool = True  # also keep the samples S buys at APD's precision (none at float32)
     generators_at: Literal["", "float32", "float16", "int8", "int4"] = ""  # the generator networks' own; "": APD's
     seeds: int = bounded(1, ge=1)  # APD's trainings per budget, from generator seeds 0 … seeds − 1
+    mode_embedding: int = bounded(0, ge=0)  # E > 0: one generator told the chain by E numbers; 0: one per chain
 
     def generators(self) -> str:
         """The precision APD's generator networks are stored at: ``generators_at``, or APD's ``precision``."""
         return self.generators_at or self.precision
 
+    def label(self) -> str:
+        """APD's row: ``APD per chain``, or ``APD told the chain`` for one generator told the chain."""
+        return TOLD if self.mode_embedding else APD
+
+    def kind(self) -> str:
+        """APD's generators in words, for the table's note and the figure's title."""
+        return (f"one generator told the chain by {self.mode_embedding} learned numbers" if self.mode_embedding
+                else "one generator per chain")
+
 
 def study_stem(plan: FrontierPlan) -> str:
     """The study's file stem: ``frontier`` for APD at the default precision (int8), ``frontier-PRECISION``
-    otherwise, and ``-generators-PRECISION`` after it for generator networks stored at another precision
-    than the codec."""
+    otherwise, ``-generators-PRECISION`` after it for generator networks stored at another precision than
+    the codec, and ``-conditioned-E`` last for one generator told the chain by E numbers."""
     own = "" if plan.generators() == plan.precision else f"-generators-{plan.generators()}"
+    own += f"-conditioned-{plan.mode_embedding}" if plan.mode_embedding else ""
     return "frontier" if plan.precision == FrontierPlan.precision and not own else f"frontier-{plan.precision}{own}"
 
 
@@ -154,7 +169,8 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
             kept = kept_samples(predictions, budget, inputs, reference, plan.subsets,
                                 torch.Generator().manual_seed(seed))
             rank = largest_rank(lambda r: chain_generators_storage(cfg.distill, r, spec, chains, plan.precision,
-                                                                   plan.generators()), budget, limit)
+                                                                   plan.generators(), plan.mode_embedding),
+                                budget, limit)
             stored_kept = None
             if plan.kept_at_precision and plan.precision != "float32":
                 stored_kept = kept_samples(predictions, kept_for(budget, spec.numel, plan.precision, n), inputs,
@@ -165,7 +181,9 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
                 coordinates = sgld_coordinates(ctx, store, data, rank)
                 for k in range(plan.seeds):
                     t0 = time.perf_counter()
-                    exact = train_chain_generators(ctx, store, coordinates, plan.steps or cfg.distill.steps, k)
+                    steps = plan.steps or cfg.distill.steps
+                    exact = (train_conditioned_generator(ctx, store, coordinates, steps, plan.mode_embedding, k)
+                             if plan.mode_embedding else train_chain_generators(ctx, store, coordinates, steps, k))
                     stored = stored_apd(exact, plan.precision, plan.generators())
                     nbytes = apd_bytes(stored.model, plan.precision, plan.generators())
                     draws = ctx.seed(*replicated(k, "experiment", "frontier", budget))
@@ -261,21 +279,21 @@ def _kept_rows(kept: dict, label: str) -> list[tuple[str, str, dict, bool]]:
             if key in kept]  # studies written before percentile ranks kept no last samples
 
 
-def apd_label(seed: int, seeds: int) -> str:
-    """APD's row: ``APD per chain``, or ``APD per chain, seed k`` in a study of several trainings."""
-    return APD if seeds == 1 else f"{APD}, seed {seed}"
+def apd_label(seed: int, seeds: int, name: str = APD) -> str:
+    """APD's row ``name`` (:meth:`FrontierPlan.label`), or ``NAME, seed k`` in a study of several trainings."""
+    return name if seeds == 1 else f"{name}, seed {seed}"
 
 
-def _rows(point: dict, precision: str, seeds: int) -> list[tuple[str, str, dict | None, bool]]:
+def _rows(point: dict, plan: FrontierPlan, seeds: int) -> list[tuple[str, str, dict | None, bool]]:
     """(method, rank or k, its yardstick summary, whether it is judged against the kept samples) at one
     budget: APD's trainings, its ceiling where it was scored, the kept samples at float32, then those at
     APD's precision where they were scored."""
     ceiling, stored_kept = point.get("ceiling"), point.get("kept_at_precision")
-    apd = [(apd_label(summary.get("seed", 0), seeds), f"r={summary['rank']}", summary, True)
-           for summary in trainings(point)] or [(APD, "none fits", None, True)]
+    apd = [(apd_label(summary.get("seed", 0), seeds, plan.label()), f"r={summary['rank']}", summary, True)
+           for summary in trainings(point)] or [(plan.label(), "none fits", None, True)]
     return [*apd, *([(CEILING, f"r={ceiling['rank']}", ceiling, True)] if ceiling is not None else []),
             *_kept_rows(point["kept"], "kept"),
-            *(_kept_rows(stored_kept, f"kept at {precision}") if stored_kept is not None else [])]
+            *(_kept_rows(stored_kept, f"kept at {plan.precision}") if stored_kept is not None else [])]
 
 
 def _listed(budgets: list[float]) -> str:
@@ -302,16 +320,16 @@ def render_table(results: dict) -> str:
     """The Markdown of ``frontier.md``: a note on the protocol and, per budget, APD and the kept samples on
     each yardstick quantity, with APD's wins over the kept samples (and over those kept at its precision,
     where the study kept them)."""
-    plan, points = results["plan"], results["points"]
-    precision, generators = plan["precision"], FrontierPlan(**plan).generators()
+    plan, points = FrontierPlan(**results["plan"]), results["points"]
+    precision, generators = plan.precision, plan.generators()
     stored_at = precision if generators == precision else f"{precision} (the generator networks at {generators})"
     rounded_as = "APD is" if generators == precision else "APD's codec is"
     at_precision = any(point.get("kept_at_precision") for point in points)
     note = (f"# Storage frontier on {results['pipeline']}\n\nAt each budget S (SGLD samples' worth; D = "
-            f"{results['dim']:,} weights, {results['sgld_samples']:,} stored samples): APD with one generator "
-            f"per chain in the largest shared principal subspace whose codec and generators fit S at "
+            f"{results['dim']:,} weights, {results['sgld_samples']:,} stored samples): APD with {plan.kind()} "
+            f"in the largest shared principal subspace whose codec and generators fit S at "
             f"{stored_at}, and S SGLD samples kept at float32, evenly spaced and the mean ± std of "
-            f"{plan['subsets']} random subsets"
+            f"{plan.subsets} random subsets"
             + (f"; and ⌈S / s⌉ SGLD samples (s: one sample's storage at {precision}; at least S where the store "
                f"holds that many), each stored at {precision} as {rounded_as}" if at_precision else "")
             + (". APD trained once per budget (one seed: its spread is the draws', not the training's); "
@@ -333,7 +351,7 @@ def render_table(results: dict) -> str:
     against = [("margins", "kept"), *([("margins_at_precision", "kept_at_precision")] if at_precision else [])]
     body = []
     for point in points:
-        for method, size, summary, judged in _rows(point, precision, seeds_of(results)):
+        for method, size, summary, judged in _rows(point, plan, seeds_of(results)):
             kl = None if summary is None else summary["kl"]
             body.append([f"{point['budget']:g}", method, size,
                          format_sample_count(None if summary is None else summary["in_sgld_samples"]),
@@ -412,17 +430,18 @@ def draw_figure(results: dict, path: Path) -> None:
     """One panel per yardstick gap against storage (log scale): APD's curve (mean ± std over runs; one curve
     per training, the same colour) and the kept samples' (evenly spaced; the random subsets' mean ± std), at
     float32 and at APD's precision where the study kept those, where the gap is defined."""
-    precision, seeds = results["plan"]["precision"], seeds_of(results)
-    methods = [*(apd_label(k, seeds) for k in range(seeds)), *KEPT.values(), CEILING,
+    plan, seeds = FrontierPlan(**results["plan"]), seeds_of(results)
+    precision, trained_as = plan.precision, [apd_label(k, seeds, plan.label()) for k in range(seeds)]
+    methods = [*trained_as, *KEPT.values(), CEILING,
                *(f"kept at {precision}, {name.removeprefix('kept, ')}" for name in KEPT.values())]
     colours = dict(zip(methods[seeds:], range(1, len(methods)), strict=False))  # APD's trainings: C0
-    markers = {apd_label(k, seeds): "os^Dv<>p"[k % 8] for k in range(seeds)}  # and a marker each
+    markers = {name: "os^Dv<>p"[k % 8] for k, name in enumerate(trained_as)}  # and a marker each
     figure, axes = new_figure(1, 3, panel=(5.2, 3.9))
     for ax, (key, label) in zip(axes[0], GAPS.items(), strict=True):
         for method in methods:
             xs, ys, errors = [], [], []
             for point in results["points"]:
-                summary = next((s for name, _, s, _ in _rows(point, precision, seeds) if name == method), None)
+                summary = next((s for name, _, s, _ in _rows(point, plan, seeds) if name == method), None)
                 value = None if summary is None else summary[key]
                 if value is not None:  # one kept sample has no BALD; older studies have no ceiling
                     # the ceiling at APD's budget, not at its own storage (all the samples' coordinates)
@@ -442,10 +461,9 @@ def draw_figure(results: dict, path: Path) -> None:
         ax.set(xlabel="storage (SGLD samples' worth)", ylabel=f"{label} to SGLD ({unit})")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
-    plan = FrontierPlan(**results["plan"])
     generators = "" if plan.generators() == plan.precision else f" (generators {plan.generators()})"
     trained = "" if seeds == 1 else f", {seeds} trainings"
-    figure.suptitle(f"{results['pipeline']}: APD, one generator per chain at {plan.precision}{generators}{trained}, "
+    figure.suptitle(f"{results['pipeline']}: APD, {plan.kind()}, at {plan.precision}{generators}{trained}, "
                     "against as many kept SGLD samples")
     save_figure(figure, path)
 

@@ -56,6 +56,7 @@ from torch import Tensor
 
 from apd.config import YARDSTICK_SUBSETS, DistillConfig, bounded
 from apd.distillation.codec import WeightCodec
+from apd.distillation.conditioned import labelled
 from apd.distillation.generator import DistilledGenerator, architecture, build_generator
 from apd.distillation.precision import (
     PRECISIONS,
@@ -66,7 +67,7 @@ from apd.distillation.precision import (
     round_trip_module_,
     stored_bytes,
 )
-from apd.distillation.training import encode_store, make_chain_trainers
+from apd.distillation.training import encode_store, make_chain_trainers, make_conditioned_trainer
 from apd.errors import ConfigError
 from apd.evaluation.protocol import EvaluationInputs
 from apd.evaluation.stored import StoredPredictions
@@ -93,7 +94,7 @@ from apd.pipeline.stage import require_input
 from apd.pipeline.table_format import MISSING, format_gap, format_number, format_sample_count, markdown_table, mean_std
 from apd.posteriors import APDGenerator, Posterior
 from apd.posteriors.kept import FixedEnsemble, evenly_spaced_rows
-from apd.samplers.store import SampleStore, chain_partition
+from apd.samplers.store import SampleStore, chain_labels, chain_partition
 
 log = logging.getLogger(__name__)
 
@@ -145,12 +146,14 @@ def largest_rank(storage: Callable[[int], float], budget: float, limit: int) -> 
 
 
 def chain_generators_storage(d: DistillConfig, rank: int, spec: ParamSpec, chains: int, precision: str,
-                             generators_at: str | None = None) -> float:
+                             generators_at: str | None = None, mode_embedding: int = 0) -> float:
     """SGLD samples' worth of a rank-``rank`` subspace codec without a residual plus ``chains`` generators of
-    ``d``'s widths (and their shares), stored at ``precision`` (the generators at ``generators_at`` where
-    given)."""
-    return generator_storage(dataclasses.replace(d, per_chain=True, mode_embedding=0, residual=dataclasses.replace(
-        d.residual, model="none")), rank, spec, precision, chains, generators_at)
+    ``d``'s widths (and their shares), or with ``mode_embedding`` E > 0 one generator told the chain by E
+    numbers each (:mod:`apd.distillation.conditioned`: the generator, C·E embedding numbers and the C
+    shares), stored at ``precision`` (the generators at ``generators_at`` where given)."""
+    kind = dataclasses.replace(d, per_chain=not mode_embedding, mode_embedding=mode_embedding,
+                               residual=dataclasses.replace(d.residual, model="none"))
+    return generator_storage(kind, rank, spec, precision, chains, generators_at)
 
 
 def random_batches(codes: Tensor, batch_size: int, seed: int) -> Callable[[], Tensor]:
@@ -177,6 +180,26 @@ def train_chain_generators(ctx: RunContext, store: SampleStore, coordinates: Sto
             bar.update()
     model = DistilledGenerator(trainers.generator.eval(), coordinates.codec)
     return APDGenerator(model, store.spec, f"APD per chain r={coordinates.coordinates.shape[1]}")
+
+
+def train_conditioned_generator(ctx: RunContext, store: SampleStore, coordinates: StoredCoordinates, steps: int,
+                                mode_embedding: int, seed: int = 0) -> APDGenerator:
+    """One WGAN-GP (the pipeline's ``[distill]`` settings) told the chain by ``mode_embedding`` learned numbers
+    (:func:`~apd.distillation.training.make_conditioned_trainer`, as ``[distill] mode_embedding`` trains it) on
+    every row of ``coordinates`` with its chain, rows drawn uniformly (so chains by their shares), ``steps``
+    generator steps, seeded from generator seed ``seed``'s streams (:func:`~apd.pipeline.seeds.replicated`)."""
+    d, (_, _, shares) = ctx.cfg.distill, chain_partition(store.chains)
+    codes, rank = coordinates.coordinates, coordinates.coordinates.shape[1]
+    stream = ctx.seed(*replicated(seed, "experiment", "frontier", "conditioned"))
+    trainer = make_conditioned_trainer(dataclasses.replace(d, mode_embedding=mode_embedding), rank, stream, shares,
+                                       ctx.device)
+    batches = random_batches(labelled(codes, chain_labels(store.chains).to(codes.device)), d.batch_size, stream)
+    with ctx.progress(total=steps, desc=f"generator told the chain, r={rank}", unit="step") as bar:
+        while trainer.generator_steps < steps:
+            trainer.step(batches, d.n_critic)
+            bar.update()
+    model = DistilledGenerator(trainer.generator.eval(), coordinates.codec)
+    return APDGenerator(model, store.spec, f"APD told the chain r={rank}")
 
 
 class StoredCoordinates(Posterior):

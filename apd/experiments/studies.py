@@ -55,7 +55,8 @@ STUDIES = (
     Study("precision", "APD and kept samples at float32, float16, int8 and int4 storage, at one storage budget",
           "apd.experiments.precision:run_precision", "precision", "apd.experiments.precision:render_table",
           cnn_ok=True),
-    Study("frontier", "APD with one generator per chain against as many kept samples, at several storage budgets",
+    Study("frontier", "APD (one generator per chain, or one told the chain) against as many kept samples, at "
+          "several storage budgets",
           "apd.experiments.frontier:run_frontier", "frontier", "apd.experiments.frontier:render_table",
           cnn_ok=True, variants=True, summary=("frontiers", "apd.experiments.frontier:render_summary")),
     Study("active-learning", "active learning with SGLD, APD, MC dropout and a deterministic net: accuracy per label",

@@ -70,7 +70,7 @@ from apd.pipeline.recipes import (
 from apd.pipeline.runtime import RunContext, machine
 from apd.pipeline.sample_chains import make_chains
 from apd.pipeline.stage import publish, require_input, reusable, weights_load
-from apd.samplers.store import SampleStore, chain_partition
+from apd.samplers.store import SampleStore, chain_labels, chain_partition
 from apd.schedules import is_thinned_sample
 
 log = logging.getLogger(__name__)
@@ -180,9 +180,8 @@ def conditioned_trainer(ctx: RunContext, codec: WeightCodec, batches: StoreBatch
     chain, 0 … C − 1 in increasing order of the chain ids."""
     ids, _, shares = chain_partition(chains)
     log.info("one generator conditioned on %d chains by %d numbers each", len(ids), ctx.cfg.distill.mode_embedding)
-    labels = torch.from_numpy(np.searchsorted(np.asarray(ids), chains))
     return (make_conditioned_trainer(ctx.cfg.distill, codec.code_dim, distill_seed(ctx, seed, "gan"), shares,
-                                     ctx.device), batches.with_labels(labels))
+                                     ctx.device), batches.with_labels(chain_labels(chains)))
 
 
 def _seed_group(ctx: RunContext, store: SampleStore, data: TrainingSamples, spec: ParamSpec, reference: Tensor,

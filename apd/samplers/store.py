@@ -75,6 +75,13 @@ def chain_partition(chains: np.ndarray) -> tuple[list[int], list[Tensor], Tensor
     return ids, rows, torch.tensor([len(r) / len(labels) for r in rows])
 
 
+def chain_labels(chains: np.ndarray) -> Tensor:
+    """Each row's chain as a label 0 … C − 1 [len(chains)] (int64), in increasing order of the chain ids, the
+    order of :func:`chain_partition`."""
+    labels = np.asarray(chains)
+    return torch.from_numpy(np.searchsorted(np.unique(labels), labels))
+
+
 class SampleStore:
     """An HDF5 file of weight samples (see the module docstring). Build with :meth:`create`/:meth:`open`."""
 

@@ -73,6 +73,33 @@ def test_each_budget_buys_apd_its_largest_rank_and_the_kept_samples_as_many_samp
     assert (out / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_one_generator_told_the_chain_takes_the_budget_of_one_generator_and_its_embeddings(tiny_pipeline, tmp_path):
+    rc, err = _frontier(tiny_pipeline, tmp_path, "budgets=[2]", "steps=5", "mode_embedding=4", "ceiling=false")
+    assert rc == 0, err
+    out = tmp_path / "tiny" / "experiments"
+    assert not (out / "frontier.json").exists()  # the per-chain frontier's files are its own
+    point = json.loads((out / "frontier-int8-conditioned-4.json").read_text())["points"][0]
+    d = from_dict(TINY).distill
+    told = lambda r: chain_generators_storage(d, r, SPEC, 2, "int8", mode_embedding=4)  # noqa: E731
+    apd = point["apd"]
+    assert told(apd["rank"]) <= 2 < told(apd["rank"] + 1) and apd["in_sgld_samples"] == pytest.approx(told(apd["rank"]))
+    assert apd["margins"]["compared"] == 5 and point["kept"]["k"] == 2
+    table = (out / "frontier-int8-conditioned-4.md").read_text()
+    assert f"| 2 | APD told the chain | r={apd['rank']} |" in table and "APD per chain" not in table
+    assert "APD with one generator told the chain by 4 learned numbers in the largest shared principal" in table
+
+
+def test_one_generator_told_the_chain_stores_one_generator_and_c_embeddings_in_place_of_c_generators():
+    """At float32 (4 bytes a number) and rank r, C = 3 chains: one generator z_dim + E → 32 → r in place of
+    C generators z_dim → 32 → r is E·32 first-layer weights more and (C − 1)·G fewer (G: one generator's
+    parameters), plus C·E embedding numbers; the codec and the C shares are the same."""
+    d, rank, chains, embedding = from_dict(TINY).distill, 6, 3, 4
+    one = (d.z_dim + 1) * 32 + (32 + 1) * rank
+    per_chain = chain_generators_storage(d, rank, SPEC, chains, "float32")
+    told = chain_generators_storage(d, rank, SPEC, chains, "float32", mode_embedding=embedding)
+    assert (told - per_chain) * SPEC.numel == embedding * 32 + chains * embedding - (chains - 1) * one
+
+
 def test_a_budget_too_small_for_the_generators_still_scores_the_kept_samples(tiny_pipeline, tmp_path):
     rc, err = _frontier(tiny_pipeline, tmp_path, "budgets=[1]", 'precision="float32"')
     assert rc == 0, err
