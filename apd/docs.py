@@ -125,25 +125,36 @@ def render_table(pipeline: str, table: str, root: Path) -> str:
 
 def study_regions() -> list[str]:
     """The regions the studies render (:class:`~apd.experiments.studies.Study`): TABLE, TABLE-VARIANT where a
-    study has variants, and its summary region."""
+    study has variants, and its summary region (SUMMARY-VARIANT too where it has variants)."""
     names = []
     for study in STUDIES:
         names += [study.region, *([f"{study.region}-VARIANT"] if study.variants else []),
-                  *([study.summary[0]] if study.summary else [])]
+                  *([study.summary[0]] if study.summary else []),
+                  *([f"{study.summary[0]}-VARIANT"] if study.summary and study.variants else [])]
     return names
 
 
 def render_study(pipeline: str, table: str, root: Path) -> str | None:
     """A study's region (:data:`~apd.experiments.studies.STUDIES`), rendered from its published results;
-    None when ``table`` names no study's region."""
+    None when ``table`` names no study's region. A summary region's PIPELINE is a comma-separated list."""
     for study in STUDIES:
-        if study.summary is not None and table == study.summary[0]:  # PIPELINE: a comma-separated list
-            return resolve(study.summary[1])({name: _read(root / RESULTS_DIR / name / f"{study.stem}.json")
+        variant = None if study.summary is None else _variant(table, study.summary[0], study.variants)
+        if variant is not None:
+            return resolve(study.summary[1])({name: _read(root / RESULTS_DIR / name / f"{study.stem}{variant}.json")
                                               for name in pipeline.split(",")}).strip()
-        variant = table.removeprefix(study.region)
-        if variant == "" or (study.variants and variant.startswith("-")):
+        variant = _variant(table, study.region, study.variants)
+        if variant is not None:
             return resolve(study.render)(_read(root / RESULTS_DIR / pipeline / f"{study.stem}{variant}.json")).strip()
     return None
+
+
+def _variant(table: str, region: str, variants: bool) -> str | None:
+    """``""`` where ``table`` is ``region``, ``-VARIANT`` where it is ``region-VARIANT`` of a study with
+    ``variants``, None otherwise."""
+    if table == region:
+        return ""
+    rest = table.removeprefix(f"{region}-")
+    return f"-{rest}" if variants and rest != table else None
 
 
 def render_studies() -> str:

@@ -299,6 +299,22 @@ def test_the_frontiers_region_puts_several_pipelines_frontiers_side_by_side(tmp_
                     "| `compact` | 2,410 | 2 | 1 | 2, 4 | 3, 3 | 2, 4 | 2 | 2/9, 4/9 |"]
 
 
+def test_the_frontiers_of_a_variant_have_a_summary_region_of_their_own(tmp_path):
+    """``frontiers-VARIANT`` puts the pipelines' ``frontier-VARIANT.json`` side by side, not their
+    ``frontier.json``."""
+    kept = {"bald_gap": 3.0, "max_prob_gap": 2.0, "nll_gap": 0.010, "kl": 0.02}
+    below = {"bald_gap": 1.0, "max_prob_gap": 0.5, "nll_gap": 0.001, "kl": 0.005}
+    for name, stem, apd in (("a", "frontier", kept), ("a", "frontier-int8-conditioned-4", below),
+                            ("b", "frontier-int8-conditioned-4", kept)):
+        point = _point(2, apd, kept, kept)
+        point["apd"].update(chains=4, margins={"wins": 7 if apd is below else 0, "compared": 9})
+        (tmp_path / "docs" / "results" / name).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "docs" / "results" / name / f"{stem}.json").write_text(json.dumps({"dim": 10, "points": [point]}))
+    document = "<!-- results:a,b:frontiers-int8-conditioned-4 -->\nold\n<!-- end -->\n"
+    rows = [line for line in render_document(document, tmp_path).splitlines() if line.startswith("| `")]
+    assert rows == ["| `a` | 10 | 4 | 1 | 2 | 3 | 2 | — | 7/9 |", "| `b` | 10 | 4 | 1 | 2 | 3 | none | — | 0/9 |"]
+
+
 def test_a_frontier_at_another_precision_has_a_region_of_its_own(tmp_path):
     kept = {"bald_gap": 3.0, "max_prob_gap": 2.0, "nll_gap": 0.010, "kl": 0.02}
     point = _point(2, kept, kept, kept, at_precision=(kept, kept))
