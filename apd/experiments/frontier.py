@@ -179,9 +179,9 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
             trainings, ceiling = [], None
             if rank:
                 coordinates = sgld_coordinates(ctx, store, data, rank)
+                steps = plan.steps or cfg.distill.steps
                 for k in range(plan.seeds):
                     t0 = time.perf_counter()
-                    steps = plan.steps or cfg.distill.steps
                     exact = (train_conditioned_generator(ctx, store, coordinates, steps, plan.mode_embedding, k)
                              if plan.mode_embedding else train_chain_generators(ctx, store, coordinates, steps, k))
                     stored = stored_apd(exact, plan.precision, plan.generators())
