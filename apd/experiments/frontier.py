@@ -393,9 +393,9 @@ def _judged_cells(point: dict, summary: dict | None, judged: bool, margins: str,
 def render_summary(results_by_pipeline: dict[str, dict]) -> str:
     """One row per pipeline's frontier: its weights, chains (one generator or one embedding each), APD's
     trainings per budget, budgets and APD's ranks, the budgets at which APD (every training) is below both
-    float32 kept rows on all four summaries (:func:`crossings`), those at which it is below the samples kept at its own precision ("—"
-    where the study kept none so) and its set-by-set wins against the float32 ones at each budget (fewest to
-    most over the trainings)."""
+    float32 kept rows on all four summaries (:func:`crossings`), those at which it is below the samples kept
+    at its own precision ("—" where the study kept none so) and its set-by-set wins against the float32 ones
+    at each budget (fewest to most over the trainings)."""
     body = []
     for name, results in results_by_pipeline.items():
         points = results["points"]
