@@ -38,13 +38,15 @@ they do (:func:`crossings`).
 Judged, as the precision study is, on validation images and the OOD tuning pool only; writes
 ``artifacts/NAME/experiments/frontier.{json,md,png}``, or ``frontier-PRECISION.*`` for APD stored at a
 precision other than int8, and ``frontier-PRECISION-conditioned-E.*`` for the generator told the chain by E
-numbers (:func:`study_stem`), so that one study does not overwrite the other.
+numbers (:func:`study_stem`), so that one study does not overwrite the other; ``tag`` appends ``-TAG`` to the
+stem, for a variant those names do not tell apart (other steps or budgets).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +107,7 @@ log = logging.getLogger(__name__)
 KEPT = {"evenly_spaced": "kept, evenly spaced", "last": "kept, last of each chain", "random": "kept, random subsets"}
 APD, TOLD, CEILING = "APD per chain", "APD told the chain", "SGLD coordinates (APD's ceiling)"
 SUMMARIES = {"bald_gap": "BALD", "max_prob_gap": "max-prob", "nll_gap": "NLL", "kl": "KL"}
+TAG_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")  # a study's tag: part of a plain file name
 
 
 @dataclass
@@ -120,6 +123,12 @@ class FrontierPlan:
     generators_at: Literal["", "float32", "float16", "int8", "int4"] = ""  # the generator networks' own; "": APD's
     seeds: int = bounded(1, ge=1)  # APD's trainings per budget, from generator seeds 0 … seeds − 1
     mode_embedding: int = bounded(0, ge=0)  # E > 0: one generator told the chain by E numbers; 0: one per chain
+    tag: str = ""  # appended to the file stem as -TAG (TAG_PATTERN): a variant's own files
+
+    def __post_init__(self) -> None:
+        if self.tag and not TAG_PATTERN.fullmatch(self.tag):
+            raise ConfigError(f"--option tag={self.tag!r}: expected lower-case letters, digits and '-', "
+                              "starting with a letter or digit, at most 40")
 
     def generators(self) -> str:
         """The precision APD's generator networks are stored at: ``generators_at``, or APD's ``precision``."""
@@ -138,10 +147,11 @@ class FrontierPlan:
 def study_stem(plan: FrontierPlan) -> str:
     """The study's file stem: ``frontier`` for APD at the default precision (int8), ``frontier-PRECISION``
     otherwise, ``-generators-PRECISION`` after it for generator networks stored at another precision than
-    the codec, and ``-conditioned-E`` last for one generator told the chain by E numbers."""
+    the codec, ``-conditioned-E`` for one generator told the chain by E numbers, and ``-TAG`` last."""
     own = "" if plan.generators() == plan.precision else f"-generators-{plan.generators()}"
     own += f"-conditioned-{plan.mode_embedding}" if plan.mode_embedding else ""
-    return "frontier" if plan.precision == FrontierPlan.precision and not own else f"frontier-{plan.precision}{own}"
+    stem = "frontier" if plan.precision == FrontierPlan.precision and not own else f"frontier-{plan.precision}{own}"
+    return f"{stem}-{plan.tag}" if plan.tag else stem
 
 
 def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:

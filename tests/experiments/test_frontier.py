@@ -124,6 +124,21 @@ def test_the_ceiling_and_the_samples_kept_at_apds_precision_are_left_out_on_requ
     assert "ceiling" not in table and "| kept at" not in table and "fit S at int4" in table
 
 
+def test_a_tag_gives_a_variant_files_of_its_own(tiny_pipeline, tmp_path):
+    rc, err = _frontier(tiny_pipeline, tmp_path, "budgets=[1]", 'precision="float32"', 'tag="steps-5"')
+    assert rc == 0, err
+    out = tmp_path / "tiny" / "experiments"
+    assert sorted(p.name for p in out.iterdir()) == [f"frontier-float32-steps-5.{ext}" for ext in ("json", "md", "png")]
+    assert json.loads((out / "frontier-float32-steps-5.json").read_text())["plan"]["tag"] == "steps-5"
+
+
+@pytest.mark.parametrize("tag", ["Steps", "-5", "a/b", "x" * 41])
+def test_a_tag_that_is_no_plain_file_name_part_is_a_one_line_error(tiny_pipeline, tmp_path, tag):
+    rc, err = _frontier(tiny_pipeline, tmp_path, f'tag="{tag}"')
+    assert rc == 2 and "tag" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "tiny" / "experiments").exists()
+
+
 @pytest.mark.parametrize(("budgets", "message"), [("[]", "at least one budget"), ("[0, 2]", "positive integers"),
                                                   ("[100000]", "holds 200 samples")])
 def test_budgets_that_cannot_be_kept_are_one_line_errors(tiny_pipeline, tmp_path, budgets, message):
