@@ -197,7 +197,7 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
                     stored = stored_apd(exact, plan.precision, plan.generators())
                     nbytes = apd_bytes(stored.model, plan.precision, plan.generators())
                     draws = ctx.seed(*replicated(k, "experiment", "frontier", budget))
-                    trainings.append({"rank": rank, "chains": chains, "seed": k,
+                    trainings.append({"rank": rank, "chains": chains, "seed": k, "steps": steps,
                                       **scored(ctx, stored, nbytes, inputs, reference, kept, draws, sgld),
                                       "seconds": round(time.perf_counter() - t0, 2)})
                 if plan.ceiling:
@@ -282,6 +282,13 @@ def seeds_of(results: dict) -> int:
     return results.get("plan", {}).get("seeds", 1)
 
 
+def steps_of(results: dict) -> int | None:
+    """Each generator's training steps: the plan's, else those its trainings record (None for a study of the
+    pipeline's steps written before they were recorded)."""
+    trainings = [point["apd"] for point in results["points"] if point.get("apd")]
+    return results.get("plan", {}).get("steps") or next((t["steps"] for t in trainings if "steps" in t), None)
+
+
 def _kept_rows(kept: dict, label: str) -> list[tuple[str, str, dict, bool]]:
     """The evenly spaced and the random rows of one set of kept samples, labelled ``label``."""
     return [(f"{label}, {name.removeprefix('kept, ')}", f"k={kept['k']}",
@@ -335,6 +342,7 @@ def render_table(results: dict) -> str:
     stored_at = precision if generators == precision else f"{precision} (the generator networks at {generators})"
     rounded_as = "APD is" if generators == precision else "APD's codec is"
     at_precision = any(point.get("kept_at_precision") for point in points)
+    trained_for = f" for {steps:,} generator steps," if (steps := steps_of(results)) else ""
     note = (f"# Storage frontier on {results['pipeline']}\n\nAt each budget S (SGLD samples' worth; D = "
             f"{results['dim']:,} weights, {results['sgld_samples']:,} stored samples): APD with {plan.kind()} "
             f"in the largest shared principal subspace whose codec and generators fit S at "
@@ -342,9 +350,9 @@ def render_table(results: dict) -> str:
             f"{plan.subsets} random subsets"
             + (f"; and ⌈S / s⌉ SGLD samples (s: one sample's storage at {precision}; at least S where the store "
                f"holds that many), each stored at {precision} as {rounded_as}" if at_precision else "")
-            + (". APD trained once per budget (one seed: its spread is the draws', not the training's); "
+            + (f". APD trained{trained_for} once per budget (one seed: its spread is the draws', not the training's); "
                if seeds_of(results) == 1 else
-               f". APD trained {seeds_of(results)} times per budget, from generator seeds 0 to "
+               f". APD trained{trained_for} {seeds_of(results)} times per budget, from generator seeds 0 to "
                f"{seeds_of(results) - 1} (a crossing counts where every training crosses); ")
             + f"{results['runs']} runs × {results['networks']} networks per APD "
             f"draw (mean ± std over runs); judged on validation images and the OOD tuning pool "

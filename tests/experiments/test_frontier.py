@@ -122,6 +122,7 @@ def test_the_ceiling_and_the_samples_kept_at_apds_precision_are_left_out_on_requ
     assert point["apd"]["margins_at_precision"] is None
     table = (out / "frontier-int4.md").read_text()
     assert "ceiling" not in table and "| kept at" not in table and "fit S at int4" in table
+    assert "APD trained for 5 generator steps, once per budget" in table
 
 
 def test_a_tag_gives_a_variant_files_of_its_own(tiny_pipeline, tmp_path):
@@ -264,7 +265,7 @@ def test_apd_trained_from_several_seeds_is_judged_training_by_training(tiny_pipe
     assert trained[1]["bald_gap"] != trained[0]["bald_gap"] != trained[2]["bald_gap"]  # trained and drawn anew
     table = (tmp_path / "three" / "tiny" / "experiments" / "frontier.md").read_text()
     assert all(f"| 2 | APD per chain, seed {k} | r={thrice['apd']['rank']} |" in table for k in range(3))
-    assert "APD trained 3 times per budget, from generator seeds 0 to 2" in table
+    assert "APD trained for 5 generator steps, 3 times per budget, from generator seeds 0 to 2" in table
     assert "in every one of its 3 trainings at" in table and "(seed by seed: " in table
 
 
@@ -288,6 +289,18 @@ def test_a_crossing_over_several_trainings_counts_where_every_one_crosses(tmp_pa
     rendered = render_document("<!-- results:p:frontiers -->\nold\n<!-- end -->\n", tmp_path)
     # three trainings; set-by-set wins 5, 6 and 5 of 9 at each budget: 5–6
     assert "| `p` | 10 | 2 | 3 | 2, 4 | 3, 3 | 2 | — | 5–6/9, 5–6/9 |" in rendered
+
+
+def test_the_note_gives_the_generator_steps_the_trainings_record_where_the_plan_took_the_pipelines():
+    kept = {"bald_gap": 3.0, "max_prob_gap": 2.0, "nll_gap": 0.010, "kl": 0.02}
+    point = _point(2, kept, kept, kept)
+    results = {"pipeline": "p", "dim": 10, "sgld_samples": 100, "runs": 2, "networks": 5, "ood_sets": ["a"],
+               "plan": {"precision": "int8", "subsets": 3, "steps": 0}, "points": [point]}
+    assert "APD trained once per budget" in render_table(results)  # written before the steps were recorded
+    point["apd"]["steps"] = 7
+    assert "APD trained for 7 generator steps, once per budget" in render_table(results)
+    results["plan"]["steps"] = 10_000
+    assert "APD trained for 10,000 generator steps, once per budget" in render_table(results)
 
 
 def test_the_frontiers_region_puts_several_pipelines_frontiers_side_by_side(tmp_path):
