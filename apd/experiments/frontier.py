@@ -23,7 +23,10 @@ For each budget S of ``budgets`` (SGLD samples' worth, bytes / (4·D)):
   θ_i ↦ μ + U·diag(σ)·c_i (:func:`~apd.experiments.precision.sgld_coordinates`, float32), the best any
   generator in that subspace can do. It stores all n samples' coordinates, so its storage (reported) is
   not the budget's, and it is an analysis rather than a distiller: it tells a generator that falls short
-  of its subspace from a subspace that falls short of SGLD.
+  of its subspace from a subspace that falls short of SGLD. Where APD is stored below float32, also **as
+  stored** (``ceiling_codec_at_precision``): the same coordinates decoded by the codec read back from
+  ``precision`` (:meth:`~apd.experiments.precision.StoredCoordinates.codec_at`), as the stored generators'
+  codes are, the best a generator whose codec is stored so can do.
 
 Both are scored by the kept-samples yardstick (:mod:`apd.evaluation.yardstick`): worst per-set absolute BALD
 and max-prob AUROC gap to SGLD, NLL gap, KL(SGLD's predictive ‖ the method's) on the judged images (and the
@@ -106,6 +109,7 @@ log = logging.getLogger(__name__)
 
 KEPT = {"evenly_spaced": "kept, evenly spaced", "last": "kept, last of each chain", "random": "kept, random subsets"}
 APD, TOLD, CEILING = "APD per chain", "APD told the chain", "SGLD coordinates (APD's ceiling)"
+CEILING_AS_STORED = "SGLD coordinates, codec at {} (APD's ceiling as stored)"
 SUMMARIES = {"bald_gap": "BALD", "max_prob_gap": "max-prob", "nll_gap": "NLL", "kl": "KL"}
 TAG_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")  # a study's tag: part of a plain file name
 
@@ -186,7 +190,7 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
                 stored_kept = kept_samples(predictions, kept_for(budget, spec.numel, plan.precision, n), inputs,
                                            reference, plan.subsets, torch.Generator().manual_seed(seed),
                                            plan.precision)
-            trainings, ceiling = [], None
+            trainings, ceiling, stored_ceiling = [], None, None
             if rank:
                 coordinates = sgld_coordinates(ctx, store, data, rank)
                 steps = plan.steps or cfg.distill.steps
@@ -201,14 +205,20 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
                                       **scored(ctx, stored, nbytes, inputs, reference, kept, draws, sgld),
                                       "seconds": round(time.perf_counter() - t0, 2)})
                 if plan.ceiling:
-                    ceiling = {"rank": rank, **scored(ctx, coordinates, coordinates.stored_bytes("float32"), inputs,
+                    ceiling = {"rank": rank, **scored(ctx, coordinates, coordinates.stored_bytes(), inputs,
                                                       reference, kept, seed, sgld)}
-                for summary in filter(None, (*trainings, ceiling)):
+                    if plan.precision != "float32":
+                        decoded = coordinates.codec_at(plan.precision)
+                        stored_ceiling = {"rank": rank, "codec_at": plan.precision,
+                                          **scored(ctx, decoded, decoded.stored_bytes(), inputs, reference, kept,
+                                                   seed, sgld)}
+                for summary in filter(None, (*trainings, ceiling, stored_ceiling)):
                     summary["margins_at_precision"] = (None if stored_kept is None else
                                                        judged_margins(summary, stored_kept, sgld))
             apd = trainings[0] if trainings else None
             points.append({"budget": budget, "kept": kept, "kept_at_precision": stored_kept, "apd": apd,
-                           "retrained": trainings[1:], "ceiling": ceiling})
+                           "retrained": trainings[1:], "ceiling": ceiling,
+                           "ceiling_codec_at_precision": stored_ceiling})
             log.info("budget %d: %s", budget, "no generator fits" if apd is None else
                      f"APD rank {rank}, wins " + ", ".join(str(t["margins"]["wins"]) for t in trainings)
                      + f" of {apd['margins']['compared']}")
@@ -305,12 +315,19 @@ def _rows(point: dict, plan: FrontierPlan, seeds: int) -> list[tuple[str, str, d
     """(method, rank or k, its yardstick summary, whether it is judged against the kept samples) at one
     budget: APD's trainings, its ceiling where it was scored, the kept samples at float32, then those at
     APD's precision where they were scored."""
-    ceiling, stored_kept = point.get("ceiling"), point.get("kept_at_precision")
+    stored_kept = point.get("kept_at_precision")
     apd = [(apd_label(summary.get("seed", 0), seeds, plan.label()), f"r={summary['rank']}", summary, True)
            for summary in trainings(point)] or [(plan.label(), "none fits", None, True)]
-    return [*apd, *([(CEILING, f"r={ceiling['rank']}", ceiling, True)] if ceiling is not None else []),
+    ceilings = [(name, point.get(key)) for name, key in ceiling_rows(plan)]
+    return [*apd, *((name, f"r={summary['rank']}", summary, True) for name, summary in ceilings if summary),
             *_kept_rows(point["kept"], "kept"),
             *(_kept_rows(stored_kept, f"kept at {plan.precision}") if stored_kept is not None else [])]
+
+
+def ceiling_rows(plan: FrontierPlan) -> list[tuple[str, str]]:
+    """(row label, key of the point) of APD's ceilings: every sample's coordinates with the codec at float32,
+    then with the codec read back from APD's precision (studies written before it have no such key)."""
+    return [(CEILING, "ceiling"), (CEILING_AS_STORED.format(plan.precision), "ceiling_codec_at_precision")]
 
 
 def _listed(budgets: list[float]) -> str:
@@ -362,7 +379,10 @@ def render_table(results: dict) -> str:
             + (" APD's ceiling: every SGLD sample's own coordinates in APD's subspace at float32, the best a "
                "generator there can do; its storage column counts every sample's coordinates, so it is not held to "
                "the budget."
-               if any(point.get("ceiling") for point in points) else "") + "\n\n")
+               if any(point.get("ceiling") for point in points) else "")
+            + (f" As stored: the same coordinates decoded by the codec read back from {precision}, as APD's "
+               f"generators' codes are, the best a generator whose codec is stored at {precision} can do."
+               if any(point.get("ceiling_codec_at_precision") for point in points) else "") + "\n\n")
     extra = [f"wins over kept at {precision}", f"below both kept at {precision}"] if at_precision else []
     header = ["budget", "method", "rank / k", "storage", *GAPS.values(), "KL", "wins over kept",
               "below both kept", *extra]
@@ -450,7 +470,8 @@ def draw_figure(results: dict, path: Path) -> None:
     float32 and at APD's precision where the study kept those, where the gap is defined."""
     plan, seeds = FrontierPlan(**results["plan"]), seeds_of(results)
     precision, trained_as = plan.precision, [apd_label(k, seeds, plan.label()) for k in range(seeds)]
-    methods = [*trained_as, *KEPT.values(), CEILING,
+    ceilings = [name for name, _ in ceiling_rows(plan)]
+    methods = [*trained_as, *KEPT.values(), *ceilings,
                *(f"kept at {precision}, {name.removeprefix('kept, ')}" for name in KEPT.values())]
     colours = dict(zip(methods[seeds:], range(1, len(methods)), strict=False))  # APD's trainings: C0
     markers = {name: "os^Dv<>p"[k % 8] for k, name in enumerate(trained_as)}  # and a marker each
@@ -463,13 +484,13 @@ def draw_figure(results: dict, path: Path) -> None:
                 value = None if summary is None else summary[key]
                 if value is not None:  # one kept sample has no BALD; older studies have no ceiling
                     # the ceiling at APD's budget, not at its own storage (all the samples' coordinates)
-                    xs.append(point["budget"] if method == CEILING else summary["in_sgld_samples"])
+                    xs.append(point["budget"] if method in ceilings else summary["in_sgld_samples"])
                     ys.append(mean_of(value))
                     errors.append(std_of(value))
             i = colours.get(method, 0)
             if xs:
                 ax.errorbar(xs, ys, yerr=errors, marker=markers.get(method, "o"), capsize=3, color=f"C{i}",
-                            label=method, linestyle=("-", "-", "-.", "--", ":", "-", "-.", "--")[i])
+                            label=method, linestyle=("-", "-", "-.", "--", ":", "-", "-.", "--")[i % 8])
         ax.axhline(0, color="grey", linewidth=0.8)
         ax.set_xscale("log")
         budgets = [point["budget"] for point in results["points"]]

@@ -204,13 +204,13 @@ def train_conditioned_generator(ctx: RunContext, store: SampleStore, coordinates
 
 class StoredCoordinates(Posterior):
     """Every SGLD sample's coordinates in a subspace codec's principal subspace, θ_i ↦ μ + U·diag(σ)·c_i with
-    c_i = Uᵀ(θ_i − μ)/σ, kept ([n, r]) at ``precision``; a member is one of them decoded (rows drawn without
-    replacement)."""
+    c_i = Uᵀ(θ_i − μ)/σ, kept ([n, r]) at ``precision``, the codec at ``codec_precision`` (default: the
+    same); a member is one of them decoded (rows drawn without replacement)."""
 
     def __init__(self, codec: WeightCodec, coordinates: Tensor, spec: ParamSpec, name: str,
-                 precision: str = "float32") -> None:
+                 precision: str = "float32", codec_precision: str | None = None) -> None:
         self.codec, self.coordinates, self.spec, self.name = codec, coordinates, spec, name
-        self.precision = precision
+        self.precision, self.codec_precision = precision, codec_precision or precision
         self.device = codec.mean.device
 
     def max_members(self) -> int:
@@ -224,19 +224,28 @@ class StoredCoordinates(Posterior):
     def stored_parameters(self) -> int:
         return self.codec.stored_parameters() + self.coordinates.numel()
 
-    def stored_bytes(self, precision: str) -> int:
-        """Bytes of the codec and every sample's coordinates stored at ``precision``."""
-        return module_bytes(self.codec, precision) + stored_bytes(self.coordinates.numel(), precision)
+    def stored_bytes(self) -> int:
+        """Bytes of the codec and every sample's coordinates, each at the precision it is stored at."""
+        return module_bytes(self.codec, self.codec_precision) + stored_bytes(self.coordinates.numel(), self.precision)
 
     def storage_in_samples(self) -> float:
-        """:meth:`stored_bytes` at the precision they are stored at, in SGLD samples' worth."""
-        return in_samples(self.stored_bytes(self.precision), self.spec.numel)
+        """:meth:`stored_bytes` in SGLD samples' worth."""
+        return in_samples(self.stored_bytes(), self.spec.numel)
 
     def stored_at(self, precision: str) -> StoredCoordinates:
         """A copy with the codec and the coordinates read back from ``precision``, counted at it."""
-        return StoredCoordinates(round_trip_module_(copy.deepcopy(self.codec), precision),
-                                 round_trip(self.coordinates, precision), self.spec, f"{self.name}, {precision}",
-                                 precision)
+        return StoredCoordinates(self._codec_read_back(precision), round_trip(self.coordinates, precision), self.spec,
+                                 f"{self.name}, {precision}", precision)
+
+    def codec_at(self, precision: str) -> StoredCoordinates:
+        """A copy with only the codec read back from ``precision`` (the coordinates as they are): the samples'
+        own coordinates decoded as a generator whose codec is stored at ``precision`` decodes its codes."""
+        return StoredCoordinates(self._codec_read_back(precision), self.coordinates, self.spec,
+                                 f"{self.name}, codec {precision}", self.precision, precision)
+
+    def _codec_read_back(self, precision: str) -> WeightCodec:
+        """A copy of the codec with every tensor read back from ``precision``."""
+        return round_trip_module_(copy.deepcopy(self.codec), precision)
 
 
 def sgld_coordinates(ctx: RunContext, store: SampleStore, data: TrainingSamples, rank: int) -> StoredCoordinates:
@@ -388,7 +397,7 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
                 exact = coordinates_at(coordinate_rank)
                 stored = exact.stored_at(precision)
                 row["coordinates"] = {"rank": coordinate_rank,
-                                      **judged(ctx, exact, stored, stored.stored_bytes(precision), inputs,
+                                      **judged(ctx, exact, stored, stored.stored_bytes(), inputs,
                                                reference, kept, seed, sgld)}
             rows.append(row)
             log.info("%s: APD rank %d, %d kept samples%s", precision, rank, k,

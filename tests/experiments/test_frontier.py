@@ -55,6 +55,12 @@ def test_each_budget_buys_apd_its_largest_rank_and_the_kept_samples_as_many_samp
         ceiling = point["ceiling"]
         assert ceiling["rank"] == apd["rank"] and ceiling["margins"]["compared"] == apd["margins"]["compared"]
         assert ceiling["in_sgld_samples"] == pytest.approx(coordinates_storage(apd["rank"], SPEC, 200, "float32"))
+        # and as stored: the same coordinates decoded by the codec read back from int8, counted so
+        as_stored = point["ceiling_codec_at_precision"]
+        assert as_stored["rank"] == apd["rank"] and as_stored["codec_at"] == "int8"
+        codec_int8 = coordinates_storage(apd["rank"], SPEC, 0, "int8")  # the coordinates still 4 bytes each:
+        assert as_stored["in_sgld_samples"] == pytest.approx(codec_int8 + 200 * apd["rank"] / SPEC.numel)
+        assert as_stored["margins"]["compared"] == apd["margins"]["compared"]
         # and ⌈S / s⌉ samples each stored at APD's precision (s = 0.2656 at int8), judged the same way: the
         # fewest whose storage reaches the budget, so at least APD's
         stored_kept = point["kept_at_precision"]
@@ -63,10 +69,12 @@ def test_each_budget_buys_apd_its_largest_rank_and_the_kept_samples_as_many_samp
         assert point["budget"] <= stored_kept["in_sgld_samples"] < point["budget"] + 0.27
         assert stored_kept["in_sgld_samples"] >= apd["in_sgld_samples"]
         assert apd["margins_at_precision"]["compared"] == ceiling["margins_at_precision"]["compared"] == 5
+        assert as_stored["margins_at_precision"]["compared"] == 5
     assert points[0]["apd"]["rank"] < points[1]["apd"]["rank"] < points[2]["apd"]["rank"]
     table = (out / "frontier.md").read_text()
     assert f"| 4 | APD per chain | r={points[2]['apd']['rank']} |" in table
     assert f"| 4 | SGLD coordinates (APD's ceiling) | r={points[2]['apd']['rank']} |" in table
+    assert f"| 4 | SGLD coordinates, codec at int8 (APD's ceiling as stored) | r={points[2]['apd']['rank']} |" in table
     assert "| 4 | kept, random subsets | k=4 |" in table
     assert f"| 4 | kept at int8, random subsets | k={points[2]['kept_at_precision']['k']} |" in table
     assert "wins over kept at int8 | below both kept at int8 |" in table
@@ -118,7 +126,8 @@ def test_the_ceiling_and_the_samples_kept_at_apds_precision_are_left_out_on_requ
     assert rc == 0, err
     out = tmp_path / "tiny" / "experiments"
     point = json.loads((out / "frontier-int4.json").read_text())["points"][0]
-    assert point["apd"] is not None and point["ceiling"] is None and point["kept_at_precision"] is None
+    assert point["apd"] is not None and point["kept_at_precision"] is None
+    assert point["ceiling"] is point["ceiling_codec_at_precision"] is None
     assert point["apd"]["margins_at_precision"] is None
     table = (out / "frontier-int4.md").read_text()
     assert "ceiling" not in table and "| kept at" not in table and "fit S at int4" in table

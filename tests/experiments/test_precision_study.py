@@ -69,6 +69,24 @@ def test_the_samples_coordinates_are_counted_at_the_precision_they_are_stored_at
     assert exact.stored_at("int8").storage_in_samples() < 0.3 * exact.storage_in_samples()
 
 
+def test_the_samples_coordinates_decoded_by_a_codec_read_back_from_a_precision_keep_their_coordinates():
+    codec = WeightCodec("subspace", SPEC.numel, torch.randn(SPEC.numel), torch.rand(3) + 0.5,
+                        torch.linalg.qr(torch.randn(SPEC.numel, 3))[0])
+    exact = StoredCoordinates(codec, torch.randn(200, 3), SPEC, "SGLD coordinates r=3")
+    decoded = exact.codec_at("int4")
+    assert decoded.name == "SGLD coordinates r=3, codec int4" and decoded.coordinates is exact.coordinates
+    assert (decoded.precision, decoded.codec_precision) == ("float32", "int4")
+    # storage: the codec at 4 bits, the 600 coordinates at 4 bytes
+    assert decoded.stored_bytes() == module_bytes(codec, "int4") + 600 * 4 < exact.stored_bytes()
+    # θ = μ + U·diag(σ)·c with μ, σ and U read back from int4: near the exact decoding, not equal to it
+    rows = exact.coordinates[:5]
+    rounded = round_trip_module_(copy.deepcopy(codec), "int4")
+    assert torch.equal(decoded.codec.decode_principal(rows), rounded.decode_principal(rows))
+    gap = (decoded.codec.decode_principal(rows) - codec.decode_principal(rows)).abs().max()
+    assert 0 < gap < 0.5 * codec.decode_principal(rows).abs().max()
+    assert torch.equal(codec.mean, exact.codec.mean)  # the exact codec is left as it was
+
+
 def test_one_generator_per_chain_is_counted_with_its_codec_and_shares_and_stored_at_int8():
     codec = WeightCodec("subspace", SPEC.numel, torch.zeros(SPEC.numel), torch.ones(2), torch.eye(SPEC.numel)[:, :2])
     generators = []
