@@ -89,7 +89,7 @@ from apd.experiments.precision import (
 from apd.experiments.storage import sgld_reference
 from apd.metrics import mean_of, std_of
 from apd.nets import ParamSpec
-from apd.pipeline.figures import new_figure, save_figure
+from apd.pipeline.figures import figure_legend, new_figure, save_figure
 from apd.pipeline.recipes import evaluation_inputs, training_samples
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.seeds import replicated
@@ -498,8 +498,7 @@ def draw_figure(results: dict, path: Path) -> None:
         ax.minorticks_off()
         unit = "nats" if key == "nll_gap" else "AUROC points"
         ax.set(xlabel="storage (SGLD samples' worth)", ylabel=f"{label} to SGLD ({unit})")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
+    figure_legend(figure)
     generators = "" if plan.generators() == plan.precision else f" (generators {plan.generators()})"
     trained = "" if seeds == 1 else f", {seeds} trainings"
     figure.suptitle(f"{results['pipeline']}: APD, {plan.kind()}, at {plan.precision}{generators}{trained}, "

@@ -86,7 +86,7 @@ from apd.experiments.outputs import run_study
 from apd.experiments.storage import judge_runs, sgld_reference
 from apd.metrics import mean_of, std_of
 from apd.nets import ParamSpec
-from apd.pipeline.figures import new_figure, save_figure
+from apd.pipeline.figures import figure_legend, new_figure, save_figure
 from apd.pipeline.recipes import TrainingSamples, codec_for, evaluation_inputs, training_samples
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.seeds import replicated
@@ -529,7 +529,7 @@ def draw_figure(results: dict, path: Path) -> None:
         ax.set_xticks(x, [f"{row['precision']}\nk={row['k']}" for row in rows])
         unit = "nats" if key == "nll_gap" else "AUROC points"
         ax.set(ylabel=f"{label} to SGLD ({unit})", title=f"{results['pipeline']}, {results['budget']:g} samples' worth")
-        ax.legend(fontsize=7)
+    figure_legend(figure)
     save_figure(figure, path)
 
 

@@ -46,7 +46,7 @@ from apd.experiments.outputs import run_study
 from apd.methods import label
 from apd.metrics import mean_of
 from apd.nets import ParamSpec
-from apd.pipeline.figures import new_figure, plot_growth, plot_kept_curve, save_figure, storage_axes
+from apd.pipeline.figures import figure_legend, new_figure, plot_growth, plot_kept_curve, save_figure, storage_axes
 from apd.pipeline.methods import METHODS, Sources, fit_mixture
 from apd.pipeline.recipes import codec_for, evaluation_inputs, store_alignment, training_samples
 from apd.pipeline.runtime import RunContext
@@ -267,8 +267,7 @@ def draw_figure(results: dict, path: Path) -> None:
         if not METRICS[metric]:  # NLL: a few times SGLD's is common, so shares span decades
             ax.set_yscale("log")
         ax.set_title(METRIC_LABELS[metric] + (" (lower is better)" if not METRICS[metric] else ""), fontsize=9)
-    legend = {label: handle for ax in axes[0] for handle, label in zip(*ax.get_legend_handles_labels(), strict=True)}
-    figure.legend(legend.values(), legend.keys(), fontsize=7, loc="outside right upper")
+    figure_legend(figure)
     figure.suptitle(f"Storage against quality: {results['pipeline']} (validation and OOD tuning inputs)", fontsize=10)
     save_figure(figure, path)
 
