@@ -13,6 +13,12 @@ where a step of these small networks is a few hundred short kernels, and ``--cha
 three generator seeds of fcNN1's four chains batched together); there a fourth way replays the batched step from
 its CUDA graph (:class:`~apd.cuda_graphs.RecordedStep`), as the pipeline steps it on a GPU. The batched trainer was
 kept: at every C it beat vmap, whose per-call overhead costs most at C = 2.
+
+Beside them, timed in the same interleaved rounds, the other way to keep C modes apart: one generator told the
+chain by 4 learned numbers (``[distill] mode_embedding = 4``,
+:class:`~apd.distillation.conditioned.ConditionedTrainer`), one batch of 100 rows over all chains per step. Its
+steps per second are set against the batched GANs' iterations (one step of every chain's generator) per second:
+the cost of one step of the distiller each way, not of the same computation.
 """
 
 from __future__ import annotations
@@ -28,12 +34,14 @@ from torch import Tensor
 from torch.func import functional_call, grad, stack_module_state, vjp, vmap
 
 from apd.distillation.chain_generators import ChainTrainers
+from apd.distillation.conditioned import ConditionedGenerator, ConditionedTrainer, conditioned_critic, labelled
 from apd.distillation.gan import Critic, GANTrainer, Generator, draw, seeded_streams
 
 CHAINS = [2, 4, 8]
 CODE, Z, HIDDEN, BATCH, N_CRITIC, GP = 35, 32, [128, 128], 100, 5, 10.0
 ADAM = {"lr": 1e-3, "betas": (0.5, 0.9)}
 REPEATS = 20  # iterations timed per way at each C, interleaved (the fastest counts)
+EMBEDDING = 4  # the told generator's numbers per chain, as digits and fcNN1 ship
 
 
 def networks(seed: int, device: torch.device) -> tuple[Generator, Critic]:
@@ -46,6 +54,17 @@ def chain_trainers(seeds: list[int], device: torch.device, cuda_graph: bool) -> 
     generators, critics = zip(*(networks(seed, device) for seed in seeds), strict=True)
     return ChainTrainers(generators, critics, torch.full((len(seeds),), 1 / len(seeds), device=device), "wgan-gp",
                          **ADAM, seeds=seeds, cuda_graph=cuda_graph)
+
+
+def told_trainer(chains: int, device: torch.device) -> tuple[ConditionedTrainer, Tensor]:
+    """One generator told the chain for ``chains`` equal chains, and a real batch of BATCH rows [codes, chain]."""
+    torch.manual_seed(chains)
+    shares = torch.full((chains,), 1 / chains, device=device)
+    generator = ConditionedGenerator(Z, HIDDEN, CODE, shares, EMBEDDING).to(device)
+    trainer = ConditionedTrainer(generator, conditioned_critic(CODE, HIDDEN, chains).to(device), "wgan-gp", **ADAM,
+                                 seed=0, cuda_graph=False)
+    rows = torch.randn(BATCH, CODE, generator=torch.Generator().manual_seed(chains)).to(device)
+    return trainer, labelled(rows, torch.arange(BATCH, device=device) % chains)
 
 
 def generator_weights(trainer: ChainTrainers | VmapTrainer, chains: int) -> Tensor:
@@ -158,7 +177,9 @@ def main() -> None:
         for name in ("batched", "recorded"):
             if name in trainers:
                 ways[name] = lambda b=trainers[name], rb=real_batches: b.step(rb, N_CRITIC)
-        rates[c] = {name: c / seconds for name, seconds in best_times(ways, REPEATS).items()}
+        told, rows = told_trainer(c, device)
+        ways["told"] = lambda told=told, rows=rows: told.step(lambda: rows, N_CRITIC)
+        rates[c] = {name: (1 if name == "told" else c) / seconds for name, seconds in best_times(ways, REPEATS).items()}
         reference = flat(t.generator.parameters() for t in sequential)
         gaps = {name: (generator_weights(trainer, c) - reference).abs().max() for name, trainer in trainers.items()}
         r = rates[c]
@@ -167,7 +188,13 @@ def main() -> None:
               + " ".join(f"{gaps[w]:>8.1e}" for w in ways_measured[1:]), flush=True)
     print(f"\nchain-steps/s: C / seconds of one iteration of all C chains ({N_CRITIC} critic + 1 generator steps "
           "each); Δθ_G: after the same steps from the same weights and streams. The first three ways step as "
-          "usual; recorded (CUDA): the batched step replayed from its CUDA graph.")
+          "usual; recorded (CUDA): the batched step replayed from its CUDA graph.\n")
+    print(f"{'C':>3} | {'per chain, batched':>18} {'told the chain':>15}  distiller steps/s | told / per chain")
+    for c, r in rates.items():
+        print(f"{c:>3} | {r['batched'] / c:>18.1f} {r['told']:>15.1f}                    | "
+              f"{r['told'] * c / r['batched']:>7.2f}×")
+    print(f"\ndistiller steps/s: steps of every chain's generator (batched GANs, one iteration) or of the one "
+          f"generator told the chain by {EMBEDDING} numbers (a batch of {BATCH} rows over all chains), per second.")
     rows = {c: " / ".join(f"{r[w]:.0f}" for w in ways_measured) for c, r in rates.items()}
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} thread(s)"
     record.add(f"one WGAN-GP per chain at fcNN1's per-chain distiller sizes, {where}, chain-steps/s "
@@ -178,6 +205,10 @@ def main() -> None:
                  for x in over.values()]
     record.add("the chains' GANs as one batched computation against the chains in turn (vmap in brackets)",
                f"{'; '.join(speed_ups)} at C = {', '.join(map(str, args.chains))}")
+    record.add(f"one generator told the chain ({EMBEDDING} numbers) against one per chain batched, distiller "
+               f"steps/s, {where}",
+               "; ".join(f"C = {c}: {r['told']:.0f} against {r['batched'] / c:.0f}, {r['told'] * c / r['batched']:.2f}×"
+                         for c, r in rates.items()))
     record.write(args.out)
 
 
