@@ -498,7 +498,7 @@ def draw_figure(results: dict, path: Path) -> None:
         ax.minorticks_off()
         unit = "nats" if key == "nll_gap" else "AUROC points"
         ax.set(xlabel="storage (SGLD samples' worth)", ylabel=f"{label} to SGLD ({unit})")
-    figure_legend(figure)
+    figure_legend(figure, loc="outside lower center", ncols=4)
     generators = "" if plan.generators() == plan.precision else f" (generators {plan.generators()})"
     trained = "" if seeds == 1 else f", {seeds} trainings"
     figure.suptitle(f"{results['pipeline']}: APD, {plan.kind()}, at {plan.precision}{generators}{trained}, "
