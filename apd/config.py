@@ -169,12 +169,13 @@ class DistillConfig:
     (offline only; 0: off) trains one generator for every chain instead, fed z and a learned E-number
     embedding of the chain, a draw taking chains by their shares (:mod:`apd.distillation.conditioned`).
     ``precision`` is what the generator's tensors (generator, codec, residual) are stored at
-    (:mod:`apd.distillation.precision`), and ``generators_at``, where given, what the generator networks
-    (and chain shares and embeddings) are stored at instead,
-    the codec staying at ``precision``; the generator is trained and selected in float32 and stored at them
-    once, and its storage is counted in its bytes. ``seeds`` generators are trained, each from its own seed
-    streams (generator seed k: :func:`apd.pipeline.seeds.replicated`) into its own files
-    (:meth:`apd.pipeline.layout.Layout.generator_of`); seed k's generator does not depend on how many are
+    (:mod:`apd.distillation.precision`), ``generators_at``, where given, what the generator networks
+    (and chain shares and embeddings) are stored at instead, and ``mean_at``, where given, what the codec's
+    mean is stored at instead, the rest of the codec staying at ``precision``; the generator is trained and
+    selected in float32 and stored at them once, and its storage is counted in its bytes. ``seeds``
+    generators are trained, each from its own seed streams (generator seed k:
+    :func:`apd.pipeline.seeds.replicated`) into its own files (:meth:`apd.pipeline.layout.Layout.generator_of`);
+    seed k's generator does not depend on how many are
     trained, so ``seeds`` is not part of the stage's hash, and ``apd evaluate`` judges every one
     (:mod:`apd.pipeline.replicates`). ``workers`` processes on this machine share the seeds (seed k on worker
     k mod workers, each on the pipeline's ``threads``: :mod:`apd.pipeline.parallel`); a seed's generator does
@@ -212,12 +213,9 @@ class DistillConfig:
     mode_embedding: int = bounded(0, ge=0)  # numbers per chain's embedding; 0: no conditioning on the chain
     precision: Literal["float32", "float16", "int8", "int4"] = "float32"
     generators_at: Literal["", "float32", "float16", "int8", "int4"] = ""  # "": at ``precision``
+    mean_at: Literal["", "float32", "float16", "int8", "int4"] = ""  # the codec's mean; "": at ``precision``
     seeds: int = bounded(1, ge=1)
     workers: int = bounded(1, ge=1)
-
-    def generator_precision(self) -> str:
-        """What the generator networks are stored at: ``generators_at``, or ``precision``."""
-        return self.generators_at or self.precision
 
     def has_residual(self) -> bool:
         """Whether generated networks carry a residual outside the principal subspace."""
@@ -343,10 +341,12 @@ UNHASHED: tuple[tuple[str, str], ...] = (("sgld", "workers"), ("evaluate", "thre
                                          ("distill", "seeds"), ("distill", "workers"))
 # Fields left out of the hash while they hold this value (what the pipelines made before the field existed),
 # so that existing artifacts stay reusable: an empty ``net.conv`` is the MLP every earlier pipeline had, an
-# empty ``distill.generators_at`` the generator stored at one precision throughout, ``distill.mode_embedding`` 0
-# a generator that does not read the chain, ``evaluate.burn_in_from_trace`` off the whole store read as before,
-# ``evaluate.mog_growth`` on the growth table every evaluation made before it became optional.
+# empty ``distill.generators_at`` and ``distill.mean_at`` the generator stored at one precision throughout,
+# ``distill.mode_embedding`` 0 a generator that does not read the chain, ``evaluate.burn_in_from_trace`` off
+# the whole store read as before, ``evaluate.mog_growth`` on the growth table every evaluation made before it
+# became optional.
 HASHED_UNLESS: tuple[tuple[str, str, Any], ...] = (("net", "conv", []), ("distill", "generators_at", ""),
+                                                  ("distill", "mean_at", ""),
                                                   ("distill", "mode_embedding", 0),
                                                   ("evaluate", "burn_in_from_trace", False),
                                                   ("evaluate", "mog_growth", True))

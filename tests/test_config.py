@@ -7,6 +7,8 @@ import pytest
 
 from apd.config import PipelineConfig, config_hash
 from apd.config_load import SHIPPED, from_dict, load_config, shipped_pipelines
+from apd.distillation.generator import part_precisions
+from apd.distillation.precision import PartPrecisions
 from apd.errors import ConfigError
 
 PIPELINES = sorted(Path("pipelines").glob("*.toml"))
@@ -154,15 +156,31 @@ def test_a_generator_at_one_precision_hashes_as_before_distill_generators_at_exi
     optional.)"""
     plain = from_dict({"name": "x"})
     assert (config_hash(plain, "distill"), config_hash(plain, "evaluate")) == ("51d11f35ae544470", "fddf2332005b2d2c")
-    assert plain.distill.generator_precision() == "float32"
+    assert part_precisions(plain.distill) == PartPrecisions("float32", "float32", "float32")
     mixed = from_dict({"name": "x", "distill": {"precision": "int4", "generators_at": "int8"}})
     codec_only = from_dict({"name": "x", "distill": {"precision": "int4"}})
-    assert (mixed.distill.generator_precision(), codec_only.distill.generator_precision()) == ("int8", "int4")
+    assert (part_precisions(mixed.distill).generators, part_precisions(codec_only.distill).generators) == ("int8",
+                                                                                                          "int4")
     for stage in ("distill", "evaluate"):
         assert config_hash(mixed, stage) != config_hash(codec_only, stage)
     assert config_hash(mixed, "sample") == config_hash(codec_only, "sample")
     with pytest.raises(ConfigError, match="generators_at"):
         from_dict({"name": "x", "distill": {"generators_at": "int2"}})
+
+
+def test_a_codec_mean_at_its_own_precision_changes_the_hash_and_an_empty_one_does_not():
+    """``distill.mean_at`` empty (the mean at ``precision``) hashes as before the field existed; a precision
+    of its own is the mean's alone and changes the distill and evaluate hashes, not the sample stage's."""
+    codec_only = from_dict({"name": "x", "distill": {"precision": "int4"}})
+    assert config_hash(from_dict({"name": "x", "distill": {"precision": "int4", "mean_at": ""}}),
+                       "distill") == config_hash(codec_only, "distill")
+    mean = from_dict({"name": "x", "distill": {"precision": "int4", "mean_at": "int8"}})
+    assert part_precisions(mean.distill) == PartPrecisions("int4", "int4", "int8")
+    for stage in ("distill", "evaluate"):
+        assert config_hash(mean, stage) != config_hash(codec_only, stage)
+    assert config_hash(mean, "sample") == config_hash(codec_only, "sample")
+    with pytest.raises(ConfigError, match="mean_at"):
+        from_dict({"name": "x", "distill": {"mean_at": "int2"}})
 
 
 def test_the_mixture_growth_asked_for_hashes_as_every_evaluation_before_it_became_optional():

@@ -19,7 +19,14 @@ from apd.distillation.codec import WeightCodec
 from apd.distillation.conditioned import ConditionedGenerator
 from apd.distillation.gan import Generator
 from apd.distillation.kronecker import KroneckerResidual
-from apd.distillation.precision import in_samples, module_bytes, module_tensors, pack_state, unpack_state
+from apd.distillation.precision import (
+    PartPrecisions,
+    in_samples,
+    module_bytes,
+    module_tensors,
+    pack_state,
+    unpack_state,
+)
 from apd.errors import ArtifactError
 from apd.io import load_torch
 from apd.nets import ParamSpec
@@ -28,15 +35,18 @@ from apd.nets import ParamSpec
 class DistilledGenerator(nn.Module):
     """θ = codec.decode(G(z)), z ~ N(0, I): the APD posterior approximation over flat weight vectors. ``G``
     is one generator, one per chain (:class:`~apd.distillation.chain_generators.ChainGenerators`) or one
-    conditioned on the chain (:class:`~apd.distillation.conditioned.ConditionedGenerator`);
-    ``precision`` is what its codec's tensors are stored at, and ``generators_at`` (default: ``precision``)
-    what its generator networks' are."""
+    conditioned on the chain (:class:`~apd.distillation.conditioned.ConditionedGenerator`); ``stored_as``
+    says what each part is stored at (default: float32 throughout)."""
 
     def __init__(self, generator: Generator | ChainGenerators | ConditionedGenerator, codec: WeightCodec,
-                 precision: str = "float32", generators_at: str | None = None) -> None:
+                 stored_as: PartPrecisions | None = None) -> None:
         super().__init__()
-        self.generator, self.codec, self.precision = generator, codec, precision
-        self.generators_at = generators_at or precision
+        self.generator, self.codec, self.stored_as = generator, codec, stored_as or PartPrecisions()
+
+    @property
+    def precision(self) -> str:
+        """What the codec's tensors (and every part not stored otherwise) are stored at."""
+        return self.stored_as.codec
 
     @torch.no_grad()
     def sample_weights(self, k: int, generator: torch.Generator | None = None) -> Tensor:
@@ -47,34 +57,22 @@ class DistilledGenerator(nn.Module):
         return sum(t.numel() for t in module_tensors(self))
 
     def stored_bytes(self) -> int:
-        """Bytes of every stored tensor: the codec's at ``precision``, the generator networks' at
-        ``generators_at``."""
-        return module_bytes(self.codec, self.precision) + module_bytes(self.generator, self.generators_at)
+        """Bytes of every stored tensor, each at the precision ``stored_as`` gives its part."""
+        return module_bytes(self, self.stored_as.of)
 
     def rounds(self) -> bool:
         """Whether storing loses anything: some part is stored below float32."""
-        return {self.precision, self.generators_at} != {"float32"}
-
-    def _parts(self, state: dict[str, Tensor]) -> list[tuple[dict[str, Tensor], str]]:
-        """``state`` split into the codec's and the generator networks' entries, each with its precision."""
-        return [({name: t for name, t in state.items() if name.startswith(f"{part}.")}, precision)
-                for part, precision in (("codec", self.precision), ("generator", self.generators_at))]
+        return self.stored_as.rounds()
 
     def pack(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
         """``state`` (this module's state_dict, or one of the same names) as stored: each part at its
         precision (:func:`~apd.distillation.precision.pack_state`)."""
-        return {name: t for part, precision in self._parts(state) for name, t in pack_state(part, precision).items()}
+        return pack_state(state, self.stored_as.of)
 
     def unpack(self, packed: dict[str, Tensor]) -> dict[str, Tensor]:
         """The state_dict :meth:`pack` stored, read back on this module's names and shapes; errors as
-        :func:`~apd.distillation.precision.unpack_state`'s (a stored tensor of neither part has no place)."""
-        if extra := sorted(name for name in packed if not name.startswith(("codec.", "generator."))):
-            raise ValueError(f"stored tensor {extra[0]!r} has no place in the module")
-        state: dict[str, Tensor] = {}
-        for (template, precision), (stored, _) in zip(self._parts(self.state_dict()), self._parts(packed),
-                                                      strict=True):
-            state.update(unpack_state(stored, template, precision))
-        return state
+        :func:`~apd.distillation.precision.unpack_state`'s."""
+        return unpack_state(packed, self.state_dict(), self.stored_as.of)
 
     def storage_in_samples(self) -> float:
         return in_samples(self.stored_bytes(), self.codec.dim)
@@ -87,6 +85,12 @@ def codec_kind(cfg: DistillConfig) -> str:
     return "standardize" if cfg.standardize else "identity"
 
 
+def part_precisions(cfg: DistillConfig) -> PartPrecisions:
+    """What a distill config stores each part of its generator at: ``precision``, ``generators_at`` and
+    ``mean_at``."""
+    return PartPrecisions(cfg.precision, cfg.generators_at, cfg.mean_at)
+
+
 def architecture(cfg: DistillConfig, dim: int, layer_sizes: list[int], chains: int = 1) -> dict:
     """What :func:`build_generator` needs to rebuild the modules (stored in the generator's manifest);
     ``layer_sizes``: the MLP's (a CNN's head's) sizes, read by a Kronecker residual; ``chains``: the store's
@@ -97,7 +101,12 @@ def architecture(cfg: DistillConfig, dim: int, layer_sizes: list[int], chains: i
             "kronecker_rank": cfg.residual.kronecker_rank if kronecker else 0, "layer_sizes": layer_sizes,
             "z_dim": cfg.z_dim, "gen_hidden": cfg.gen_hidden, "critic_hidden": cfg.critic_hidden, "loss": cfg.loss,
             "chains": chains if cfg.per_chain or cfg.mode_embedding else 0, "mode_embedding": cfg.mode_embedding,
-            "precision": cfg.precision, "generators_at": cfg.generator_precision()}
+            **stored_as_json(part_precisions(cfg))}
+
+
+def stored_as_json(stored_as: PartPrecisions) -> dict[str, str]:
+    """The ``precision``, ``generators_at`` and ``mean_at`` entries of an architecture (:func:`architecture`)."""
+    return {"precision": stored_as.codec, "generators_at": stored_as.generators, "mean_at": stored_as.mean}
 
 
 def build_generator(arch: dict) -> DistilledGenerator:
@@ -115,7 +124,8 @@ def build_generator(arch: dict) -> DistilledGenerator:
         g = ConditionedGenerator(arch["z_dim"], arch["gen_hidden"], codec.code_dim, shares, embedding)
     else:
         g = ChainGenerators([generator() for _ in range(chains)], shares) if chains else generator()
-    return DistilledGenerator(g, codec, arch.get("precision", "float32"), arch.get("generators_at"))
+    stored_as = PartPrecisions(arch.get("precision", "float32"), arch.get("generators_at", ""), arch.get("mean_at", ""))
+    return DistilledGenerator(g, codec, stored_as)
 
 
 def load_generator(weights: Path, manifest: dict, expect_spec: ParamSpec | None = None,

@@ -25,6 +25,8 @@ storage.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -36,6 +38,7 @@ Precision = Literal["float32", "float16", "int8", "int4"]
 PRECISIONS: tuple[str, ...] = ("float32", "float16", "int8", "int4")
 CODE_BLOCK = 64  # numbers per block of the integer codes, int8 and int4 alike
 _CODE_MAX = {"int8": 127, "int4": 7}  # largest code magnitude of each integer precision
+PrecisionOf = str | Callable[[str], str]  # one precision for every tensor, or one by the tensor's name
 
 
 def _check(precision: str) -> None:
@@ -127,25 +130,74 @@ def precision_of(tensor: Tensor, precision: str) -> str:
     return "float32" if tensor.dim() == 0 else precision
 
 
-def pack_state(state: dict[str, Tensor], precision: str) -> dict[str, Tensor]:
-    """A state_dict stored at ``precision``: every floating-point tensor ``name`` becomes its :func:`pack`
-    parts at :func:`precision_of` it, ``name`` + part suffix; other tensors stay as they are."""
+def _by_name(precision: PrecisionOf) -> Callable[[str], str]:
+    """``precision`` as a map from a tensor's name to its precision."""
+    return precision if callable(precision) else lambda _name: precision
+
+
+@dataclass(frozen=True)
+class PartPrecisions:
+    """What each part of a distilled generator is stored at: the codec's tensors (mean, basis, scales,
+    residual factors) at ``codec``, the codec's mean at ``mean`` and the generator networks (with their
+    chain shares and embeddings) at ``generators``; an empty one is stored at ``codec``."""
+
+    codec: str = "float32"
+    generators: str = ""
+    mean: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "generators", self.generators or self.codec)
+        object.__setattr__(self, "mean", self.mean or self.codec)
+        for precision in (self.codec, self.generators, self.mean):
+            _check(precision)
+
+    def of(self, name: str) -> str:
+        """The precision of a distilled generator's state_dict entry ``name`` (``codec.…`` or ``generator.…``)."""
+        part, _, rest = name.partition(".")
+        return self.generators if part == "generator" else self.of_codec(rest)
+
+    def of_codec(self, name: str) -> str:
+        """The precision of a codec's own state_dict entry ``name``."""
+        return self.mean if name == "mean" else self.codec
+
+    def codec_only(self) -> PartPrecisions:
+        """The codec's parts alone (the generator networks at the codec's precision)."""
+        return PartPrecisions(self.codec, mean=self.mean)
+
+    def rounds(self) -> bool:
+        """Whether storing loses anything: some part is stored below float32."""
+        return {self.codec, self.generators, self.mean} != {"float32"}
+
+    def describe(self) -> str:
+        """``int4``, or ``int4, generators int8, mean int8`` for the parts stored otherwise than the codec."""
+        own = [f"{part} {precision}" for part, precision in (("generators", self.generators), ("mean", self.mean))
+               if precision != self.codec]
+        return ", ".join([self.codec, *own])
+
+
+def pack_state(state: dict[str, Tensor], precision: PrecisionOf) -> dict[str, Tensor]:
+    """A state_dict stored at ``precision`` (one for all, or one by name): every floating-point tensor
+    ``name`` becomes its :func:`pack` parts at :func:`precision_of` it, ``name`` + part suffix; other
+    tensors stay as they are."""
+    of = _by_name(precision)
     packed: dict[str, Tensor] = {}
     for name, tensor in state.items():
         if not tensor.is_floating_point():
             packed[name] = tensor
             continue
-        packed.update({name + suffix: part for suffix, part in pack(tensor, precision_of(tensor, precision)).items()})
+        packed.update({name + suffix: part for suffix, part in pack(tensor, precision_of(tensor, of(name))).items()})
     return packed
 
 
-def unpack_state(packed: dict[str, Tensor], template: dict[str, Tensor], precision: str) -> dict[str, Tensor]:
+def unpack_state(packed: dict[str, Tensor], template: dict[str, Tensor], precision: PrecisionOf) -> dict[str, Tensor]:
     """The state_dict :func:`pack_state` stored, read back with the names and shapes of ``template`` (e.g. a
     freshly built module's state_dict); a missing part is a ``KeyError``, a part of the wrong size or one
-    the template has no place for a ``ValueError``. A scalar stored at ``precision`` (as modules were stored
+    the template has no place for a ``ValueError``. A scalar stored at its precision (as modules were stored
     before scalars were kept at float32) reads back too."""
+    of = _by_name(precision)
+
     def stored_at(name: str, tensor: Tensor) -> str:
-        return precision if tensor.dim() == 0 and name not in packed else precision_of(tensor, precision)
+        return of(name) if tensor.dim() == 0 and name not in packed else precision_of(tensor, of(name))
 
     def suffixes(name: str, tensor: Tensor) -> list[str]:
         return list(pack(torch.zeros(1), stored_at(name, tensor))) if tensor.is_floating_point() else [""]
@@ -159,23 +211,30 @@ def unpack_state(packed: dict[str, Tensor], template: dict[str, Tensor], precisi
             for name, tensor in template.items()}
 
 
+def named_module_tensors(module: nn.Module) -> list[tuple[str, Tensor]]:
+    """Every floating-point parameter and buffer of ``module`` with its name: what saving it stores."""
+    return [(name, t) for name, t in (*module.named_parameters(), *module.named_buffers()) if t.is_floating_point()]
+
+
 def module_tensors(module: nn.Module) -> list[Tensor]:
     """Every floating-point parameter and buffer of ``module``: what saving it stores."""
-    return [t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()]
+    return [t for _, t in named_module_tensors(module)]
 
 
-def module_bytes(module: nn.Module, precision: str) -> int:
-    """Bytes of ``module``'s stored tensors at ``precision``, each tensor stored on its own at
-    :func:`precision_of` it."""
-    return sum(stored_bytes(t.numel(), precision_of(t, precision)) for t in module_tensors(module))
+def module_bytes(module: nn.Module, precision: PrecisionOf) -> int:
+    """Bytes of ``module``'s stored tensors at ``precision`` (one for all, or one by name), each tensor
+    stored on its own at :func:`precision_of` it."""
+    of = _by_name(precision)
+    return sum(stored_bytes(t.numel(), precision_of(t, of(name))) for name, t in named_module_tensors(module))
 
 
 @torch.no_grad()
-def round_trip_module_(module: nn.Module, precision: str) -> nn.Module:
+def round_trip_module_(module: nn.Module, precision: PrecisionOf) -> nn.Module:
     """Replace every stored tensor of ``module`` by its :func:`round_trip` at :func:`precision_of` it under
-    ``precision``, in place; returns ``module``."""
-    for tensor in module_tensors(module):
-        tensor.copy_(round_trip(tensor, precision_of(tensor, precision)))
+    ``precision`` (one for all, or one by name), in place; returns ``module``."""
+    of = _by_name(precision)
+    for name, tensor in named_module_tensors(module):
+        tensor.copy_(round_trip(tensor, precision_of(tensor, of(name))))
     return module
 
 

@@ -8,8 +8,9 @@ For each budget S of ``budgets`` (SGLD samples' worth, bytes / (4·D)):
   :func:`~apd.experiments.precision.train_conditioned_generator`), over every sample's coordinates in
   one shared principal subspace, at the largest rank r whose codec and generators fit S when stored at
   ``precision`` (:func:`~apd.experiments.precision.chain_generators_storage`), trained on float32
-  coordinates and then stored at the precision (the generator networks at ``generators_at`` where given,
-  the codec at ``precision``: :func:`~apd.experiments.precision.apd_bytes`); trained ``seeds`` times, from
+  coordinates and then stored at the precision (the generator networks at ``generators_at`` and the codec's
+  mean at ``mean_at`` where given, the rest of the codec at ``precision``:
+  :func:`~apd.experiments.precision.apd_bytes`); trained ``seeds`` times, from
   generator seeds 0 … seeds − 1 (:func:`~apd.pipeline.seeds.replicated`), seed 0 as a study of one seed trains it;
 - **kept samples**: S SGLD samples stored at float32, centred in equal parts of each chain, the last of
   each chain, and ``subsets`` random subsets stratified by chain (:func:`~apd.evaluation.yardstick.kept_samples`):
@@ -25,8 +26,9 @@ For each budget S of ``budgets`` (SGLD samples' worth, bytes / (4·D)):
   not the budget's, and it is an analysis rather than a distiller: it tells a generator that falls short
   of its subspace from a subspace that falls short of SGLD. Where APD is stored below float32, also **as
   stored** (``ceiling_codec_at_precision``): the same coordinates decoded by the codec read back from
-  ``precision`` (:meth:`~apd.experiments.precision.StoredCoordinates.codec_at`), as the stored generators'
-  codes are, the best a generator whose codec is stored so can do.
+  ``precision``, its mean from ``mean_at`` where given
+  (:meth:`~apd.experiments.precision.StoredCoordinates.codec_at`), as the stored generators' codes are, the
+  best a generator whose codec is stored so can do.
 
 Both are scored by the kept-samples yardstick (:mod:`apd.evaluation.yardstick`): worst per-set absolute BALD
 and max-prob AUROC gap to SGLD, NLL gap, KL(SGLD's predictive ‖ the method's) on the judged images (and the
@@ -40,9 +42,10 @@ they do (:func:`crossings`).
 
 Judged, as the precision study is, on validation images and the OOD tuning pool only; writes
 ``artifacts/NAME/experiments/frontier.{json,md,png}``, or ``frontier-PRECISION.*`` for APD stored at a
-precision other than int8, and ``frontier-PRECISION-conditioned-E.*`` for the generator told the chain by E
-numbers (:func:`study_stem`), so that one study does not overwrite the other; ``tag`` appends ``-TAG`` to the
-stem, for a variant those names do not tell apart (other steps or budgets).
+precision other than int8 (with ``-generators-PRECISION`` and ``-mean-PRECISION`` for parts stored
+otherwise), and ``frontier-PRECISION-conditioned-E.*`` for the generator told the chain by E numbers
+(:func:`study_stem`), so that one study does not overwrite the other; ``tag`` appends ``-TAG`` to the stem,
+for a variant those names do not tell apart (other steps or budgets).
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ from typing import Literal
 import torch
 
 from apd.config import YARDSTICK_SUBSETS, bounded
-from apd.distillation.precision import Precision
+from apd.distillation.precision import PartPrecisions, Precision
 from apd.errors import ConfigError
 from apd.evaluation.stored import StoredPredictions
 from apd.evaluation.yardstick import (
@@ -125,6 +128,7 @@ class FrontierPlan:
     ceiling: bool = True  # also score every sample's coordinates in APD's subspace (float32)
     kept_at_precision: bool = True  # also keep the samples S buys at APD's precision (none at float32)
     generators_at: Literal["", "float32", "float16", "int8", "int4"] = ""  # the generator networks' own; "": APD's
+    mean_at: Literal["", "float32", "float16", "int8", "int4"] = ""  # the codec's mean's own; "": APD's
     seeds: int = bounded(1, ge=1)  # APD's trainings per budget, from generator seeds 0 … seeds − 1
     mode_embedding: int = bounded(0, ge=0)  # E > 0: one generator told the chain by E numbers; 0: one per chain
     tag: str = ""  # appended to the file stem as -TAG (TAG_PATTERN): a variant's own files
@@ -134,9 +138,10 @@ class FrontierPlan:
             raise ConfigError(f"--option tag={self.tag!r}: expected lower-case letters, digits and '-', "
                               "starting with a letter or digit, at most 40")
 
-    def generators(self) -> str:
-        """The precision APD's generator networks are stored at: ``generators_at``, or APD's ``precision``."""
-        return self.generators_at or self.precision
+    def stored_as(self) -> PartPrecisions:
+        """What each part of APD is stored at: ``precision``, the generator networks at ``generators_at`` and
+        the codec's mean at ``mean_at`` where given."""
+        return PartPrecisions(self.precision, self.generators_at, self.mean_at)
 
     def label(self) -> str:
         """APD's row: ``APD per chain``, or ``APD told the chain`` for one generator told the chain."""
@@ -150,9 +155,13 @@ class FrontierPlan:
 
 def study_stem(plan: FrontierPlan) -> str:
     """The study's file stem: ``frontier`` for APD at the default precision (int8), ``frontier-PRECISION``
-    otherwise, ``-generators-PRECISION`` after it for generator networks stored at another precision than
-    the codec, ``-conditioned-E`` for one generator told the chain by E numbers, and ``-TAG`` last."""
-    own = "" if plan.generators() == plan.precision else f"-generators-{plan.generators()}"
+    otherwise, ``-generators-PRECISION`` and ``-mean-PRECISION`` after it for generator networks and a codec
+    mean stored at another precision than the codec, ``-conditioned-E`` for one generator told the chain by E
+    numbers, and ``-TAG`` last."""
+    stored_as = plan.stored_as()
+    own = "".join(f"-{part}-{precision}" for part, precision in (("generators", stored_as.generators),
+                                                                 ("mean", stored_as.mean))
+                  if precision != plan.precision)
     own += f"-conditioned-{plan.mode_embedding}" if plan.mode_embedding else ""
     stem = "frontier" if plan.precision == FrontierPlan.precision and not own else f"frontier-{plan.precision}{own}"
     return f"{stem}-{plan.tag}" if plan.tag else stem
@@ -178,13 +187,13 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
         data = training_samples(ctx, store, cfg.distill)
         chains = len(chain_partition(store.chains)[0])
         limit = min(n, cfg.distill.fit_samples, spec.numel)
+        stored_as = plan.stored_as()
         for budget in sorted(set(plan.budgets)):
             seed = ctx.seed("experiment", "frontier", budget)
             kept = kept_samples(predictions, budget, inputs, reference, plan.subsets,
                                 torch.Generator().manual_seed(seed))
-            rank = largest_rank(lambda r: chain_generators_storage(cfg.distill, r, spec, chains, plan.precision,
-                                                                   plan.generators(), plan.mode_embedding),
-                                budget, limit)
+            rank = largest_rank(lambda r: chain_generators_storage(cfg.distill, r, spec, chains, stored_as,
+                                                                   plan.mode_embedding), budget, limit)
             stored_kept = None
             if plan.kept_at_precision and plan.precision != "float32":
                 stored_kept = kept_samples(predictions, kept_for(budget, spec.numel, plan.precision, n), inputs,
@@ -198,8 +207,8 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
                     t0 = time.perf_counter()
                     exact = (train_conditioned_generator(ctx, store, coordinates, steps, plan.mode_embedding, k)
                              if plan.mode_embedding else train_chain_generators(ctx, store, coordinates, steps, k))
-                    stored = stored_apd(exact, plan.precision, plan.generators())
-                    nbytes = apd_bytes(stored.model, plan.precision, plan.generators())
+                    stored = stored_apd(exact, stored_as)
+                    nbytes = apd_bytes(stored.model, stored_as)
                     draws = ctx.seed(*replicated(k, "experiment", "frontier", budget))
                     trainings.append({"rank": rank, "chains": chains, "seed": k, "steps": steps,
                                       **scored(ctx, stored, nbytes, inputs, reference, kept, draws, sgld),
@@ -207,9 +216,9 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
                 if plan.ceiling:
                     ceiling = {"rank": rank, **scored(ctx, coordinates, coordinates.stored_bytes(), inputs,
                                                       reference, kept, seed, sgld)}
-                    if plan.precision != "float32":
-                        decoded = coordinates.codec_at(plan.precision)
-                        stored_ceiling = {"rank": rank, "codec_at": plan.precision,
+                    if stored_as.codec_only().rounds():
+                        decoded = coordinates.codec_at(stored_as)
+                        stored_ceiling = {"rank": rank, "codec_at": plan.precision, "mean_at": stored_as.mean,
                                           **scored(ctx, decoded, decoded.stored_bytes(), inputs, reference, kept,
                                                    seed, sgld)}
                 for summary in filter(None, (*trainings, ceiling, stored_ceiling)):
@@ -326,8 +335,16 @@ def _rows(point: dict, plan: FrontierPlan, seeds: int) -> list[tuple[str, str, d
 
 def ceiling_rows(plan: FrontierPlan) -> list[tuple[str, str]]:
     """(row label, key of the point) of APD's ceilings: every sample's coordinates with the codec at float32,
-    then with the codec read back from APD's precision (studies written before it have no such key)."""
-    return [(CEILING, "ceiling"), (CEILING_AS_STORED.format(plan.precision), "ceiling_codec_at_precision")]
+    then with the codec read back from APD's precisions (studies written before it have no such key)."""
+    return [(CEILING, "ceiling"),
+            (CEILING_AS_STORED.format(plan.stored_as().codec_only().describe()), "ceiling_codec_at_precision")]
+
+
+def _own_parts(stored_as: PartPrecisions, generators: str, mean: str) -> list[str]:
+    """The parts of ``stored_as`` stored otherwise than its codec, each in words: ``generators`` and ``mean``
+    with ``{}`` for the precision (e.g. ``"the codec's mean at {}"``)."""
+    return [words.format(precision) for words, precision in ((generators, stored_as.generators),
+                                                             (mean, stored_as.mean)) if precision != stored_as.codec]
 
 
 def _listed(budgets: list[float]) -> str:
@@ -355,9 +372,12 @@ def render_table(results: dict) -> str:
     each yardstick quantity, with APD's wins over the kept samples (and over those kept at its precision,
     where the study kept them)."""
     plan, points = FrontierPlan(**results["plan"]), results["points"]
-    precision, generators = plan.precision, plan.generators()
-    stored_at = precision if generators == precision else f"{precision} (the generator networks at {generators})"
-    rounded_as = "APD is" if generators == precision else "APD's codec is"
+    precision, stored_as = plan.precision, plan.stored_as()
+    own = _own_parts(stored_as, "the generator networks at {}", "the codec's mean at {}")
+    stored_at = f"{precision} ({', '.join(own)})" if own else precision
+    rounded_as = ("APD's basis and scales are" if stored_as.mean != precision else
+                  "APD's codec is" if stored_as.generators != precision else "APD is")
+    codec_at = precision + (f" (its mean at {stored_as.mean})" if stored_as.mean != precision else "")
     at_precision = any(point.get("kept_at_precision") for point in points)
     trained_for = f" for {steps:,} generator steps," if (steps := steps_of(results)) else ""
     note = (f"# Storage frontier on {results['pipeline']}\n\nAt each budget S (SGLD samples' worth; D = "
@@ -380,8 +400,8 @@ def render_table(results: dict) -> str:
                "generator there can do; its storage column counts every sample's coordinates, so it is not held to "
                "the budget."
                if any(point.get("ceiling") for point in points) else "")
-            + (f" As stored: the same coordinates decoded by the codec read back from {precision}, as APD's "
-               f"generators' codes are, the best a generator whose codec is stored at {precision} can do."
+            + (f" As stored: the same coordinates decoded by the codec read back from {codec_at}, as APD's "
+               f"generators' codes are, the best a generator whose codec is stored at {codec_at} can do."
                if any(point.get("ceiling_codec_at_precision") for point in points) else "") + "\n\n")
     extra = [f"wins over kept at {precision}", f"below both kept at {precision}"] if at_precision else []
     header = ["budget", "method", "rank / k", "storage", *GAPS.values(), "KL", "wins over kept",
@@ -499,7 +519,8 @@ def draw_figure(results: dict, path: Path) -> None:
         unit = "nats" if key == "nll_gap" else "AUROC points"
         ax.set(xlabel="storage (SGLD samples' worth)", ylabel=f"{label} to SGLD ({unit})")
     figure_legend(figure, loc="outside lower center", ncols=4)
-    generators = "" if plan.generators() == plan.precision else f" (generators {plan.generators()})"
+    own = _own_parts(plan.stored_as(), "generators {}", "mean {}")
+    generators = f" ({', '.join(own)})" if own else ""
     trained = "" if seeds == 1 else f", {seeds} trainings"
     figure.suptitle(f"{results['pipeline']}: APD, {plan.kind()}, at {plan.precision}{generators}{trained}, "
                     "against as many kept SGLD samples")

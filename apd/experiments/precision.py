@@ -60,6 +60,7 @@ from apd.distillation.conditioned import labelled
 from apd.distillation.generator import DistilledGenerator, architecture, build_generator
 from apd.distillation.precision import (
     PRECISIONS,
+    PartPrecisions,
     Precision,
     in_samples,
     module_bytes,
@@ -113,19 +114,19 @@ class PrecisionPlan:
     per_chain: bool = True  # also APD with one generator per chain
 
 
-def generator_storage(d: DistillConfig, rank: int, spec: ParamSpec, precision: str, chains: int = 1,
-                      generators_at: str | None = None) -> float:
+def generator_storage(d: DistillConfig, rank: int, spec: ParamSpec, stored_as: PartPrecisions,
+                      chains: int = 1) -> float:
     """SGLD samples' worth of the generator ``d`` describes at subspace rank ``rank`` (for a store of ``chains``
-    chains), stored at ``precision``, its generators at ``generators_at`` where given (:func:`apd_bytes`;
-    counted on modules of the right shapes, before any training)."""
+    chains), each part stored as ``stored_as`` says (:func:`apd_bytes`; counted on modules of the right
+    shapes, before any training)."""
     arch = architecture(dataclasses.replace(d, subspace_rank=rank), spec.numel, spec.layer_sizes, chains)
-    return in_samples(apd_bytes(build_generator(arch), precision, generators_at), spec.numel)
+    return in_samples(apd_bytes(build_generator(arch), stored_as), spec.numel)
 
 
-def apd_bytes(model: DistilledGenerator, precision: str, generators_at: str | None = None) -> int:
-    """Bytes of a distilled generator whose codec (mean, basis, scales, residual) is stored at ``precision``
-    and whose generator networks (and chain shares) at ``generators_at`` (None: ``precision`` too)."""
-    return DistilledGenerator(model.generator, model.codec, precision, generators_at).stored_bytes()
+def apd_bytes(model: DistilledGenerator, stored_as: PartPrecisions) -> int:
+    """Bytes of a distilled generator with each part (the codec's mean, its other tensors, the generator
+    networks and chain shares) stored as ``stored_as`` says."""
+    return DistilledGenerator(model.generator, model.codec, stored_as).stored_bytes()
 
 
 def coordinates_storage(rank: int, spec: ParamSpec, samples: int, precision: str) -> float:
@@ -145,15 +146,15 @@ def largest_rank(storage: Callable[[int], float], budget: float, limit: int) -> 
     return best
 
 
-def chain_generators_storage(d: DistillConfig, rank: int, spec: ParamSpec, chains: int, precision: str,
-                             generators_at: str | None = None, mode_embedding: int = 0) -> float:
+def chain_generators_storage(d: DistillConfig, rank: int, spec: ParamSpec, chains: int, stored_as: PartPrecisions,
+                             mode_embedding: int = 0) -> float:
     """SGLD samples' worth of a rank-``rank`` subspace codec without a residual plus ``chains`` generators of
     ``d``'s widths (and their shares), or with ``mode_embedding`` E > 0 one generator told the chain by E
     numbers each (:mod:`apd.distillation.conditioned`: the generator, C·E embedding numbers and the C
-    shares), stored at ``precision`` (the generators at ``generators_at`` where given)."""
+    shares), each part stored as ``stored_as`` says."""
     kind = dataclasses.replace(d, per_chain=not mode_embedding, mode_embedding=mode_embedding,
                                residual=dataclasses.replace(d.residual, model="none"))
-    return generator_storage(kind, rank, spec, precision, chains, generators_at)
+    return generator_storage(kind, rank, spec, stored_as, chains)
 
 
 def random_batches(codes: Tensor, batch_size: int, seed: int) -> Callable[[], Tensor]:
@@ -204,13 +205,13 @@ def train_conditioned_generator(ctx: RunContext, store: SampleStore, coordinates
 
 class StoredCoordinates(Posterior):
     """Every SGLD sample's coordinates in a subspace codec's principal subspace, θ_i ↦ μ + U·diag(σ)·c_i with
-    c_i = Uᵀ(θ_i − μ)/σ, kept ([n, r]) at ``precision``, the codec at ``codec_precision`` (default: the
-    same); a member is one of them decoded (rows drawn without replacement)."""
+    c_i = Uᵀ(θ_i − μ)/σ, kept ([n, r]) at ``precision``, the codec's parts as ``codec_stored_as`` says
+    (default: all at ``precision``); a member is one of them decoded (rows drawn without replacement)."""
 
     def __init__(self, codec: WeightCodec, coordinates: Tensor, spec: ParamSpec, name: str,
-                 precision: str = "float32", codec_precision: str | None = None) -> None:
+                 precision: str = "float32", codec_stored_as: PartPrecisions | None = None) -> None:
         self.codec, self.coordinates, self.spec, self.name = codec, coordinates, spec, name
-        self.precision, self.codec_precision = precision, codec_precision or precision
+        self.precision, self.codec_stored_as = precision, codec_stored_as or PartPrecisions(precision)
         self.device = codec.mean.device
 
     def max_members(self) -> int:
@@ -226,7 +227,8 @@ class StoredCoordinates(Posterior):
 
     def stored_bytes(self) -> int:
         """Bytes of the codec and every sample's coordinates, each at the precision it is stored at."""
-        return module_bytes(self.codec, self.codec_precision) + stored_bytes(self.coordinates.numel(), self.precision)
+        return (module_bytes(self.codec, self.codec_stored_as.of_codec)
+                + stored_bytes(self.coordinates.numel(), self.precision))
 
     def storage_in_samples(self) -> float:
         """:meth:`stored_bytes` in SGLD samples' worth."""
@@ -234,18 +236,20 @@ class StoredCoordinates(Posterior):
 
     def stored_at(self, precision: str) -> StoredCoordinates:
         """A copy with the codec and the coordinates read back from ``precision``, counted at it."""
-        return StoredCoordinates(self._codec_read_back(precision), round_trip(self.coordinates, precision), self.spec,
-                                 f"{self.name}, {precision}", precision)
+        return StoredCoordinates(self._codec_read_back(PartPrecisions(precision)),
+                                 round_trip(self.coordinates, precision), self.spec, f"{self.name}, {precision}",
+                                 precision)
 
-    def codec_at(self, precision: str) -> StoredCoordinates:
-        """A copy with only the codec read back from ``precision`` (the coordinates as they are): the samples'
-        own coordinates decoded as a generator whose codec is stored at ``precision`` decodes its codes."""
-        return StoredCoordinates(self._codec_read_back(precision), self.coordinates, self.spec,
-                                 f"{self.name}, codec {precision}", self.precision, precision)
+    def codec_at(self, stored_as: PartPrecisions) -> StoredCoordinates:
+        """A copy with only the codec read back from its parts' precisions in ``stored_as`` (the coordinates as
+        they are): the samples' own coordinates decoded as a generator stored so decodes its codes."""
+        codec = stored_as.codec_only()
+        return StoredCoordinates(self._codec_read_back(codec), self.coordinates, self.spec,
+                                 f"{self.name}, codec {codec.describe()}", self.precision, codec)
 
-    def _codec_read_back(self, precision: str) -> WeightCodec:
-        """A copy of the codec with every tensor read back from ``precision``."""
-        return round_trip_module_(copy.deepcopy(self.codec), precision)
+    def _codec_read_back(self, stored_as: PartPrecisions) -> WeightCodec:
+        """A copy of the codec with every tensor read back from its precision in ``stored_as``."""
+        return round_trip_module_(copy.deepcopy(self.codec), stored_as.of_codec)
 
 
 def sgld_coordinates(ctx: RunContext, store: SampleStore, data: TrainingSamples, rank: int) -> StoredCoordinates:
@@ -267,15 +271,13 @@ def storage_shift(exact: Posterior, stored: Posterior, x: Tensor, networks: int,
     return float(0.5 * (means[0] - means[1]).abs().sum(-1).mean())
 
 
-def stored_apd(method: APDGenerator, precision: str, generators_at: str | None = None) -> APDGenerator:
-    """A copy of ``method`` with every stored tensor read back from ``precision``, those of its generator
-    networks from ``generators_at`` where given: what ``apd distill`` stores
-    (:meth:`~apd.distillation.generator.DistilledGenerator.pack`) and loads."""
+def stored_apd(method: APDGenerator, stored_as: PartPrecisions) -> APDGenerator:
+    """A copy of ``method`` with every stored tensor read back from its part's precision in ``stored_as``:
+    what ``apd distill`` stores (:meth:`~apd.distillation.generator.DistilledGenerator.pack`) and loads."""
     exact = copy.deepcopy(method.model)
-    model = DistilledGenerator(exact.generator, exact.codec, precision, generators_at)
+    model = DistilledGenerator(exact.generator, exact.codec, stored_as)
     model.load_state_dict(model.unpack(model.pack(model.state_dict())))
-    name = precision if generators_at in (None, precision) else f"{precision}, generators {generators_at}"
-    return APDGenerator(model, method.spec, f"{method.name}, {name}")
+    return APDGenerator(model, method.spec, f"{method.name}, {stored_as.describe()}")
 
 
 def shipped_variant(d: DistillConfig, rank: int) -> Variant:
@@ -367,10 +369,11 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
         chains = len(chain_partition(store.chains)[0])
         steps = DistillerPlan(subspace_steps=plan.steps)
         for precision in plan.precisions:
-            rank = largest_rank(lambda r, p=precision: generator_storage(one, r, spec, p), plan.budget, limit)
+            throughout = PartPrecisions(precision)  # every part at the precision
+            rank = largest_rank(lambda r, p=throughout: generator_storage(one, r, spec, p), plan.budget, limit)
             coordinate_rank = largest_rank(lambda r, p=precision: coordinates_storage(r, spec, n, p), plan.budget,
                                            limit)
-            chain_rank = largest_rank(lambda r, p=precision: chain_generators_storage(
+            chain_rank = largest_rank(lambda r, p=throughout: chain_generators_storage(
                 cfg.distill, r, spec, chains, p), plan.budget, limit) if plan.per_chain else 0
             k = kept_for(plan.budget, dim, precision, n)
             seed = ctx.seed("experiment", "precision", precision)
@@ -380,7 +383,7 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
             if rank:
                 t0 = time.perf_counter()
                 built = build(shipped_variant(cfg.distill, rank), ctx, store, steps, t0 + plan.max_seconds, data)
-                stored = stored_apd(built.method, precision)
+                stored = stored_apd(built.method, throughout)
                 row["apd"] = {"steps": built.steps, "residual_scale": built.residual_scale,
                               "seconds": round(time.perf_counter() - t0, 2),
                               **judged(ctx, built.method, stored, module_bytes(stored.model, precision), inputs,
@@ -389,7 +392,7 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
             if chain_rank:
                 exact = train_chain_generators(ctx, store, coordinates_at(chain_rank),
                                                plan.steps or cfg.distill.steps)
-                stored = stored_apd(exact, precision)
+                stored = stored_apd(exact, throughout)
                 row["per_chain"] = {"rank": chain_rank, "chains": len(stored.model.generator.generators),
                                     **judged(ctx, exact, stored, module_bytes(stored.model, precision), inputs,
                                              reference, kept, seed, sgld)}

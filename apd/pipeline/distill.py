@@ -11,8 +11,8 @@ kept. With ``per_chain`` one generator per chain of the store learns from that c
 (:mod:`apd.distillation.chain_generators`), all judged together as one generator; with ``mode_embedding``
 one generator learns every chain's samples, told the chain by a learned embedding
 (:mod:`apd.distillation.conditioned`). Both generators are
-stored at ``precision``, the generator networks at ``generators_at`` where given
-(:meth:`~apd.distillation.generator.DistilledGenerator.pack`). Files are built under temporary
+stored at ``precision``, the generator networks at ``generators_at`` and the codec's mean at ``mean_at`` where
+given (:meth:`~apd.distillation.generator.DistilledGenerator.pack`). Files are built under temporary
 names and swapped in only when the run has finished.
 
 With ``[distill] seeds`` K > 1 the stage trains K generators, on ``[distill] workers`` processes (one after
@@ -42,7 +42,7 @@ from apd.distillation.chain_generators import ChainGenerators, ChainTrainers
 from apd.distillation.codec import WeightCodec
 from apd.distillation.conditioned import ConditionedTrainer
 from apd.distillation.gan import GANTrainer, Generator
-from apd.distillation.generator import architecture
+from apd.distillation.generator import architecture, part_precisions, stored_as_json
 from apd.distillation.precision import in_samples
 from apd.distillation.training import (
     StoreBatches,
@@ -239,8 +239,7 @@ def _finish(ctx: RunContext, spec: ParamSpec, summary: dict, inputs: dict, n_sam
                              machine=machine(ctx.device),
                              architecture=architecture(d, spec.numel, spec.layer_sizes, chains), mode=d.mode,
                              generator_seed=seed,
-                             storage={"generator_parameters": parameters, "precision": d.precision,
-                                      "generators_at": d.generator_precision(),
+                             storage={"generator_parameters": parameters, **stored_as_json(part_precisions(d)),
                                       "generator_bytes": partial_of(path).stat().st_size,
                                       "in_sgld_samples": round(worth, 2),
                                       "store_samples": n_samples, "store_bytes": store_bytes},
@@ -251,9 +250,7 @@ def _finish(ctx: RunContext, spec: ParamSpec, summary: dict, inputs: dict, n_sam
              "SGLD's %.4f); %s parameters at %s (%.2f SGLD samples' worth); %.0f s → %s", seed, kept["step"],
              kept["criterion"],
              kept["kl"], kept["bald_gap"], kept["accuracy"], summary["sgld_val_accuracy"], f"{parameters:,}",
-             d.precision if d.generator_precision() == d.precision else
-             f"{d.precision} (generator networks {d.generator_precision()})", worth, summary["seconds"],
-             path)
+             part_precisions(d).describe(), worth, summary["seconds"], path)
 
 
 def distill_online(ctx: RunContext, seed: int = 0) -> Path:

@@ -22,7 +22,7 @@ from apd.config import config_hash
 from apd.distillation.chain_generators import ChainTrainers
 from apd.distillation.codec import WeightCodec
 from apd.distillation.gan import GANTrainer
-from apd.distillation.generator import DistilledGenerator
+from apd.distillation.generator import DistilledGenerator, part_precisions
 from apd.distillation.training import ValidationMonitor
 from apd.errors import DivergenceError
 from apd.io import nonfinite_tensor, save_torch_atomic
@@ -54,7 +54,7 @@ class SeedRun:
            streams: Sequence[torch.Generator]) -> SeedRun:
         """The run of seed ``seed`` for ``generator`` in ``codec``'s space, judged by ``monitor``."""
         d = ctx.cfg.distill
-        return cls(seed, DistilledGenerator(generator, codec, d.precision, d.generator_precision()), monitor,
+        return cls(seed, DistilledGenerator(generator, codec, part_precisions(d)), monitor,
                    (*streams, monitor.rng))
 
     def judge(self, step: int, stats: Stats, rule: str) -> Stats:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from apd.distillation.precision import (
     CODE_BLOCK,
+    PartPrecisions,
     in_samples,
     module_bytes,
     pack,
@@ -169,7 +172,7 @@ def test_a_generator_with_its_networks_at_another_precision_stores_each_part_at_
     codec = WeightCodec.empty("subspace", 300, 4, residual=False)
     for tensor in codec.state_dict().values():
         tensor.copy_(torch.randn_like(tensor))
-    model = DistilledGenerator(Generator(3, [8], 4), codec, "int4", "int8")
+    model = DistilledGenerator(Generator(3, [8], 4), codec, PartPrecisions("int4", "int8"))
     packed = model.pack(model.state_dict())
     assert {name.rsplit(".", 1)[1] for name in packed if name.startswith("codec.")} == {"int4", "scale"}
     assert {name.rsplit(".", 1)[1] for name in packed if name.startswith("generator.")} == {"int8", "scale"}
@@ -177,7 +180,45 @@ def test_a_generator_with_its_networks_at_another_precision_stores_each_part_at_
     for name, tensor in model.state_dict().items():
         assert torch.equal(back[name], round_trip(tensor, "int4" if name.startswith("codec.") else "int8")), name
     assert model.stored_bytes() == module_bytes(model.codec, "int4") + module_bytes(model.generator, "int8")
-    assert DistilledGenerator(model.generator, codec, "int4").generators_at == "int4"  # default: the codec's
     assert model.rounds() and not DistilledGenerator(model.generator, codec).rounds()
     with pytest.raises(ValueError, match="'stray.int8' has no place"):
         model.unpack({**packed, "stray.int8": packed["generator.net.0.weight.int8"]})
+
+
+def test_a_codec_mean_at_its_own_precision_is_stored_and_counted_at_it_and_the_rest_of_the_codec_is_not():
+    """PartPrecisions("int4", mean="int8"): the codec's mean packed at int8 (300 codes and 5 block scales:
+    300 + 20 bytes), its basis and scales at int4, the generator networks at int4; each read back on its grid."""
+    from apd.distillation.codec import WeightCodec
+    from apd.distillation.gan import Generator
+    from apd.distillation.generator import DistilledGenerator
+
+    torch.manual_seed(0)
+    codec = WeightCodec.empty("subspace", 300, 4, residual=False)
+    for tensor in codec.state_dict().values():
+        tensor.copy_(torch.randn_like(tensor))
+    model = DistilledGenerator(Generator(3, [8], 4), codec, PartPrecisions("int4", mean="int8"))
+    packed = model.pack(model.state_dict())
+    assert {name for name in packed if name.startswith("codec.mean")} == {"codec.mean.int8", "codec.mean.scale"}
+    assert {name.rsplit(".", 1)[1] for name in packed if name.startswith(("codec.basis", "codec.scale"))} == {
+        "int4", "scale"}
+    back = model.unpack(packed)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(back[name], round_trip(tensor, "int8" if name == "codec.mean" else "int4")), name
+    everything_int4 = DistilledGenerator(model.generator, codec, PartPrecisions("int4")).stored_bytes()
+    mean_int4 = math.ceil(300 / 2) + 4 * 5
+    assert model.stored_bytes() == everything_int4 - mean_int4 + 300 + 4 * 5
+
+
+def test_part_precisions_default_to_the_codec_s_and_describe_the_parts_stored_otherwise():
+    """Empty parts take the codec's precision; ``describe`` names the parts that differ; the codec alone drops
+    the generators'; a precision that is not one is a ValueError."""
+    assert PartPrecisions("int4") == PartPrecisions("int4", "int4", "int4")
+    assert PartPrecisions("int4").describe() == "int4" and not PartPrecisions().rounds()
+    both = PartPrecisions("int4", "int8", "float32")
+    assert both.describe() == "int4, generators int8, mean float32" and both.rounds()
+    assert both.codec_only() == PartPrecisions("int4", mean="float32")
+    assert (both.of("generator.net.0.weight"), both.of("codec.mean"), both.of("codec.basis")) == ("int8", "float32",
+                                                                                                 "int4")
+    assert both.of("codec.kronecker.scale") == "int4"  # a Kronecker residual's factors go with the codec
+    with pytest.raises(ValueError, match="precision must be one of"):
+        PartPrecisions("int4", mean="int2")

@@ -10,6 +10,7 @@ import pytest
 
 from apd.cli import main
 from apd.config_load import from_dict
+from apd.distillation.precision import PartPrecisions, stored_bytes
 from apd.docs import render_document
 from apd.experiments.frontier import below_kept, crossings, fewer_bytes, render_table
 from apd.experiments.precision import chain_generators_storage, coordinates_storage
@@ -42,7 +43,7 @@ def test_each_budget_buys_apd_its_largest_rank_and_the_kept_samples_as_many_samp
     assert results["provenance"]["store_files"] == store["files"] and results["provenance"]["machine"]["cores"] >= 1
     assert results["provenance"]["store_samples"] == store["samples_digest"] is not None
     d = from_dict(TINY).distill
-    storage = lambda r: chain_generators_storage(d, r, SPEC, 2, "int8")  # noqa: E731
+    storage = lambda r: chain_generators_storage(d, r, SPEC, 2, PartPrecisions("int8"))  # noqa: E731
     for point in points:
         apd, kept = point["apd"], point["kept"]
         assert kept["k"] == point["budget"] == kept["in_sgld_samples"] and kept["subsets"] == 200
@@ -88,7 +89,7 @@ def test_one_generator_told_the_chain_takes_the_budget_of_one_generator_and_its_
     assert not (out / "frontier.json").exists()  # the per-chain frontier's files are its own
     point = json.loads((out / "frontier-int8-conditioned-4.json").read_text())["points"][0]
     d = from_dict(TINY).distill
-    told = lambda r: chain_generators_storage(d, r, SPEC, 2, "int8", mode_embedding=4)  # noqa: E731
+    told = lambda r: chain_generators_storage(d, r, SPEC, 2, PartPrecisions("int8"), mode_embedding=4)  # noqa: E731
     apd = point["apd"]
     assert told(apd["rank"]) <= 2 < told(apd["rank"] + 1) and apd["in_sgld_samples"] == pytest.approx(told(apd["rank"]))
     assert apd["margins"]["compared"] == 5 and point["kept"]["k"] == 2
@@ -103,8 +104,8 @@ def test_one_generator_told_the_chain_stores_one_generator_and_c_embeddings_in_p
     parameters), plus C·E embedding numbers; the codec and the C shares are the same."""
     d, rank, chains, embedding = from_dict(TINY).distill, 6, 3, 4
     one = (d.z_dim + 1) * 32 + (32 + 1) * rank
-    per_chain = chain_generators_storage(d, rank, SPEC, chains, "float32")
-    told = chain_generators_storage(d, rank, SPEC, chains, "float32", mode_embedding=embedding)
+    per_chain = chain_generators_storage(d, rank, SPEC, chains, PartPrecisions())
+    told = chain_generators_storage(d, rank, SPEC, chains, PartPrecisions(), mode_embedding=embedding)
     assert (told - per_chain) * SPEC.numel == embedding * 32 + chains * embedding - (chains - 1) * one
 
 
@@ -371,8 +372,33 @@ def test_generators_stored_at_another_precision_than_the_codec_are_counted_and_r
     out = tmp_path / "tiny" / "experiments"
     apd = json.loads((out / "frontier-int4-generators-float32.json").read_text())["points"][0]["apd"]
     d = from_dict(TINY).distill
-    storage = lambda r: chain_generators_storage(d, r, SPEC, 2, "int4", "float32")  # noqa: E731
+    storage = lambda r: chain_generators_storage(d, r, SPEC, 2, PartPrecisions("int4", "float32"))  # noqa: E731
     assert storage(apd["rank"]) <= 2 < storage(apd["rank"] + 1)
     assert apd["in_sgld_samples"] == pytest.approx(storage(apd["rank"]))
     table = (out / "frontier-int4-generators-float32.md").read_text()
     assert "fit S at int4 (the generator networks at float32)" in table and "at int4 as APD's codec is" in table
+
+
+def test_a_codec_mean_at_its_own_precision_is_counted_at_it_in_apd_and_in_its_ceiling_as_stored(tiny_pipeline,
+                                                                                                tmp_path):
+    rc, err = _frontier(tiny_pipeline, tmp_path, "budgets=[2]", "steps=5", "precision=int4", "mean_at=int8")
+    assert rc == 0, err
+    out = tmp_path / "tiny" / "experiments"
+    point = json.loads((out / "frontier-int4-mean-int8.json").read_text())["points"][0]
+    apd, as_stored = point["apd"], point["ceiling_codec_at_precision"]
+    d = from_dict(TINY).distill
+    storage = lambda r: chain_generators_storage(d, r, SPEC, 2, PartPrecisions("int4", mean="int8"))  # noqa: E731
+    assert storage(apd["rank"]) <= 2 < storage(apd["rank"] + 1)
+    assert apd["in_sgld_samples"] == pytest.approx(storage(apd["rank"]))
+    # the mean at int8 costs D int8 codes and their block scales in place of D int4 codes and theirs
+    mean_int8_over_int4 = (stored_bytes(SPEC.numel, "int8") - stored_bytes(SPEC.numel, "int4")) / (4 * SPEC.numel)
+    assert storage(apd["rank"]) == pytest.approx(chain_generators_storage(d, apd["rank"], SPEC, 2, PartPrecisions(
+        "int4")) + mean_int8_over_int4)
+    codec = coordinates_storage(apd["rank"], SPEC, 0, "int4") + mean_int8_over_int4  # coordinates at 4 bytes each
+    assert (as_stored["codec_at"], as_stored["mean_at"]) == ("int4", "int8")
+    assert as_stored["in_sgld_samples"] == pytest.approx(codec + 200 * apd["rank"] / SPEC.numel)
+    assert point["kept_at_precision"]["precision"] == "int4"  # the kept samples at the codec's precision
+    table = (out / "frontier-int4-mean-int8.md").read_text()
+    assert "fit S at int4 (the codec's mean at int8)" in table and "at int4 as APD's basis and scales are" in table
+    assert f"| 2 | SGLD coordinates, codec at int4, mean int8 (APD's ceiling as stored) | r={apd['rank']} |" in table
+    assert "decoded by the codec read back from int4 (its mean at int8)" in table

@@ -15,7 +15,14 @@ from apd.distillation.chain_generators import ChainGenerators
 from apd.distillation.codec import WeightCodec
 from apd.distillation.gan import Generator
 from apd.distillation.generator import DistilledGenerator, architecture, build_generator
-from apd.distillation.precision import module_bytes, module_tensors, round_trip_module_
+from apd.distillation.precision import (
+    PartPrecisions,
+    module_bytes,
+    module_tensors,
+    round_trip,
+    round_trip_module_,
+    stored_bytes,
+)
 from apd.evaluation.yardstick import kept_for
 from apd.experiments.precision import (
     StoredCoordinates,
@@ -40,18 +47,18 @@ def test_a_generators_float32_bytes_are_four_per_stored_number():
     d = from_dict(TINY).distill
     model = build_generator(architecture(d, SPEC.numel, SPEC.layer_sizes))
     assert module_bytes(model, "float32") == 4 * model.stored_parameters()
-    assert generator_storage(d, d.subspace_rank, SPEC, "float32") == pytest.approx(model.storage_in_samples())
+    assert generator_storage(d, d.subspace_rank, SPEC, PartPrecisions()) == pytest.approx(model.storage_in_samples())
 
 
 def test_the_budget_buys_the_largest_rank_and_the_fewest_samples_that_take_it():
     d = from_dict(TINY).distill
     # one sample of D = 2,410 numbers: 1, 0.5, 0.2658 (int8) and 0.1408 (int4) samples' worth
     for precision, samples in (("float32", 4), ("float16", 8), ("int8", 16), ("int4", 29)):
-        storage = lambda r, p=precision: generator_storage(d, r, SPEC, p)  # noqa: E731
+        storage = lambda r, p=precision: generator_storage(d, r, SPEC, PartPrecisions(p))  # noqa: E731
         rank = largest_rank(storage, 4.0, limit=100)
         assert storage(rank) <= 4.0 < storage(rank + 1)
         assert kept_for(4.0, SPEC.numel, precision, available=1000) == samples
-    assert largest_rank(lambda r: generator_storage(d, r, SPEC, "float32"), 0.5, limit=100) == 0  # the mean: 1
+    assert largest_rank(lambda r: generator_storage(d, r, SPEC, PartPrecisions()), 0.5, limit=100) == 0  # the mean: 1
     assert largest_rank(lambda r: 0.0, 4.0, limit=7) == 7  # never more than the limit
     # the coordinates' codec: mean, basis and scales; then 200 samples × r coordinates, all at 4 bytes
     assert coordinates_storage(3, SPEC, 200, "float32") == pytest.approx((SPEC.numel * 4 + 3 + 600) / SPEC.numel)
@@ -74,9 +81,9 @@ def test_the_samples_coordinates_decoded_by_a_codec_read_back_from_a_precision_k
                         torch.linalg.qr(torch.randn(SPEC.numel, 3))[0])
     exact = StoredCoordinates(codec, torch.randn(200, 3), SPEC, "SGLD coordinates r=3")
     before = copy.deepcopy(codec.state_dict())
-    decoded = exact.codec_at("int4")
+    decoded = exact.codec_at(PartPrecisions("int4", "int8"))  # the generators' precision is not the codec's
     assert decoded.name == "SGLD coordinates r=3, codec int4" and decoded.coordinates is exact.coordinates
-    assert (decoded.precision, decoded.codec_precision) == ("float32", "int4")
+    assert (decoded.precision, decoded.codec_stored_as) == ("float32", PartPrecisions("int4"))
     # storage: the codec at 4 bits, the 600 coordinates at 4 bytes
     assert decoded.stored_bytes() == module_bytes(codec, "int4") + 600 * 4 < exact.stored_bytes()
     # θ = μ + U·diag(σ)·c with μ, σ and U read back from int4: near the exact decoding, not equal to it
@@ -86,6 +93,13 @@ def test_the_samples_coordinates_decoded_by_a_codec_read_back_from_a_precision_k
     gap = (decoded.codec.decode_principal(rows) - codec.decode_principal(rows)).abs().max()
     assert 0 < gap < 0.5 * codec.decode_principal(rows).abs().max()
     assert all(torch.equal(codec.state_dict()[name], value) for name, value in before.items())  # left as it was
+    # the mean at int8, the rest at int4: the mean read back from int8, counted at it
+    mean_int8 = exact.codec_at(PartPrecisions("int4", mean="int8"))
+    assert mean_int8.name == "SGLD coordinates r=3, codec int4, mean int8"
+    assert torch.equal(mean_int8.codec.mean, round_trip(codec.mean, "int8"))
+    assert torch.equal(mean_int8.codec.basis, rounded.basis) and torch.equal(mean_int8.codec.scale, rounded.scale)
+    assert mean_int8.stored_bytes() == decoded.stored_bytes() + stored_bytes(SPEC.numel, "int8") - stored_bytes(
+        SPEC.numel, "int4")
 
 
 def test_one_generator_per_chain_is_counted_with_its_codec_and_shares_and_stored_at_int8():
@@ -102,11 +116,11 @@ def test_one_generator_per_chain_is_counted_with_its_codec_and_shares_and_stored
     assert weights[:, 0].tolist() == [-1.0] * 2 + [1.0] * 6  # θ = μ + U·diag(σ)·c: the first weight is c's first
     per_generator = sum(p.numel() for p in generators[0].parameters())
     assert method.stored_parameters() == codec.stored_parameters() + 2 * per_generator + 2  # and the 2 shares
-    stored = stored_apd(method, "int8")
+    stored = stored_apd(method, PartPrecisions("int8"))
     assert torch.equal(stored.sample_weights(8, torch.Generator().manual_seed(0)), weights)  # ±1 survive int8
     d, rank = from_dict(TINY).distill, 5  # z 32, hidden [32]: 32·32 + 32 + 32·5 + 5 numbers a generator
     numbers = SPEC.numel * (1 + rank) + rank + 2 * (32 * 32 + 32 + 32 * rank + rank) + 2
-    assert chain_generators_storage(d, rank, SPEC, 2, "float32") == pytest.approx(numbers / SPEC.numel)
+    assert chain_generators_storage(d, rank, SPEC, 2, PartPrecisions()) == pytest.approx(numbers / SPEC.numel)
 
 
 def test_the_study_compares_apd_with_its_kept_samples_at_each_precision(tiny_pipeline, tmp_path):
@@ -169,13 +183,14 @@ def test_a_generators_codec_and_networks_may_be_stored_at_precisions_of_their_ow
     for tensor in module_tensors(model):
         tensor.data.normal_()
     for precision in ("float32", "float16", "int8", "int4"):  # one precision: every stored tensor at it
-        assert apd_bytes(model, precision) == module_bytes(model, precision)
-    assert apd_bytes(model, "int4", "float32") == module_bytes(model.codec, "int4") + 4 * sum(
+        assert apd_bytes(model, PartPrecisions(precision)) == module_bytes(model, precision)
+    assert apd_bytes(model, PartPrecisions("int4", "float32")) == module_bytes(model.codec, "int4") + 4 * sum(
         t.numel() for t in (*model.generator.parameters(), *model.generator.buffers()))
     method = APDGenerator(model, SPEC)
     whole = round_trip_module_(copy.deepcopy(model), "int8").state_dict()
-    assert all(torch.equal(whole[k], v) for k, v in stored_apd(method, "int8").model.state_dict().items())
-    mixed = stored_apd(method, "int4", "float32").model
+    int8 = stored_apd(method, PartPrecisions("int8")).model
+    assert all(torch.equal(whole[k], v) for k, v in int8.state_dict().items())
+    mixed = stored_apd(method, PartPrecisions("int4", "float32")).model
     assert all(torch.equal(a, b) for a, b in zip(mixed.generator.state_dict().values(),
                                                  model.generator.state_dict().values(), strict=True))
     codec = round_trip_module_(copy.deepcopy(model.codec), "int4").state_dict()

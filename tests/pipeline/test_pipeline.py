@@ -236,7 +236,7 @@ def test_a_generator_conditioned_on_the_chains_runs_from_the_cli_and_loads_as_ev
 def test_a_generator_stored_at_int4_holds_two_codes_a_byte_and_is_read_back_from_them(pipeline, tmp_path):
     """precision int4: generator.pt holds packed 4-bit codes (uint8) and block scales only, and loads as the
     kept generator read back from int4, counted in those bytes."""
-    from apd.distillation.precision import in_samples, module_bytes, round_trip
+    from apd.distillation.precision import in_samples, module_bytes, module_tensors, round_trip
     from apd.pipeline import distill
 
     copy_samples(pipeline[0], tmp_path)
@@ -248,34 +248,42 @@ def test_a_generator_stored_at_int4_holds_two_codes_a_byte_and_is_read_back_from
     assert all(k.endswith((".int4", ".scale")) for k, v in saved.items() if v.is_floating_point() or k in codes)
     manifest = json.loads(path.with_suffix(".json").read_text())
     model, spec = load_generator(path, manifest)
-    weights = [t for t in model.parameters() if t.numel() > 1]
+    weights = [t for t in module_tensors(model) if t.numel() > 1]  # the generator's and the codec's
+    assert len(weights) > len(list(model.generator.parameters()))
     assert all(torch.equal(t, round_trip(t, "int4")) for t in weights)  # on int4's grid: read back from it
     assert manifest["storage"]["precision"] == "int4"
     assert manifest["storage"]["in_sgld_samples"] == round(in_samples(module_bytes(model, "int4"), spec.numel), 2)
 
 
-def test_generator_networks_stored_at_their_own_precision_are_saved_and_read_back_at_it(pipeline, tmp_path):
-    """precision int4 with generators_at int8: the codec's tensors are stored as 4-bit codes, the generator
-    networks' as 8-bit ones; the loaded generator is on each part's grid, counted in those bytes, and judged
-    once more as stored."""
-    from apd.distillation.precision import in_samples, module_bytes, round_trip
+def test_generator_networks_and_codec_mean_at_their_own_precision_are_saved_and_read_back_at_it(pipeline, tmp_path):
+    """precision int4 with generators_at and mean_at int8: the codec's basis and scales are stored as 4-bit
+    codes, its mean and the generator networks' as 8-bit ones; the loaded generator is on each tensor's grid,
+    counted in those bytes, and judged once more as stored."""
+    from apd.distillation.precision import PartPrecisions, in_samples, module_bytes, named_module_tensors, round_trip
     from apd.pipeline import distill
 
     copy_samples(pipeline[0], tmp_path)
-    ctx = tiny_context(tmp_path, distill={"precision": "int4", "generators_at": "int8", "steps": 20})
+    ctx = tiny_context(tmp_path, distill={"precision": "int4", "generators_at": "int8", "mean_at": "int8",
+                                          "steps": 20})
     path = distill.run_distill(ctx)
     for name in ("generator.pt", "generator-last.pt"):
         saved = torch.load(path.with_name(name), weights_only=True)
-        codes = [k for k in saved if k.endswith((".int4", ".int8"))]
-        assert {k.split(".")[0] + k[k.rfind("."):] for k in codes} == {"codec.int4", "generator.int8"}, name
+        codes = {k.rsplit(".", 1)[0]: k.rsplit(".", 1)[1] for k in saved if k.endswith((".int4", ".int8"))}
+        assert codes.pop("codec.mean") == "int8" and set(codes.values()) == {"int4", "int8"}, name
+        assert all((precision == "int4") == k.startswith("codec.") for k, precision in codes.items()), name
     manifest = json.loads(path.with_suffix(".json").read_text())
     model, spec = load_generator(path, manifest)
-    assert (model.precision, model.generators_at) == ("int4", "int8")
-    for part, precision in ((model.codec, "int4"), (model.generator, "int8")):
-        assert all(torch.equal(t, round_trip(t, precision)) for t in part.parameters() if t.numel() > 1)
-    stored = module_bytes(model.codec, "int4") + module_bytes(model.generator, "int8")
+    assert model.stored_as == PartPrecisions("int4", "int8", "int8")
+    tensors = named_module_tensors(model)
+    assert {name for name, _ in tensors} >= {"codec.mean", "codec.basis", "codec.scale"}
+    for name, t in tensors:
+        precision = "int4" if name in ("codec.basis", "codec.scale") else "int8"
+        assert t.numel() == 1 or torch.equal(t, round_trip(t, precision)), name
+    stored = (module_bytes(model.codec, lambda name: "int8" if name == "mean" else "int4")
+              + module_bytes(model.generator, "int8"))
     assert model.stored_bytes() == stored < module_bytes(model, "int8")
     assert manifest["storage"]["generators_at"] == "int8" and manifest["architecture"]["generators_at"] == "int8"
+    assert manifest["storage"]["mean_at"] == "int8" and manifest["architecture"]["mean_at"] == "int8"
     assert manifest["storage"]["in_sgld_samples"] == round(in_samples(stored, spec.numel), 2)
     assert set(manifest["selection"]["stored"]) >= {"criterion", "kl", "bald_gap", "accuracy"}
 
@@ -639,7 +647,7 @@ def test_a_method_stored_at_int8_meets_float32_kept_samples_and_the_int8_ones_it
     """The yardstick sets a generator stored at int8 (storage S) against ⌈S⌉ float32 samples and against the
     ⌈S / s_int8⌉ samples that int8 buys (each stored at int8); both show in the tables, and the progress
     names each size as it is judged."""
-    from apd.distillation.precision import in_samples, stored_bytes
+    from apd.distillation.precision import PartPrecisions, in_samples, stored_bytes
     from apd.evaluation.yardstick import reference_sums
     from apd.pipeline.comparison_tables import kept_comparisons, yardstick_table
     from apd.pipeline.evaluate import sgld_reference, yardstick
@@ -649,7 +657,7 @@ def test_a_method_stored_at_int8_meets_float32_kept_samples_and_the_int8_ones_it
     ctx = tiny_context(root)
     results = json.loads((root / "tiny" / "eval" / "results.json").read_text())
     model = _load_apd(root / "tiny" / "generator.pt")
-    model.model.precision = "int8"
+    model.model.stored_as = PartPrecisions("int8")
     method = APDGenerator(model.model, model.spec)
     assert method.precision == "int8"
     worth, dim = method.storage_in_samples(), model.spec.numel
