@@ -158,10 +158,7 @@ def study_stem(plan: FrontierPlan) -> str:
     otherwise, ``-generators-PRECISION`` and ``-mean-PRECISION`` after it for generator networks and a codec
     mean stored at another precision than the codec, ``-conditioned-E`` for one generator told the chain by E
     numbers, and ``-TAG`` last."""
-    stored_as = plan.stored_as()
-    own = "".join(f"-{part}-{precision}" for part, precision in (("generators", stored_as.generators),
-                                                                 ("mean", stored_as.mean))
-                  if precision != plan.precision)
+    own = "".join(f"-{part}" for part in _own_parts(plan.stored_as(), "generators-{}", "mean-{}"))
     own += f"-conditioned-{plan.mode_embedding}" if plan.mode_embedding else ""
     stem = "frontier" if plan.precision == FrontierPlan.precision and not own else f"frontier-{plan.precision}{own}"
     return f"{stem}-{plan.tag}" if plan.tag else stem
