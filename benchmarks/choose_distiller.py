@@ -34,6 +34,7 @@ import torch
 
 import apd
 from apd.config_load import load_config
+from apd.distillation.generator import part_precisions
 from apd.evaluation.choice import Candidate, choice_markdown, choose, run_criterion
 from apd.evaluation.protocol import judge
 from apd.evaluation.stored import StoredPredictions
@@ -102,10 +103,11 @@ def main() -> int:
     ceiling = None
     if args.ceiling:
         with SampleStore.open(ctx.layout.samples) as store:
+            stored_as = part_precisions(cfg.distill)
             coordinates = sgld_coordinates(ctx, store, training_samples(ctx, store, cfg.distill),
-                                           cfg.distill.subspace_rank).stored_at(cfg.distill.precision)
+                                           cfg.distill.subspace_rank).stored_at(stored_as)
             ceiling = judged_row(ctx, f"ceiling: SGLD coordinates r={cfg.distill.subspace_rank}, "
-                                      f"{cfg.distill.precision}", coordinates, inputs, reference)
+                                      f"{stored_as.codec_only().describe()}", coordinates, inputs, reference)
         ceiling.pop("criteria")
         ceiling["storage_precision"] = coordinates.precision
     budget = None if math.isinf(args.budget) else args.budget

@@ -234,11 +234,12 @@ class StoredCoordinates(Posterior):
         """:meth:`stored_bytes` in SGLD samples' worth."""
         return in_samples(self.stored_bytes(), self.spec.numel)
 
-    def stored_at(self, precision: str) -> StoredCoordinates:
-        """A copy with the codec and the coordinates read back from ``precision``, counted at it."""
-        return StoredCoordinates(self._codec_read_back(PartPrecisions(precision)),
-                                 round_trip(self.coordinates, precision), self.spec, f"{self.name}, {precision}",
-                                 precision)
+    def stored_at(self, stored_as: PartPrecisions) -> StoredCoordinates:
+        """A copy with the codec's parts read back from their precisions in ``stored_as`` and the coordinates
+        from its codec's, counted at them: a distilled store of its own, stored as a generator would be."""
+        codec, precision = stored_as.codec_only(), stored_as.codec
+        return StoredCoordinates(self._codec_read_back(codec), round_trip(self.coordinates, precision), self.spec,
+                                 f"{self.name}, {codec.describe()}", precision, codec)
 
     def codec_at(self, stored_as: PartPrecisions) -> StoredCoordinates:
         """A copy with only the codec read back from its parts' precisions in ``stored_as`` (the coordinates as
@@ -398,7 +399,7 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
                                              reference, kept, seed, sgld)}
             if coordinate_rank:
                 exact = coordinates_at(coordinate_rank)
-                stored = exact.stored_at(precision)
+                stored = exact.stored_at(throughout)
                 row["coordinates"] = {"rank": coordinate_rank,
                                       **judged(ctx, exact, stored, stored.stored_bytes(), inputs,
                                                reference, kept, seed, sgld)}

@@ -70,10 +70,17 @@ def test_the_samples_coordinates_are_counted_at_the_precision_they_are_stored_at
     exact = StoredCoordinates(codec, torch.randn(200, 3), SPEC, "SGLD coordinates r=3")
     assert exact.storage_in_samples() == pytest.approx(exact.stored_parameters() / SPEC.numel)
     for precision in ("float32", "float16", "int8", "int4"):
-        stored = exact.stored_at(precision)
+        stored = exact.stored_at(PartPrecisions(precision))
         assert stored.precision == precision and stored.name == f"SGLD coordinates r=3, {precision}"
         assert stored.storage_in_samples() == pytest.approx(coordinates_storage(3, SPEC, 200, precision))
-    assert exact.stored_at("int8").storage_in_samples() < 0.3 * exact.storage_in_samples()
+    assert exact.stored_at(PartPrecisions("int8")).storage_in_samples() < 0.3 * exact.storage_in_samples()
+    # the codec's mean at int8, the rest and the coordinates at int4: each counted at its own
+    mean_int8 = exact.stored_at(PartPrecisions("int4", "float32", "int8"))  # the generators' precision plays no part
+    assert (mean_int8.name, mean_int8.precision) == ("SGLD coordinates r=3, int4, mean int8", "int4")
+    int4 = exact.stored_at(PartPrecisions("int4"))
+    assert mean_int8.stored_bytes() == int4.stored_bytes() + stored_bytes(SPEC.numel, "int8") - stored_bytes(
+        SPEC.numel, "int4")
+    assert torch.equal(mean_int8.coordinates, int4.coordinates) and torch.equal(mean_int8.codec.basis, int4.codec.basis)
 
 
 def test_the_samples_coordinates_decoded_by_a_codec_read_back_from_a_precision_keep_their_coordinates():
