@@ -137,9 +137,9 @@ def _by_name(precision: PrecisionOf) -> Callable[[str], str]:
 
 @dataclass(frozen=True)
 class PartPrecisions:
-    """What each part of a distilled generator is stored at: the codec's tensors (mean, basis, scales,
-    residual factors) at ``codec``, the codec's mean at ``mean`` and the generator networks (with their
-    chain shares and embeddings) at ``generators``; an empty one is stored at ``codec``."""
+    """What each part of a distilled generator is stored at: the codec's basis, scales and residual factors
+    at ``codec``, its mean at ``mean`` and the generator networks (with their chain shares and embeddings)
+    at ``generators``; an empty ``mean`` or ``generators`` is ``codec``."""
 
     codec: str = "float32"
     generators: str = ""
