@@ -168,11 +168,15 @@ class PartPrecisions:
         """Whether storing loses anything: some part is stored below float32."""
         return {self.codec, self.generators, self.mean} != {"float32"}
 
+    def stored_otherwise(self, generators: str = "generators {}", mean: str = "mean {}") -> list[str]:
+        """The parts stored otherwise than the codec, each in words: ``generators`` and ``mean`` with ``{}``
+        for the precision (e.g. ``"the codec's mean at {}"``)."""
+        return [words.format(precision) for words, precision in ((generators, self.generators), (mean, self.mean))
+                if precision != self.codec]
+
     def describe(self) -> str:
         """``int4``, or ``int4, generators int8, mean int8`` for the parts stored otherwise than the codec."""
-        own = [f"{part} {precision}" for part, precision in (("generators", self.generators), ("mean", self.mean))
-               if precision != self.codec]
-        return ", ".join([self.codec, *own])
+        return ", ".join([self.codec, *self.stored_otherwise()])
 
 
 def pack_state(state: dict[str, Tensor], precision: PrecisionOf) -> dict[str, Tensor]:

@@ -158,7 +158,7 @@ def study_stem(plan: FrontierPlan) -> str:
     otherwise, ``-generators-PRECISION`` and ``-mean-PRECISION`` after it for generator networks and a codec
     mean stored at another precision than the codec, ``-conditioned-E`` for one generator told the chain by E
     numbers, and ``-TAG`` last."""
-    own = "".join(f"-{part}" for part in _own_parts(plan.stored_as(), "generators-{}", "mean-{}"))
+    own = "".join(f"-{part}" for part in plan.stored_as().stored_otherwise("generators-{}", "mean-{}"))
     own += f"-conditioned-{plan.mode_embedding}" if plan.mode_embedding else ""
     stem = "frontier" if plan.precision == FrontierPlan.precision and not own else f"frontier-{plan.precision}{own}"
     return f"{stem}-{plan.tag}" if plan.tag else stem
@@ -337,13 +337,6 @@ def ceiling_rows(plan: FrontierPlan) -> list[tuple[str, str]]:
             (CEILING_AS_STORED.format(plan.stored_as().codec_only().describe()), "ceiling_codec_at_precision")]
 
 
-def _own_parts(stored_as: PartPrecisions, generators: str, mean: str) -> list[str]:
-    """The parts of ``stored_as`` stored otherwise than its codec, each in words: ``generators`` and ``mean``
-    with ``{}`` for the precision (e.g. ``"the codec's mean at {}"``)."""
-    return [words.format(precision) for words, precision in ((generators, stored_as.generators),
-                                                             (mean, stored_as.mean)) if precision != stored_as.codec]
-
-
 def _listed(budgets: list[float]) -> str:
     """``2, 4 and 8 samples' worth``, or ``no budget``."""
     at = spoken_list([f"{budget:g}" for budget in budgets])
@@ -370,7 +363,7 @@ def render_table(results: dict) -> str:
     where the study kept them)."""
     plan, points = FrontierPlan(**results["plan"]), results["points"]
     precision, stored_as = plan.precision, plan.stored_as()
-    own = _own_parts(stored_as, "the generator networks at {}", "the codec's mean at {}")
+    own = stored_as.stored_otherwise("the generator networks at {}", "the codec's mean at {}")
     stored_at = f"{precision} ({', '.join(own)})" if own else precision
     rounded_as = ("APD's basis and scales are" if stored_as.mean != precision else
                   "APD's codec is" if stored_as.generators != precision else "APD is")
@@ -516,7 +509,7 @@ def draw_figure(results: dict, path: Path) -> None:
         unit = "nats" if key == "nll_gap" else "AUROC points"
         ax.set(xlabel="storage (SGLD samples' worth)", ylabel=f"{label} to SGLD ({unit})")
     figure_legend(figure, loc="outside lower center", ncols=4)
-    own = _own_parts(plan.stored_as(), "generators {}", "mean {}")
+    own = plan.stored_as().stored_otherwise()
     generators = f" ({', '.join(own)})" if own else ""
     trained = "" if seeds == 1 else f", {seeds} trainings"
     figure.suptitle(f"{results['pipeline']}: APD, {plan.kind()}, at {plan.precision}{generators}{trained}, "
