@@ -45,7 +45,8 @@ from apd.acquisition import acquire, acquisition_scores, balanced_subset, labels
 from apd.config import PipelineConfig
 from apd.distillation.codec import storage_in_samples
 from apd.errors import ArtifactError, ConfigError
-from apd.experiments.active_models import ActivePlan, BatchTimes, fit_models, plan_from_options, trajectories
+from apd.experiments.active_models import (ActivePlan, BatchTimes, fit_models, plan_from_options, settings_read,
+                                          trajectories)
 from apd.experiments.active_report import draw_figure, render_markdown, write_csv
 from apd.io import read_json, write_json_atomic, write_text_atomic, written_together
 from apd.metrics import accuracy
@@ -104,11 +105,10 @@ def test_rows(ctx: RunContext, plan: ActivePlan) -> Tensor:
 
 
 def state_key(ctx: RunContext, plan: ActivePlan) -> str:
-    """What the state depends on: the config sections used and the plan."""
-    cfg = ctx.cfg.to_dict()
-    used = {key: cfg[key] for key in ("seed", "data", "net", "sgld", "distill")}
+    """What the state depends on: the pipeline's settings the models read (:func:`settings_read`) and the
+    plan."""
     settings = {k: v for k, v in dataclasses.asdict(plan).items() if k != "workers"}  # same results either way
-    text = json.dumps({"config": used, "plan": settings, "version": STATE_VERSION},
+    text = json.dumps({"config": settings_read(ctx, plan), "plan": settings, "version": STATE_VERSION},
                       sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

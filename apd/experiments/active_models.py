@@ -242,6 +242,22 @@ class OnlineGAN:
         return DistilledGenerator(self.trainer.generator, self.codec).eval()
 
 
+SGLD_SETTINGS = ("lr", "prior_var", "temperature")  # what run_sgld reads of [sgld]
+GAN_SETTINGS = ("loss", "z_dim", "gen_hidden", "critic_hidden", "gp_weight", "clip", "n_critic", "lr", "beta1",
+                "beta2", "batch_size")  # what OnlineGAN and make_trainer read of apd_config's section
+
+
+def settings_read(ctx: RunContext, plan: ActivePlan) -> dict:
+    """The pipeline's settings these models read: the seed, ``[data]``, ``[net]``, ``[sgld]``'s step, prior and
+    temperature, and the GAN's settings of :func:`apd_config` (the plan's widths, batch and lr in place of the
+    section's). The rest of ``[sgld]`` and ``[distill]`` (the offline distiller's kind, rank, precision,
+    steps, seeds) changes no model here."""
+    cfg, gan = ctx.cfg, apd_config(ctx, plan)
+    return {"seed": cfg.seed, "data": dataclasses.asdict(cfg.data), "net": dataclasses.asdict(cfg.net),
+            "sgld": {key: getattr(cfg.sgld, key) for key in SGLD_SETTINGS},
+            "gan": {key: getattr(gan, key) for key in GAN_SETTINGS}}
+
+
 def apd_config(ctx: RunContext, plan: ActivePlan) -> DistillConfig:
     """The pipeline's ``[distill]`` section (loss, optimiser, z, critic steps) for a subspace GAN of the
     plan's rank, widths, batch and steps, without a residual."""

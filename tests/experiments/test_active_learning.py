@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch
 import apd.experiments.active_learning as active
 from apd.acquisition import acquire, acquisition_scores, balanced_subset, labels_to_reach
 from apd.cli import main
+from apd.config_load import load_config
 from apd.errors import ConfigError
 from apd.experiments.active_models import plan_from_options, trajectories
 from apd.experiments.active_report import render_summary, render_table
@@ -148,6 +150,26 @@ def test_resumed_run_equals_an_uninterrupted_one(uninterrupted, tmp_path, monkey
         return results["curves"], {name: run["labelled"] for name, run in state["runs"].items()}
 
     assert outcome(tmp_path) == outcome(uninterrupted)
+
+
+def test_the_saved_state_is_kept_across_settings_no_model_reads(tmp_path):
+    """Switching the offline distiller (its kind, rank, precision, steps, lr: the plan has its own) or SGLD's
+    chains leaves a saved study resumable; a setting the models read (the GAN's z, SGLD's step, the data, the
+    net) starts it afresh."""
+    config = tmp_path / "tiny.toml"
+    config.write_text(CONFIG)
+    plan = plan_from_options(OPTIONS)
+
+    def key(*overrides: str) -> str:
+        return active.state_key(SimpleNamespace(cfg=load_config(config, list(overrides))), plan)
+
+    kept = key()
+    assert key("distill.per_chain=true", "distill.subspace_rank=7", "distill.precision=int8",
+               "distill.mean_at=float16", "distill.steps=9", "distill.lr=0.01", "distill.seeds=3", "sgld.chains=8",
+               "sgld.iterations=5000") == kept
+    for read in ("distill.z_dim=8", "distill.beta1=0.3", "distill.n_critic=2", "sgld.lr=0.5", "sgld.prior_var=0.5",
+                 "data.val_size=200", "net.hidden=[8]", "seed=1"):
+        assert key(read) != kept, read
 
 
 def test_a_run_resumed_on_another_machine_names_both():
