@@ -45,8 +45,14 @@ from apd.acquisition import acquire, acquisition_scores, balanced_subset, labels
 from apd.config import PipelineConfig
 from apd.distillation.codec import storage_in_samples
 from apd.errors import ArtifactError, ConfigError
-from apd.experiments.active_models import (ActivePlan, BatchTimes, fit_models, plan_from_options, settings_read,
-                                          trajectories)
+from apd.experiments.active_models import (
+    ActivePlan,
+    BatchTimes,
+    fit_models,
+    plan_from_options,
+    settings_read,
+    trajectories,
+)
 from apd.experiments.active_report import draw_figure, render_markdown, write_csv
 from apd.io import read_json, write_json_atomic, write_text_atomic, written_together
 from apd.metrics import accuracy
