@@ -187,20 +187,24 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
         stored_as = plan.stored_as()
         for budget in sorted(set(plan.budgets)):
             seed = ctx.seed("experiment", "frontier", budget)
+            log.info("budget %d: judging %d kept samples and %d random subsets", budget, budget, plan.subsets)
             kept = kept_samples(predictions, budget, inputs, reference, plan.subsets,
                                 torch.Generator().manual_seed(seed))
             rank = largest_rank(lambda r: chain_generators_storage(cfg.distill, r, spec, chains, stored_as,
                                                                    plan.mode_embedding), budget, limit)
             stored_kept = None
             if plan.kept_at_precision and plan.precision != "float32":
-                stored_kept = kept_samples(predictions, kept_for(budget, spec.numel, plan.precision, n), inputs,
-                                           reference, plan.subsets, torch.Generator().manual_seed(seed),
-                                           plan.precision)
+                at_precision = kept_for(budget, spec.numel, plan.precision, n)
+                log.info("budget %d: judging %d samples kept at %s and %d random subsets", budget, at_precision,
+                         plan.precision, plan.subsets)
+                stored_kept = kept_samples(predictions, at_precision, inputs, reference, plan.subsets,
+                                           torch.Generator().manual_seed(seed), plan.precision)
             trainings, ceiling, stored_ceiling = [], None, None
             if rank:
                 coordinates = sgld_coordinates(ctx, store, data, rank)
                 steps = plan.steps or cfg.distill.steps
                 for k in range(plan.seeds):
+                    log.info("budget %d: APD rank %d, training %d of %d", budget, rank, k + 1, plan.seeds)
                     t0 = time.perf_counter()
                     exact = (train_conditioned_generator(ctx, store, coordinates, steps, plan.mode_embedding, k)
                              if plan.mode_embedding else train_chain_generators(ctx, store, coordinates, steps, k))
