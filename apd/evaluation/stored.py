@@ -4,8 +4,8 @@ SGLD's draws, the kept and Stein-thinned samples, SGLD's side of the fidelity ta
 reference and its kept subsets are all ensembles of stored samples θ_s, scored on the same stacked
 evaluation inputs x. Their member predictions p_s(y | x) = softmax(f(x; θ_s)) are rows of one
 [S, N, C] prediction of the S stored samples: :class:`StoredPredictions` computes a row the first time an
-ensemble needs it, at each storage precision it is asked at (θ_s as stored at that precision,
-:func:`apd.distillation.precision.round_trip`), and hands out later requests from what it kept. With a row
+ensemble needs it, as each storage it is asked at keeps it (θ_s rounded at a precision, or about its chain's
+mean: :mod:`apd.evaluation.kept_storage`), and hands out later requests from what it kept. With a row
 it keeps the row's entropies H[p_s(· | x_n)] [N] (float64), BALD's costliest part, once computed: an
 ensemble's BALD H[p̄] − (1/K) Σ_s H[p_s] then averages them (:meth:`StoredPredictions.members`) where
 computing them again for each of the yardstick's subsets took most of its judging time.
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from apd.distillation.precision import round_trip
+from apd.evaluation.kept_storage import KeptStorage, storage_key, stored_samples
 from apd.nets import predict_probs
 from apd.posteriors.base import Posterior
 from apd.samplers.store import SampleStore, StoreRows
@@ -64,8 +64,8 @@ class StoredPredictions:
         self.store, self.device = store, torch.device(device)
         self.kept_bytes = int(KEPT_SHARE * available_bytes(self.device)) if kept_bytes is None else kept_bytes
         self.x = x.to(self.device)
-        self._kept: dict[str, dict[int, Tensor]] = {}
-        self._entropies: dict[tuple[str, int], Tensor] = {}  # (precision, row) of a kept row, oldest first
+        self._kept: dict[str, dict[int, Tensor]] = {}  # by storage_key
+        self._entropies: dict[tuple[str, int], Tensor] = {}  # (storage key, row) of a kept row, oldest first
         self._bytes = 0  # of the kept predictions
         self._row_bytes = 4 * len(x) * store.spec.layer_sizes[-1]  # one row's float32 [N, C]
         self._entropy_row_bytes = 8 * len(x)  # its entropies, float64 [N]
@@ -73,44 +73,46 @@ class StoredPredictions:
     def __len__(self) -> int:
         return len(self.store)
 
-    def probs(self, rows: np.ndarray | Tensor | list[int], precision: str = "float32") -> Tensor:
+    def probs(self, rows: np.ndarray | Tensor | list[int], storage: KeptStorage = "float32") -> Tensor:
         """The member predictions [k, N, C] of the store's ``rows`` (in their order, repeats allowed), each row
-        stored at ``precision``."""
-        rows, found = self._gather(rows, precision)
+        stored as ``storage`` is."""
+        rows, found = self._gather(rows, storage)
         return torch.stack([found[r] for r in rows])
 
-    def members(self, rows: np.ndarray | Tensor | list[int], precision: str = "float32") -> tuple[Tensor, Tensor]:
+    def members(self, rows: np.ndarray | Tensor | list[int], storage: KeptStorage = "float32") -> tuple[Tensor, Tensor]:
         """:meth:`probs` of ``rows`` and their entropies H[p_s(· | x_n)] [k, N] (float64,
         :func:`apd.uncertainty.member_entropies`): read where kept, else computed now and kept with a kept row
         while they fit beside the predictions (which come first: :meth:`_room_for`)."""
-        rows, found = self._gather(rows, precision)
-        kept = self._kept[precision]
-        missing = sorted({r for r in rows if (precision, r) not in self._entropies})
+        rows, found = self._gather(rows, storage)
+        key = storage_key(storage)
+        kept = self._kept[key]
+        missing = sorted({r for r in rows if (key, r) not in self._entropies})
         computed = {}
         for start in range(0, len(missing), ENTROPY_ROWS):
             part = missing[start:start + ENTROPY_ROWS]
             computed.update(zip(part, member_entropies(torch.stack([found[r] for r in part])), strict=True))
         for r in missing:
             if r in kept and self._bytes + self._entropy_bytes() + self._entropy_row_bytes <= self.kept_bytes:
-                self._entropies[precision, r] = computed[r].clone()  # its own memory, freed when dropped
+                self._entropies[key, r] = computed[r].clone()  # its own memory, freed when dropped
         return (torch.stack([found[r] for r in rows]),
-                torch.stack([computed[r] if r in computed else self._entropies[precision, r] for r in rows]))
+                torch.stack([computed[r] if r in computed else self._entropies[key, r] for r in rows]))
 
-    def _gather(self, rows: np.ndarray | Tensor | list[int], precision: str) -> tuple[list[int], dict[int, Tensor]]:
+    def _gather(self, rows: np.ndarray | Tensor | list[int],
+                storage: KeptStorage) -> tuple[list[int], dict[int, Tensor]]:
         """``rows`` as a list, and the prediction of each: kept, or predicted now (past the budget)."""
         rows = [int(r) for r in np.asarray(rows, dtype=np.int64).reshape(-1)]
-        kept = self._kept.setdefault(precision, {})
-        fresh = self._fill(sorted(set(rows) - kept.keys()), precision, keep_only=False)
+        kept = self._kept.setdefault(storage_key(storage), {})
+        fresh = self._fill(sorted(set(rows) - kept.keys()), storage, keep_only=False)
         return rows, {r: kept[r] if r in kept else fresh[r] for r in set(rows)}
 
-    def prefetch(self, rows: np.ndarray | Tensor | list[int], precision: str = "float32") -> None:
-        """Predict the store's ``rows`` not yet kept at ``precision``, :data:`READ_ROWS` at a time, and keep
+    def prefetch(self, rows: np.ndarray | Tensor | list[int], storage: KeptStorage = "float32") -> None:
+        """Predict the store's ``rows`` not yet kept as ``storage`` stores them, :data:`READ_ROWS` at a time, and keep
         them while they fit: the ensembles drawn next (a yardstick size's every subset) are then read from
         here, where asking for each one's few rows in turn would predict them a few networks at a time,
         which costs a CNN several times more per network than a full block."""
-        kept = self._kept.setdefault(precision, {})
+        kept = self._kept.setdefault(storage_key(storage), {})
         wanted = {int(r) for r in np.asarray(rows, dtype=np.int64).reshape(-1)}
-        self._fill(sorted(wanted - kept.keys()), precision, keep_only=True)
+        self._fill(sorted(wanted - kept.keys()), storage, keep_only=True)
 
     def _room_for(self, needed: int) -> bool:
         """Whether ``needed`` more bytes of predictions fit ``kept_bytes``, dropping kept entropies (oldest first)
@@ -124,16 +126,16 @@ class StoredPredictions:
     def _entropy_bytes(self) -> int:
         return self._entropy_row_bytes * len(self._entropies)
 
-    def _fill(self, missing: list[int], precision: str, keep_only: bool) -> dict[int, Tensor]:
+    def _fill(self, missing: list[int], storage: KeptStorage, keep_only: bool) -> dict[int, Tensor]:
         """Predict the rows ``missing``, a block at a time, keeping each block while it fits (``kept_bytes``);
         the blocks that do not fit are returned, or with ``keep_only`` not predicted."""
-        kept, fresh = self._kept[precision], {}
+        kept, fresh = self._kept[storage_key(storage)], {}
         for start in range(0, len(missing), READ_ROWS):
             block = missing[start:start + READ_ROWS]
             fits = self._room_for(self._row_bytes * len(block))
             if keep_only and not fits:
                 break
-            predicted = self._predict(block, precision)
+            predicted = self._predict(block, storage)
             if fits:
                 kept.update(zip(block, predicted, strict=True))
                 self._bytes += self._row_bytes * len(block)
@@ -148,8 +150,7 @@ class StoredPredictions:
         rows = method.stored_rows(self.store, k, generator)
         return None if rows is None else self.probs(rows)
 
-    def _predict(self, rows: list[int], precision: str) -> Tensor:
-        weights = self.store.read(np.asarray(rows, dtype=np.int64))
-        if precision != "float32":
-            weights = torch.stack([round_trip(row, precision) for row in weights])
+    def _predict(self, rows: list[int], storage: KeptStorage) -> Tensor:
+        rows = np.asarray(rows, dtype=np.int64)
+        weights = stored_samples(self.store.read(rows), self.store.chains[rows], storage)
         return predict_probs(self.store.spec, weights.to(self.device), self.x)

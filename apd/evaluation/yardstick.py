@@ -39,7 +39,6 @@ stored sample predicted once for the reference and every kept subset), the input
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -47,8 +46,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from apd.distillation.precision import in_samples, stored_bytes
 from apd.distillation.selection import PROBABILITY_FLOOR
+from apd.evaluation.kept_storage import KeptStorage, kept_worth, storage_key
 from apd.evaluation.protocol import EvaluationInputs, Judgement, judge_probs
 from apd.evaluation.stability import IN_SET, ChainSums, chain_sums
 from apd.evaluation.stored import StoredPredictions
@@ -317,17 +316,18 @@ def wins_over_kept(own: dict, own_auroc: dict[str, dict[str, float | None]], own
 
 @torch.no_grad()
 def judge_rows(stored: StoredPredictions, rows: np.ndarray, inputs: EvaluationInputs, reference: Reference,
-               precision: str = "float32") -> dict[str, float | None]:
-    """:func:`summarise` of the ensemble of the store's ``rows``, each row stored at ``precision``
-    (:func:`apd.distillation.precision.round_trip`), their predictions and entropies from ``stored`` (on
+               storage: KeptStorage = "float32") -> dict[str, float | None]:
+    """:func:`summarise` of the ensemble of the store's ``rows``, each row stored as ``storage`` is
+    (:mod:`apd.evaluation.kept_storage`), their predictions and entropies from ``stored`` (on
     ``inputs.stacked()``)."""
-    probs, entropies = stored.members(rows, precision)
+    probs, entropies = stored.members(rows, storage)
     return summarise(judge_probs(probs, inputs, SCORES, auroc, entropies), reference)
 
 
 def kept_samples(stored: StoredPredictions, k: int, inputs: EvaluationInputs, reference: Reference, subsets: int,
-                 generator: torch.Generator, precision: str = "float32") -> dict:
-    """k kept samples of ``stored``'s store, each stored at ``precision``: centred in equal parts of each chain
+                 generator: torch.Generator, storage: KeptStorage = "float32") -> dict:
+    """k kept samples of ``stored``'s store, each stored as ``storage`` is (a precision, or around its chain's
+    mean: :mod:`apd.evaluation.kept_storage`): centred in equal parts of each chain
     (``evenly_spaced``), each chain's last samples (``last``), and over ``subsets`` random subsets stratified by
     chain (``random``: :func:`spread` with the band and every subset's value); their storage in SGLD samples'
     worth (:mod:`apd.posteriors.kept` for the three selections)."""
@@ -335,18 +335,11 @@ def kept_samples(stored: StoredPredictions, k: int, inputs: EvaluationInputs, re
     n, dim, chains = len(store), store.spec.numel, store.chains
     fixed = {"evenly_spaced": evenly_spaced_rows(n, k, chains), "last": last_rows(n, k, chains)}
     draws = [random_rows(n, k, generator, chains) for _ in range(subsets)]
-    stored.prefetch(np.concatenate([*fixed.values(), *draws]), precision)  # predicted in blocks, not k at a time
-    judged = {name: judge_rows(stored, rows, inputs, reference, precision) for name, rows in fixed.items()}
-    drawn = [judge_rows(stored, rows, inputs, reference, precision) for rows in draws]
-    return {"k": k, "in_sgld_samples": k * in_samples(stored_bytes(dim, precision), dim), **judged,
-            "random": spread(drawn, band=True), "subsets": subsets, "precision": precision}
-
-
-def kept_for(worth: float, dim: int, precision: str, available: int) -> int:
-    """How many SGLD samples, each stored at ``precision``, a method of storage ``worth`` (SGLD samples' worth)
-    is set against: ⌈S / s_p⌉, s_p = one sample's storage at ``precision`` (1 at float32: ⌈S⌉), so that
-    they take at least the method's bytes; at most ``available``."""
-    return min(available, math.ceil(worth / in_samples(stored_bytes(dim, precision), dim) - 1e-9))
+    stored.prefetch(np.concatenate([*fixed.values(), *draws]), storage)  # predicted in blocks, not k at a time
+    judged = {name: judge_rows(stored, rows, inputs, reference, storage) for name, rows in fixed.items()}
+    drawn = [judge_rows(stored, rows, inputs, reference, storage) for rows in draws]
+    return {"k": k, "in_sgld_samples": kept_worth(k, dim, storage), **judged,
+            "random": spread(drawn, band=True), "subsets": subsets, "precision": storage_key(storage)}
 
 
 def curve_sizes(sizes: Iterable[int], available: int) -> list[int]:

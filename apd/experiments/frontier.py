@@ -17,9 +17,14 @@ For each budget S of ``budgets`` (SGLD samples' worth, bytes / (4·D)):
   the kept-samples yardstick, ⌈S⌉ samples as they are;
 - **kept samples at APD's precision** (``kept_at_precision``, on by default, none when APD is stored at
   float32): ⌈S / s⌉ SGLD samples, each stored at ``precision`` as APD is (s: one sample's storage at it;
-  :func:`~apd.evaluation.yardstick.kept_for`, as ``apd evaluate`` sets a method at a lower precision
+  :func:`~apd.evaluation.kept_storage.kept_for`, as ``apd evaluate`` sets a method at a lower precision
   against them), the comparison at equal rounding; like the float32 samples they take at least S, so at
   least APD's storage;
+- **kept samples around their chain's mean** (``kept_around_means``, on by default, none when APD is stored at
+  float32): the fewest SGLD samples that, each stored at ``precision`` as its deviation from its chain's mean
+  and the means of the chains they come from at APD's mean precision, take at least S
+  (:class:`~apd.evaluation.kept_storage.AroundChainMeans`): samples stored as compactly as APD is, whose
+  codec rounds about a mean it keeps at that precision;
 - **APD's ceiling** (``ceiling``, on by default): every SGLD sample's own coordinates in APD's rank-r subspace,
   θ_i ↦ μ + U·diag(σ)·c_i (:func:`~apd.experiments.precision.sgld_coordinates`, float32), the best any
   generator in that subspace can do. It stores all n samples' coordinates, so its storage (reported) is
@@ -36,9 +41,9 @@ function-space gaps on the tuning pool); and APD's wins over the kept samples
 (:func:`~apd.evaluation.yardstick.wins_over_kept`: a gap below the evenly spaced and the last samples' and a
 percentile rank of at least 95 among the random subsets, stratified by chain). APD's curve crosses the kept
 samples' at the budgets where every one of its trainings wins on all four summaries (:func:`below_kept`), and
-the curve of the samples kept at APD's precision likewise. APD's storage is at most S, so both sets of kept
-samples have at least APD's bytes, unless the store holds fewer than ⌈S / s⌉; a crossing counts only where
-they do (:func:`crossings`).
+the curves of the samples kept at APD's precision, whole or around their chains' means, likewise. APD's
+storage is at most S, so every set of kept samples has at least APD's bytes, unless the store holds fewer
+than it takes; a crossing counts only where they do (:func:`crossings`).
 
 Judged, as the precision study is, on validation images and the OOD tuning pool only; writes
 ``artifacts/NAME/experiments/frontier.{json,md,png}``, or ``frontier-PRECISION.*`` for APD stored at a
@@ -63,12 +68,12 @@ import torch
 from apd.config import YARDSTICK_SUBSETS, bounded
 from apd.distillation.precision import PartPrecisions, Precision
 from apd.errors import ConfigError
+from apd.evaluation.kept_storage import AroundChainMeans, kept_for
 from apd.evaluation.stored import StoredPredictions
 from apd.evaluation.yardstick import (
     FIXED,
     GAPS_PER_DRAW,
     RANK_RULE,
-    kept_for,
     kept_samples,
     per_draw,
     ranked,
@@ -127,6 +132,7 @@ class FrontierPlan:
     steps: int = bounded(0, ge=0)  # each generator's steps; 0: the pipeline's distill.steps
     ceiling: bool = True  # also score every sample's coordinates in APD's subspace (float32)
     kept_at_precision: bool = True  # also keep the samples S buys at APD's precision (none at float32)
+    kept_around_means: bool = True  # and those it buys at it around their chains' means (none at float32)
     generators_at: Literal["", "float32", "float16", "int8", "int4"] = ""  # the generator networks' own; "": APD's
     mean_at: Literal["", "float32", "float16", "int8", "int4"] = ""  # the codec's mean's own; "": APD's
     seeds: int = bounded(1, ge=1)  # APD's trainings per budget, from generator seeds 0 … seeds − 1
@@ -185,6 +191,8 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
         chains = len(chain_partition(store.chains)[0])
         limit = min(n, cfg.distill.fit_samples, spec.numel)
         stored_as = plan.stored_as()
+        around = (AroundChainMeans.of(store, plan.precision, stored_as.mean)
+                  if plan.kept_around_means and plan.precision != "float32" else None)
         for budget in sorted(set(plan.budgets)):
             seed = ctx.seed("experiment", "frontier", budget)
             log.info("budget %d: judging %d kept samples and %d random subsets", budget, budget, plan.subsets)
@@ -199,6 +207,13 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
                          plan.precision, plan.subsets)
                 stored_kept = kept_samples(predictions, at_precision, inputs, reference, plan.subsets,
                                            torch.Generator().manual_seed(seed), plan.precision)
+            around_kept = None
+            if around is not None:
+                around_means = kept_for(budget, spec.numel, around, n)
+                log.info("budget %d: judging %d samples kept at %s and %d random subsets", budget, around_means,
+                         around.key, plan.subsets)
+                around_kept = kept_samples(predictions, around_means, inputs, reference, plan.subsets,
+                                           torch.Generator().manual_seed(seed), around)
             trainings, ceiling, stored_ceiling = [], None, None
             if rank:
                 coordinates = sgld_coordinates(ctx, store, data, rank)
@@ -223,10 +238,12 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
                                           **scored(ctx, decoded, decoded.stored_bytes(), inputs, reference, kept,
                                                    seed, sgld)}
                 for summary in filter(None, (*trainings, ceiling, stored_ceiling)):
-                    summary["margins_at_precision"] = (None if stored_kept is None else
-                                                       judged_margins(summary, stored_kept, sgld))
+                    for margins, rows in (("margins_at_precision", stored_kept),
+                                          ("margins_around_means", around_kept)):
+                        summary[margins] = None if rows is None else judged_margins(summary, rows, sgld)
             apd = trainings[0] if trainings else None
-            points.append({"budget": budget, "kept": kept, "kept_at_precision": stored_kept, "apd": apd,
+            points.append({"budget": budget, "kept": kept, "kept_at_precision": stored_kept,
+                           "kept_around_means": around_kept, "apd": apd,
                            "retrained": trainings[1:], "ceiling": ceiling,
                            "ceiling_codec_at_precision": stored_ceiling})
             log.info("budget %d: %s", budget, "no generator fits" if apd is None else
@@ -242,14 +259,14 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
 def below_kept(point: dict, method: str = "apd", kept: str = "kept") -> list[str]:
     """The yardstick summaries of :data:`SUMMARIES` on which ``method`` (``"apd"`` or ``"ceiling"``) at one
     budget is below the ``kept`` samples (``"kept"``: at float32; ``"kept_at_precision"``: at APD's
-    precision): its mean worst BALD or max-prob AUROC gap, NLL gap or KL wins against them
-    (:func:`~apd.evaluation.yardstick.standing`: smaller than the evenly spaced and the last samples' value
-    and a percentile rank of at least 95 among the random subsets). Studies written before percentile
-    ranks (:func:`~apd.evaluation.yardstick.ranked`) are read by their rule: smaller than the evenly spaced
-    samples' value and the random subsets' mean. The NLL gap is two-sided (in studies written before gaps
-    per draw, signed: an NLL below SGLD's is below any NLL above it). A summary a kept row lacks (one kept
-    sample has no BALD) is not below, and a point without those kept samples has none. APD's curve crosses
-    the kept samples' at the budgets where it is below on all four."""
+    precision; ``"kept_around_means"``: at it around their chains' means): its mean worst BALD or max-prob
+    AUROC gap, NLL gap or KL wins against them (:func:`~apd.evaluation.yardstick.standing`: smaller than the
+    evenly spaced and the last samples' value and a percentile rank of at least 95 among the random subsets).
+    Studies written before percentile ranks (:func:`~apd.evaluation.yardstick.ranked`) are read by their rule:
+    smaller than the evenly spaced samples' value and the random subsets' mean. The NLL gap is two-sided (in
+    studies written before gaps per draw, signed: an NLL below SGLD's is below any NLL above it). A summary a
+    kept row lacks (one kept sample has no BALD) is not below, and a point without those kept samples has
+    none. APD's curve crosses the kept samples' at the budgets where it is below on all four."""
     return summary_below(point.get(method), point.get(kept))
 
 
@@ -275,7 +292,7 @@ def summary_below(summary: dict | None, rows: dict | None) -> list[str]:
 
 def fewer_bytes(point: dict, kept: str) -> bool:
     """Whether the ``kept`` samples at one budget take less storage than APD there: only samples kept at
-    APD's precision can, where the store holds fewer than ⌈S / s⌉."""
+    APD's precision can, where the store holds fewer than the budget buys."""
     apd, rows = point.get("apd"), point.get(kept)
     return apd is not None and rows is not None and rows["in_sgld_samples"] < apd["in_sgld_samples"]
 
@@ -321,17 +338,23 @@ def apd_label(seed: int, seeds: int, name: str = APD) -> str:
     return name if seeds == 1 else f"{name}, seed {seed}"
 
 
+def kept_sets(plan: FrontierPlan) -> list[tuple[str, str, str]]:
+    """(key of the point, key of a judged summary's margins, label) of each set of kept samples a study can
+    hold: at float32, at APD's precision, and at it around their chains' means at APD's mean precision."""
+    return [("kept", "margins", "kept"), ("kept_at_precision", "margins_at_precision", f"kept at {plan.precision}"),
+            ("kept_around_means", "margins_around_means",
+             f"kept at {plan.precision} around chain means at {plan.stored_as().mean}")]
+
+
 def _rows(point: dict, plan: FrontierPlan, seeds: int) -> list[tuple[str, str, dict | None, bool]]:
     """(method, rank or k, its yardstick summary, whether it is judged against the kept samples) at one
-    budget: APD's trainings, its ceiling where it was scored, the kept samples at float32, then those at
-    APD's precision where they were scored."""
-    stored_kept = point.get("kept_at_precision")
+    budget: APD's trainings, its ceiling where it was scored, then each set of kept samples the study holds
+    (:func:`kept_sets`)."""
     apd = [(apd_label(summary.get("seed", 0), seeds, plan.label()), f"r={summary['rank']}", summary, True)
            for summary in trainings(point)] or [(plan.label(), "none fits", None, True)]
     ceilings = [(name, point.get(key)) for name, key in ceiling_rows(plan)]
     return [*apd, *((name, f"r={summary['rank']}", summary, True) for name, summary in ceilings if summary),
-            *_kept_rows(point["kept"], "kept"),
-            *(_kept_rows(stored_kept, f"kept at {plan.precision}") if stored_kept is not None else [])]
+            *(row for key, _, label in kept_sets(plan) if point.get(key) for row in _kept_rows(point[key], label))]
 
 
 def ceiling_rows(plan: FrontierPlan) -> list[tuple[str, str]]:
@@ -373,6 +396,7 @@ def render_table(results: dict) -> str:
                   "APD's codec is" if stored_as.generators != precision else "APD is")
     codec_at = precision + (f" (its mean at {stored_as.mean})" if stored_as.mean != precision else "")
     at_precision = any(point.get("kept_at_precision") for point in points)
+    held = [kept for kept in kept_sets(plan) if any(point.get(kept[0]) for point in points)]
     trained_for = f" for {steps:,} generator steps," if (steps := steps_of(results)) else ""
     note = (f"# Storage frontier on {results['pipeline']}\n\nAt each budget S (SGLD samples' worth; D = "
             f"{results['dim']:,} weights, {results['sgld_samples']:,} stored samples): APD with {plan.kind()} "
@@ -381,6 +405,10 @@ def render_table(results: dict) -> str:
             f"{plan.subsets} random subsets"
             + (f"; and ⌈S / s⌉ SGLD samples (s: one sample's storage at {precision}; at least S where the store "
                f"holds that many), each stored at {precision} as {rounded_as}" if at_precision else "")
+            + (f"; and the fewest SGLD samples that take at least S stored at {precision} each as its deviation "
+               f"from its chain's mean, the means of the chains they come from at {stored_as.mean} (k samples of "
+               "j chains: k deviations and j means), as APD's codec rounds about a mean it keeps"
+               if any(point.get("kept_around_means") for point in points) else "")
             + (f". APD trained{trained_for} once per budget (one seed: its spread is the draws', not the training's); "
                if seeds_of(results) == 1 else
                f". APD trained{trained_for} {seeds_of(results)} times per budget, from generator seeds 0 to "
@@ -397,10 +425,8 @@ def render_table(results: dict) -> str:
             + (f" As stored: the same coordinates decoded by the codec read back from {codec_at}, as APD's "
                f"generators' codes are, the best a generator whose codec is stored at {codec_at} can do."
                if any(point.get("ceiling_codec_at_precision") for point in points) else "") + "\n\n")
-    extra = [f"wins over kept at {precision}", f"below both kept at {precision}"] if at_precision else []
-    header = ["budget", "method", "rank / k", "storage", *GAPS.values(), "KL", "wins over kept",
-              "below both kept", *extra]
-    against = [("margins", "kept"), *([("margins_at_precision", "kept_at_precision")] if at_precision else [])]
+    header = ["budget", "method", "rank / k", "storage", *GAPS.values(), "KL",
+              *(column for _, _, label in held for column in (f"wins over {label}", f"below both {label}"))]
     body = []
     for point in points:
         for method, size, summary, judged in _rows(point, plan, seeds_of(results)):
@@ -410,18 +436,19 @@ def render_table(results: dict) -> str:
                          *(MISSING if summary is None else format_gap(summary[gap], 3 if gap == "nll_gap" else 1)
                            for gap in GAPS),
                          mean_std(kl, 4) if isinstance(kl, dict) else format_number(kl, 4),
-                         *(cell for margins, kept in against
+                         *(cell for kept, margins, _ in held
                            for cell in _judged_cells(point, summary, judged, margins, kept))])
     every = "" if seeds_of(results) == 1 else f" in every one of its {seeds_of(results)} trainings"
     verdict = f"\nAPD is below both kept rows on all four summaries{every} at {_listed(crossings(results))}"
     verdict += _by_seed(results, "kept")
-    if at_precision:
-        verdict += (f"; below both rows of the samples kept at {precision}, with at least its storage,{every} at "
-                    f"{_listed(crossings(results, 'kept_at_precision'))}" + _by_seed(results, "kept_at_precision"))
-    short = [point["budget"] for point in points if fewer_bytes(point, "kept_at_precision")]
-    if short:
-        verdict += (f". At {_listed(short)} the samples kept at {precision} take less storage than APD, so no "
-                    "crossing is counted there")
+    for kept, _, label in held[1:]:
+        verdict += (f"; below both rows of the samples {label}, with at least its storage,{every} at "
+                    f"{_listed(crossings(results, kept))}" + _by_seed(results, kept))
+    for kept, _, label in held[1:]:
+        short = [point["budget"] for point in points if fewer_bytes(point, kept)]
+        if short:
+            verdict += (f". At {_listed(short)} the samples {label} take less storage than APD, so no "
+                        "crossing is counted there")
     return note + markdown_table(header, body) + "\n" + verdict + ".\n"
 
 
@@ -446,21 +473,21 @@ def render_summary(results_by_pipeline: dict[str, dict]) -> str:
     """One row per pipeline's frontier: its weights, chains (one generator or one embedding each), APD's
     trainings per budget, budgets and APD's ranks, the budgets at which APD (every training) is below both
     float32 kept rows on all four summaries (:func:`crossings`), those at which it is below the samples kept
-    at its own precision ("—" where the study kept none so) and its set-by-set wins against the float32 ones
-    at each budget (fewest to most over the trainings)."""
+    at its own precision, whole and around their chains' means ("—" where the study kept none so), and its
+    set-by-set wins against the float32 ones at each budget (fewest to most over the trainings)."""
     body = []
     for name, results in results_by_pipeline.items():
         points = results["points"]
         chains = next((str(p["apd"]["chains"]) for p in points if p["apd"] is not None), "–")
-        at_precision = (_listed_budgets(crossings(results, "kept_at_precision"))
-                        if any(p.get("kept_at_precision") for p in points) else "—")
+        at_precision = [_listed_budgets(crossings(results, kept)) if any(p.get(kept) for p in points) else "—"
+                        for kept in ("kept_at_precision", "kept_around_means")]
         body.append([f"`{name}`", f"{results['dim']:,}", chains, str(seeds_of(results)),
                      ", ".join(f"{p['budget']:g}" for p in points),
                      ", ".join("–" if p["apd"] is None else str(p["apd"]["rank"]) for p in points),
-                     _listed_budgets(crossings(results)), at_precision, ", ".join(map(_wins, points))])
+                     _listed_budgets(crossings(results)), *at_precision, ", ".join(map(_wins, points))])
     header = ["pipeline", "weights", "chains", "APD trainings", "budgets (samples' worth)", "APD's ranks",
               "below both float32 kept on all four at", "below both kept at APD's precision on all four at",
-              "set-by-set wins (float32 kept)"]
+              "… around chain means at APD's mean precision", "set-by-set wins (float32 kept)"]
     return markdown_table(header, body)
 
 
@@ -481,17 +508,22 @@ def _listed_budgets(budgets: list[float]) -> str:
 def draw_figure(results: dict, path: Path) -> None:
     """One panel per yardstick gap against storage (log scale): APD's curve (mean ± std over runs; one curve
     per training, the same colour) and the kept samples' (evenly spaced; the random subsets' mean ± std), at
-    float32 and at APD's precision where the study kept those, where the gap is defined."""
+    float32 and at APD's precision, whole and around their chains' means, where the study kept those, where the
+    gap is defined."""
     plan, seeds = FrontierPlan(**results["plan"]), seeds_of(results)
-    precision, trained_as = plan.precision, [apd_label(k, seeds, plan.label()) for k in range(seeds)]
+    trained_as = [apd_label(k, seeds, plan.label()) for k in range(seeds)]
     ceilings = [name for name, _ in ceiling_rows(plan)]
-    methods = [*trained_as, *KEPT.values(), *ceilings,
-               *(f"kept at {precision}, {name.removeprefix('kept, ')}" for name in KEPT.values())]
-    colours = dict(zip(methods[seeds:], range(1, len(methods)), strict=False))  # APD's trainings: C0
-    markers = {name: "os^Dv<>p"[k % 8] for k, name in enumerate(trained_as)}  # and a marker each
+    # (colour, line, marker): APD's trainings C0 with a marker each; a colour per set of kept samples, a line
+    # per selection; a colour per ceiling
+    style = {name: ("C0", "-", "os^Dv<>p"[k % 8]) for k, name in enumerate(trained_as)}
+    sets = kept_sets(plan)
+    for colour, (_, _, label) in enumerate(sets, start=1):
+        style.update({f"{label}, {name.removeprefix('kept, ')}": (f"C{colour}", line, "o")
+                      for name, line in zip(KEPT.values(), ("-", ":", "--"), strict=True)})
+    style.update({name: (f"C{colour}", "-.", "D") for colour, name in enumerate(ceilings, start=len(sets) + 1)})
     figure, axes = new_figure(1, 3, panel=(5.2, 3.9))
     for ax, (key, label) in zip(axes[0], GAPS.items(), strict=True):
-        for method in methods:
+        for method, (colour, line, marker) in style.items():
             xs, ys, errors = [], [], []
             for point in results["points"]:
                 summary = next((s for name, _, s, _ in _rows(point, plan, seeds) if name == method), None)
@@ -501,10 +533,9 @@ def draw_figure(results: dict, path: Path) -> None:
                     xs.append(point["budget"] if method in ceilings else summary["in_sgld_samples"])
                     ys.append(mean_of(value))
                     errors.append(std_of(value))
-            i = colours.get(method, 0)
             if xs:
-                ax.errorbar(xs, ys, yerr=errors, marker=markers.get(method, "o"), capsize=3, color=f"C{i}",
-                            label=method, linestyle=("-", "-", "-.", "--", ":", "-", "-.", "--")[i % 8])
+                ax.errorbar(xs, ys, yerr=errors, marker=marker, capsize=3, color=colour, label=method,
+                            linestyle=line)
         ax.axhline(0, color="grey", linewidth=0.8)
         ax.set_xscale("log")
         budgets = [point["budget"] for point in results["points"]]

@@ -9,7 +9,7 @@ A storage budget of S SGLD samples' worth (``budget``, bytes / (4·D)) buys, at 
   at that precision, trained on float32 samples as ``apd distill`` trains it and then stored at the
   precision;
 - **kept samples**: the fewest SGLD samples that take the budget at that precision, k = ⌈S / s⌉ with s
-  = bytes of one sample / 4D (:func:`~apd.evaluation.yardstick.kept_for`, as ``apd evaluate`` and the
+  = bytes of one sample / 4D (:func:`~apd.evaluation.kept_storage.kept_for`, as ``apd evaluate`` and the
   frontier keep them), so at least every method's storage; centred in equal parts of each chain, the last of
   each chain, and ``subsets`` random subsets stratified by chain, each sample stored at the precision. (Studies written
   before kept ⌊S / s⌋, which may take less than a method: the table says where.)
@@ -70,13 +70,13 @@ from apd.distillation.precision import (
 )
 from apd.distillation.training import encode_store, make_chain_trainers, make_conditioned_trainer
 from apd.errors import ConfigError
+from apd.evaluation.kept_storage import kept_for
 from apd.evaluation.protocol import EvaluationInputs
 from apd.evaluation.stored import StoredPredictions
 from apd.evaluation.yardstick import (
     GAPS_PER_DRAW,
     RANK_RULE,
     Reference,
-    kept_for,
     kept_samples,
     per_draw,
     ranked,

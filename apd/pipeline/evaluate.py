@@ -27,6 +27,7 @@ from torch import Tensor
 from apd.config import config_hash
 from apd.errors import ArtifactError
 from apd.evaluation.fidelity import bald_ratio, weight_fidelity
+from apd.evaluation.kept_storage import kept_for
 from apd.evaluation.protocol import EvaluationInputs, Judgement, judge
 from apd.evaluation.stability import ChainSums, reference_stability
 from apd.evaluation.stored import StoredPredictions
@@ -35,7 +36,6 @@ from apd.evaluation.yardstick import (
     Reference,
     curve_sizes,
     drawn_quality,
-    kept_for,
     kept_samples,
     reference_predictive,
     reference_sums,

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from apd.evaluation.kept_storage import kept_for
 from apd.evaluation.protocol import EvaluationInputs, Judgement
 from apd.evaluation.stability import reference_stability
 from apd.evaluation.stored import StoredPredictions
@@ -18,7 +19,6 @@ from apd.evaluation.yardstick import (
     function_gaps,
     judge_rows,
     kept_curve,
-    kept_for,
     kept_samples,
     kl_to_reference,
     margins_over_kept,

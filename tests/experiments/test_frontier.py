@@ -71,6 +71,14 @@ def test_each_budget_buys_apd_its_largest_rank_and_the_kept_samples_as_many_samp
         assert stored_kept["in_sgld_samples"] >= apd["in_sgld_samples"]
         assert apd["margins_at_precision"]["compared"] == ceiling["margins_at_precision"]["compared"] == 5
         assert as_stored["margins_at_precision"]["compared"] == 5
+        # and the fewest samples that take at least S each stored at int8 about its chain's mean, with the means
+        # of the chains they come from (two: the selections are stratified) at int8 too
+        around = point["kept_around_means"]
+        assert around["precision"] == "int8 around chain means at int8"
+        worth = lambda k: (k + min(k, 2)) * stored_bytes(SPEC.numel, "int8") / (4 * SPEC.numel)  # noqa: E731
+        assert worth(around["k"] - 1) < point["budget"] <= worth(around["k"])
+        assert around["in_sgld_samples"] == pytest.approx(worth(around["k"]))
+        assert apd["margins_around_means"]["compared"] == ceiling["margins_around_means"]["compared"] == 5
     assert points[0]["apd"]["rank"] < points[1]["apd"]["rank"] < points[2]["apd"]["rank"]
     table = (out / "frontier.md").read_text()
     assert f"| 4 | APD per chain | r={points[2]['apd']['rank']} |" in table
@@ -79,6 +87,9 @@ def test_each_budget_buys_apd_its_largest_rank_and_the_kept_samples_as_many_samp
     assert "| 4 | kept, random subsets | k=4 |" in table
     assert f"| 4 | kept at int8, random subsets | k={points[2]['kept_at_precision']['k']} |" in table
     assert "wins over kept at int8 | below both kept at int8 |" in table
+    around = "kept at int8 around chain means at int8"
+    assert f"| wins over {around} | below both {around} |" in table
+    assert f"| 4 | {around}, random subsets | k={points[2]['kept_around_means']['k']} |" in table
     assert (out / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -116,20 +127,20 @@ def test_a_budget_too_small_for_the_generators_still_scores_the_kept_samples(tin
     assert not (out / "frontier.json").exists()  # a precision other than int8 has files of its own
     point = json.loads((out / "frontier-float32.json").read_text())["points"][0]
     assert point["apd"] is None and point["kept"]["k"] == 1  # the codec's mean alone is one sample at float32
-    assert point["kept_at_precision"] is None  # at float32 they would be the kept samples again
+    assert point["kept_at_precision"] is point["kept_around_means"] is None  # at float32: the kept samples again
     table = (out / "frontier-float32.md").read_text()
     assert "none fits" in table and "| kept at" not in table
 
 
 def test_the_ceiling_and_the_samples_kept_at_apds_precision_are_left_out_on_request(tiny_pipeline, tmp_path):
     rc, err = _frontier(tiny_pipeline, tmp_path, "budgets=[2]", "steps=5", "ceiling=false",
-                        "kept_at_precision=false", 'precision="int4"')
+                        "kept_at_precision=false", "kept_around_means=false", 'precision="int4"')
     assert rc == 0, err
     out = tmp_path / "tiny" / "experiments"
     point = json.loads((out / "frontier-int4.json").read_text())["points"][0]
-    assert point["apd"] is not None and point["kept_at_precision"] is None
+    assert point["apd"] is not None and point["kept_at_precision"] is point["kept_around_means"] is None
     assert point["ceiling"] is point["ceiling_codec_at_precision"] is None
-    assert point["apd"]["margins_at_precision"] is None
+    assert point["apd"]["margins_at_precision"] is point["apd"]["margins_around_means"] is None
     table = (out / "frontier-int4.md").read_text()
     assert "ceiling" not in table and "| kept at" not in table and "fit S at int4" in table
     assert "APD trained for 5 generator steps, once per budget" in table
@@ -240,6 +251,28 @@ def test_apd_is_judged_against_the_samples_kept_at_its_precision_on_their_own_ro
                                    "its storage, at no budget.")
 
 
+def test_apd_is_judged_against_the_samples_kept_around_their_chains_means_on_their_own_rows():
+    kept = {"bald_gap": 3.0, "max_prob_gap": 2.0, "nll_gap": 0.010, "kl": 0.02}
+    apd = {"bald_gap": 1.0, "max_prob_gap": 0.5, "nll_gap": 0.002, "kl": 0.005}
+    closer = {"bald_gap": 0.8, "max_prob_gap": 0.4, "nll_gap": 0.001, "kl": 0.003}  # below APD on all four
+    point = _point(2, apd, kept, kept, at_precision=(kept, kept))
+    point["kept_around_means"] = {"k": 11, "in_sgld_samples": 2.05, "evenly_spaced": closer,
+                                  "random": {key: {"mean": value, "std": 0.1} for key, value in closer.items()}}
+    point["apd"]["margins_around_means"] = {"wins": 0, "compared": 9}
+    results = {"pipeline": "p", "dim": 10, "sgld_samples": 100, "runs": 2, "networks": 5, "ood_sets": ["a"],
+               "plan": {"precision": "int4", "mean_at": "int8", "subsets": 3}, "points": [point]}
+    assert below_kept(point, "apd", "kept_around_means") == []
+    assert crossings(results, "kept_at_precision") == [2] and crossings(results, "kept_around_means") == []
+    table = render_table(results)
+    assert "| below both kept at int4 | wins over kept at int4 around chain means at int8 |" in table
+    assert "| 2 | kept at int4 around chain means at int8, evenly spaced | k=11 | 2.05 | +0.8 |" in table
+    assert "| 1 of 9 | BALD, max-prob, NLL, KL | 0 of 9 | none |" in table
+    assert ("each as its deviation from its chain's mean, the means of the chains they come from at int8" in table)
+    assert table.rstrip().endswith("below both rows of the samples kept at int4, with at least its storage, at 2 "
+                                   "samples' worth; below both rows of the samples kept at int4 around chain means "
+                                   "at int8, with at least its storage, at no budget.")
+
+
 def test_no_crossing_is_counted_where_the_samples_kept_at_apds_precision_take_less_storage_than_apd():
     """A store of fewer samples than ⌈S / s⌉ keeps them all: at 2 samples' worth, 1.9 against APD's 2. APD
     below them on every summary there is no crossing at equal bytes; at 4, with 4.1, it is."""
@@ -298,7 +331,7 @@ def test_a_crossing_over_several_trainings_counts_where_every_one_crosses(tmp_pa
     (tmp_path / "docs" / "results" / "p" / "frontier.json").write_text(json.dumps(results))
     rendered = render_document("<!-- results:p:frontiers -->\nold\n<!-- end -->\n", tmp_path)
     # three trainings; set-by-set wins 5, 6 and 5 of 9 at each budget: 5–6
-    assert "| `p` | 10 | 2 | 3 | 2, 4 | 3, 3 | 2 | — | 5–6/9, 5–6/9 |" in rendered
+    assert "| `p` | 10 | 2 | 3 | 2, 4 | 3, 3 | 2 | — | — | 5–6/9, 5–6/9 |" in rendered
 
 
 def test_the_note_gives_the_generator_steps_the_trainings_record_where_the_plan_took_the_pipelines():
@@ -322,6 +355,9 @@ def test_the_frontiers_region_puts_several_pipelines_frontiers_side_by_side(tmp_
                  "large": [_point(2, above, kept, kept), _point(4, above, kept, kept)],
                  "compact": [_point(2, below, kept, kept, at_precision=(kept, kept)),
                              _point(4, below, kept, kept, at_precision=(below, below))]}
+    frontiers["compact"][1]["kept_around_means"] = {  # at 4 only, APD below them
+        "k": 30, "in_sgld_samples": 4.05, "evenly_spaced": kept,
+        "random": {key: {"mean": value, "std": 0.1} for key, value in kept.items()}}
     for name, points in frontiers.items():
         for point in points:
             if point["apd"] is not None:
@@ -331,10 +367,10 @@ def test_the_frontiers_region_puts_several_pipelines_frontiers_side_by_side(tmp_
     document = "<!-- results:small,large,compact:frontiers -->\nold\n<!-- end -->\n"
     rows = [line for line in render_document(document, tmp_path).splitlines() if line.startswith("| `")]
     # "compact" kept samples at APD's precision too: below them at 2 (their gaps are the float32 rows'), at 4
-    # not (they equal APD's own)
-    assert rows == ["| `small` | 2,410 | 2 | 1 | 1, 4 | –, 3 | 4 | — | –, 4/9 |",
-                    "| `large` | 2,410 | 2 | 1 | 2, 4 | 3, 3 | none | — | 2/9, 4/9 |",
-                    "| `compact` | 2,410 | 2 | 1 | 2, 4 | 3, 3 | 2, 4 | 2 | 2/9, 4/9 |"]
+    # not (they equal APD's own); and around their chains' means at 4, where it is below them
+    assert rows == ["| `small` | 2,410 | 2 | 1 | 1, 4 | –, 3 | 4 | — | — | –, 4/9 |",
+                    "| `large` | 2,410 | 2 | 1 | 2, 4 | 3, 3 | none | — | — | 2/9, 4/9 |",
+                    "| `compact` | 2,410 | 2 | 1 | 2, 4 | 3, 3 | 2, 4 | 2 | 4 | 2/9, 4/9 |"]
 
 
 def test_the_frontiers_of_a_variant_have_a_summary_region_of_their_own(tmp_path):
@@ -350,7 +386,8 @@ def test_the_frontiers_of_a_variant_have_a_summary_region_of_their_own(tmp_path)
         (tmp_path / "docs" / "results" / name / f"{stem}.json").write_text(json.dumps({"dim": 10, "points": [point]}))
     document = "<!-- results:a,b:frontiers-int8-conditioned-4 -->\nold\n<!-- end -->\n"
     rows = [line for line in render_document(document, tmp_path).splitlines() if line.startswith("| `")]
-    assert rows == ["| `a` | 10 | 4 | 1 | 2 | 3 | 2 | — | 7/9 |", "| `b` | 10 | 4 | 1 | 2 | 3 | none | — | 0/9 |"]
+    assert rows == ["| `a` | 10 | 4 | 1 | 2 | 3 | 2 | — | — | 7/9 |",
+                    "| `b` | 10 | 4 | 1 | 2 | 3 | none | — | — | 0/9 |"]
 
 
 def test_a_frontier_at_another_precision_has_a_region_of_its_own(tmp_path):
@@ -398,6 +435,10 @@ def test_a_codec_mean_at_its_own_precision_is_counted_at_it_in_apd_and_in_its_ce
     assert (as_stored["codec_at"], as_stored["mean_at"]) == ("int4", "int8")
     assert as_stored["in_sgld_samples"] == pytest.approx(codec + 200 * apd["rank"] / SPEC.numel)
     assert point["kept_at_precision"]["precision"] == "int4"  # the kept samples at the codec's precision
+    around = point["kept_around_means"]  # and about their chains' means, kept at the codec's mean's precision
+    assert around["precision"] == "int4 around chain means at int8"
+    deviations, means = around["k"] * stored_bytes(SPEC.numel, "int4"), 2 * stored_bytes(SPEC.numel, "int8")
+    assert around["in_sgld_samples"] == pytest.approx((deviations + means) / (4 * SPEC.numel))
     table = (out / "frontier-int4-mean-int8.md").read_text()
     assert "fit S at int4 (the codec's mean at int8)" in table and "at int4 as APD's basis and scales are" in table
     assert f"| 2 | SGLD coordinates, codec at int4, mean int8 (APD's ceiling as stored) | r={apd['rank']} |" in table

@@ -23,7 +23,7 @@ from apd.distillation.precision import (
     round_trip_module_,
     stored_bytes,
 )
-from apd.evaluation.yardstick import kept_for
+from apd.evaluation.kept_storage import kept_for
 from apd.experiments.precision import (
     StoredCoordinates,
     apd_bytes,
