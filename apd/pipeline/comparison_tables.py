@@ -16,7 +16,7 @@ from apd.evaluation.yardstick import (
     wins_over_kept,
 )
 from apd.metrics import Stat
-from apd.pipeline.results import accuracy, mean_auroc, set_aurocs
+from apd.pipeline.results import accuracy, kept_keys, mean_auroc, set_aurocs
 from apd.pipeline.table_format import (
     MISSING,
     UNDEFINED,
@@ -97,6 +97,13 @@ def quality_note(results: dict) -> str:
     return QUALITY_NOTE.format(samples=samples)
 
 
+STORED_AS_COMPACTLY = ("A method stored at a lower precision is also set against the samples its storage S buys "
+                       "stored as compactly: each rounded whole at that precision (e.g. \"15 int8\": 15 samples, "
+                       "each stored at 8 bits) and, where the results have them, each stored at it as its deviation "
+                       "from its chain's mean, the chains' means at the precision of the method's own mean (e.g. "
+                       "\"25 int4 around chain means at int8\": their bytes counted).")
+
+
 def seeds_against(results: dict, method: str, size: str) -> tuple[dict | None, int]:
     """A replicated method's comparisons with the kept samples of ``size`` across its generator seeds
     (:func:`apd.pipeline.replicates.across_seeds`) and the number of seeds; (None, 1) for one generator."""
@@ -109,10 +116,7 @@ def kept_comparisons(y: dict, method: str) -> list[tuple[str, float, dict]]:
     or "K PRECISION", the method's storage S, their :func:`~apd.evaluation.yardstick.kept_samples` row):
     ⌈S⌉ float32 samples, and for a method stored at a lower precision the samples that precision buys."""
     entry, kept = y["equal_storage"][method], y.get("kept", {})
-    found = [(str(entry["k"]), kept.get(str(entry["k"])))]
-    if "at_precision" in entry:
-        found.append((entry["at_precision"]["key"], kept.get(entry["at_precision"]["key"])))
-    return [(size, entry["in_sgld_samples"], row) for size, row in found if row is not None]
+    return [(size, entry["in_sgld_samples"], kept[size]) for size in kept_keys(entry) if size in kept]
 
 
 def members_table(results: dict) -> Table | None:
@@ -185,9 +189,8 @@ def yardstick_table(results: dict) -> Table | None:
         return None
     subsets = next(iter(kept.values()))["subsets"] if kept else 0
     note = (f"For each method of storage S: the method, ⌈S⌉ kept SGLD samples evenly spaced over the store, and the "
-            f"mean ± std over {subsets} random subsets of ⌈S⌉ samples. A method stored at a lower precision is also "
-            "set against the samples that precision buys with S (e.g. \"15 int8\": 15 samples, each stored at 8 "
-            "bits). A compressed posterior is useful where it beats the kept samples. "
+            f"mean ± std over {subsets} random subsets of ⌈S⌉ samples. " + STORED_AS_COMPACTLY
+            + " A compressed posterior is useful where it beats the kept samples. "
             + quality_note(results) + "\n\n")
     header = ["method", "S", "⌈S⌉", "BALD gap: method", "kept", "random", "NLL gap: method", "kept", "random",
               "KL: method", "kept", "random"]
@@ -226,8 +229,7 @@ def ranked_yardstick_table(results: dict) -> Table | None:
     note = (f"For each method of storage S, on each gap to SGLD: the method, ⌈S⌉ kept SGLD samples centred in equal "
             f"parts of each chain (evenly spaced) and the last samples of each chain, the 5–95 % band of {subsets} "
             "random subsets of ⌈S⌉ samples stratified by chain, and the method's percentile rank among those subsets. "
-            + RANK_RULE + replicated_note(results) + " A method stored at a lower precision is also set against the "
-            "samples that precision buys with S (e.g. \"15 int8\": 15 samples, each stored at 8 bits). "
+            + RANK_RULE + replicated_note(results) + " " + STORED_AS_COMPACTLY + " "
             + quality_note(results) + "\n\n")
     header = ["method", "S", "⌈S⌉", "gap", "method", "evenly spaced", "last", "random 5–95 %", "percentile rank"]
     return Table("yardstick", "The kept-samples yardstick at equal storage", note + markdown_table(header, body),
@@ -308,15 +310,15 @@ def kept_margins_table(results: dict) -> Table | None:
         return None
     if by_ranks:
         note = ("Each method of storage S against ⌈S⌉ SGLD samples simply kept (and, stored at a lower precision, "
-                "against the samples that precision buys): per OOD set, the method's absolute AUROC gap to SGLD "
-                "(percent points; NLL: its NLL gap, nats) and in brackets its percentile rank among the random "
-                "subsets; ✓ where it wins. " + RANK_RULE + replicated_note(results) + " Wins: the comparisons won, of "
-                "those defined. SGLD's wins: the same count for SGLD's own ensemble against the same kept samples, "
-                "the most a method that matched SGLD could win.\n\n")
+                "against the samples its storage buys stored as compactly): per OOD set, the method's absolute AUROC "
+                "gap to SGLD (percent points; NLL: its NLL gap, nats) and in brackets its percentile rank among the "
+                "random subsets; ✓ where it wins. " + RANK_RULE + replicated_note(results) + " Wins: the comparisons "
+                "won, of those defined. SGLD's wins: the same count for SGLD's own ensemble against the same kept "
+                "samples, the most a method that matched SGLD could win.\n\n")
         fields = ["gap", "percentile", "random_p5", "random_p95", "wins"]
     else:
         note = ("Each method of storage S against ⌈S⌉ SGLD samples simply kept (and, stored at a lower precision, "
-                "against the samples that precision buys): per OOD set, the method's AUROC minus "
+                "against the samples its storage buys stored as compactly): per OOD set, the method's AUROC minus "
                 "that of the evenly spaced samples / minus the mean over the random subsets, ± the subsets' std "
                 "(percent points; NLL: the kept samples' NLL minus the method's, nats), so positive means the method "
                 "is better; ✓ where both margins exceed that std. Wins: the comparisons beaten, of those defined. "

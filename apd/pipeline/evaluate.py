@@ -27,7 +27,7 @@ from torch import Tensor
 from apd.config import config_hash
 from apd.errors import ArtifactError
 from apd.evaluation.fidelity import bald_ratio, weight_fidelity
-from apd.evaluation.kept_storage import kept_for
+from apd.evaluation.kept_storage import AroundChainMeans, KeptStorage, kept_for, storage_key
 from apd.evaluation.protocol import EvaluationInputs, Judgement, judge
 from apd.evaluation.stability import ChainSums, reference_stability
 from apd.evaluation.stored import StoredPredictions
@@ -370,42 +370,54 @@ def yardstick(ctx: RunContext, methods: dict[str, Posterior], inputs: Evaluation
               stored: StoredPredictions) -> dict:
     """The kept-samples curve (k of ``yardstick_sizes``) and, for each method of storage S below the store's
     size, ⌈S⌉ kept samples: evenly spaced and ``yardstick_subsets`` random subsets
-    (:mod:`apd.evaluation.yardstick`). A method stored at a lower precision is also set against the kept
-    samples its storage buys at that precision, ⌈S / s_p⌉ of them (s_p: one sample's storage at it), each
-    stored at it (``kept`` key "K PRECISION", the entry's ``at_precision``). The kept samples' predictions come
-    from ``stored``; a progress bar counts the sizes judged."""
+    (:mod:`apd.evaluation.yardstick`). A method stored at a lower precision P is also set against the kept
+    samples its storage buys stored as compactly: ⌈S / s_P⌉ of them each rounded whole at P (s_P: one
+    sample's storage at it; ``kept`` key "K P", the entry's ``at_precision``), and the fewest that take S
+    stored at P about their chains' means, the means at the precision of the method's own mean
+    (:class:`~apd.evaluation.kept_storage.AroundChainMeans`; key "K P around chain means at M", the entry's
+    ``around_means``). The kept samples' predictions come from ``stored``; a progress bar counts the sets
+    judged."""
     e = ctx.cfg.evaluate
     n, dim = len(stored), stored.store.spec.numel
-    # key -> (k, precision, stream): the curve's sizes draw from one stream in increasing order, every other
-    # size and precision from its own, so that the subsets of k do not depend on the other methods
+    # key -> (k, storage, stream): the curve's sizes draw from one stream in increasing order, every other
+    # size and storage from its own, so that the subsets of k do not depend on the other methods
     generator = torch.Generator().manual_seed(ctx.seed("evaluate", "yardstick"))
     curve_ks = curve_sizes(e.yardstick_sizes, n)
-    sets = {str(k): (k, "float32", generator) for k in curve_ks}
+    sets: dict[str, tuple[int, KeptStorage, torch.Generator]] = {str(k): (k, "float32", generator) for k in curve_ks}
+    around: dict[tuple[str, str], AroundChainMeans] = {}  # by (precision, the means' precision)
+
+    def kept_set(worth: float, storage: KeptStorage) -> dict:
+        k = kept_for(worth, dim, storage, n)
+        name = storage_key(storage)
+        key = str(k) if name == "float32" else f"{k} {name}"
+        if key not in sets:
+            parts = (k,) if name == "float32" else (k, name)
+            seed = ctx.seed("evaluate", "yardstick", *parts)
+            sets[key] = (k, storage, torch.Generator().manual_seed(seed))
+        return {"k": k, "key": key}
+
     equal = {}
     for name, method in methods.items():
         worth = method.storage_in_samples()
-        k = kept_for(worth, dim, "float32", n)
-        if name in (MethodName.SGLD, MethodName.KEPT) or k >= n:  # kept: the yardstick itself
+        if name in (MethodName.SGLD, MethodName.KEPT) or kept_for(worth, dim, "float32", n) >= n:  # kept: the yardstick
             continue
-        if str(k) not in sets:
-            sets[str(k)] = (k, "float32", torch.Generator().manual_seed(ctx.seed("evaluate", "yardstick", k)))
-        equal[name] = {"in_sgld_samples": round(worth, 3), "k": k}
+        equal[name] = {"in_sgld_samples": round(worth, 3), "k": kept_set(worth, "float32")["k"]}
         if method.precision != "float32":
-            p = method.precision
-            kp = kept_for(worth, dim, p, n)
-            key = f"{kp} {p}"
-            if key not in sets:
-                sets[key] = (kp, p, torch.Generator().manual_seed(ctx.seed("evaluate", "yardstick", kp, p)))
-            equal[name]["at_precision"] = {"precision": p, "k": kp, "key": key}
+            p, mean_at = method.precision, method.mean_precision
+            if (p, mean_at) not in around:
+                around[p, mean_at] = AroundChainMeans.of(stored.store, p, mean_at)
+            equal[name]["at_precision"] = {"precision": p, **kept_set(worth, p)}
+            equal[name]["around_means"] = {"precision": p, "mean_at": mean_at,
+                                           **kept_set(worth, around[p, mean_at])}
     kept = {}
-    bar = ctx.progress(sets.items(), total=len(sets), desc="yardstick", unit="size")
-    for key, (k, precision, stream) in bar:
+    bar = ctx.progress(sets.items(), total=len(sets), desc="yardstick", unit="set")
+    for key, (k, storage, stream) in bar:
         ctx.show(bar, "yardstick", judging=f"{key} kept samples")
-        kept[key] = kept_samples(stored, k, inputs, reference, e.yardstick_subsets, stream, precision)
-    by_size = sorted((k, key) for key, (k, precision, _) in sets.items() if precision == "float32")
-    at_precision = [key for key, (_, precision, _) in sets.items() if precision != "float32"]
+        kept[key] = kept_samples(stored, k, inputs, reference, e.yardstick_subsets, stream, storage)
+    by_size = sorted((k, key) for key, (k, storage, _) in sets.items() if storage == "float32")
+    stored_otherwise = [key for key, (_, storage, _) in sets.items() if storage != "float32"]
     return {"reference": {"bald_auroc": reference.bald_auroc, "max_prob_auroc": reference.max_prob_auroc,
                           "nll": reference.nll, "kl_samples": reference.samples},
             "curve": [kept[str(k)] for k in curve_ks],
-            "kept": {key: kept[key] for key in [key for _, key in by_size] + at_precision},
+            "kept": {key: kept[key] for key in [key for _, key in by_size] + stored_otherwise},
             "equal_storage": equal}

@@ -49,8 +49,8 @@ def verdict(method: str, entry: dict, size: str, worth: float, subsets: int) -> 
     ranks = "; ".join(f"{GAP_LABELS[key]} {_spread(found['percentile'][key], 1)}" for key in GAP_LABELS
                       if found["percentile"][key] is not None)
     return (f"Across its {seeds} generator seeds, {label} ({format_sample_count(worth)} SGLD samples' worth) wins "
-            f"against {size} kept samples {wins}. Its percentile rank among the {subsets} random subsets stratified "
-            f"by chain, mean ± std over the seeds: {ranks}. Set by set, {found['wins_every_seed']} of the "
+            f"against its kept samples \"{size}\" {wins}. Its percentile rank among the {subsets} random subsets "
+            f"stratified by chain, mean ± std over the seeds: {ranks}. Set by set, {found['wins_every_seed']} of the "
             f"{found['compared']} comparisons are won by every seed (each seed's wins: "
             f"{', '.join(map(str, found['wins']))}).")
 

@@ -35,6 +35,7 @@ from apd.evaluation.yardstick import (
 from apd.methods import MethodName
 from apd.nets import ParamSpec
 from apd.pipeline.methods import apd_generator
+from apd.pipeline.results import kept_keys
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.seeds import replicated
 
@@ -102,8 +103,7 @@ def replicate_apd(ctx: RunContext, spec: ParamSpec, inputs: EvaluationInputs, me
     the yardstick set APD against (``yardstick``: its results); and across the seeds."""
     e, count = ctx.cfg.evaluate, ctx.cfg.distill.seeds
     entry = yardstick["equal_storage"].get(MethodName.APD)  # none where APD stores the whole store or more
-    sizes = [] if entry is None else [str(entry["k"]), *([entry["at_precision"]["key"]] if "at_precision" in entry
-                                                         else [])]
+    sizes = [] if entry is None else kept_keys(entry)
     kept = {size: yardstick["kept"][size] for size in sizes}
     seeds = []
     for k in ctx.progress(range(count), desc="APD seeds", unit="seed"):

@@ -46,6 +46,15 @@ def mean_auroc(results: Mapping, method: str, score: str, every_set: bool = Fals
     return float(np.mean(values))
 
 
+def kept_keys(equal_storage: Mapping) -> list[str]:
+    """The ``yardstick.kept`` keys of the kept samples one ``yardstick.equal_storage`` entry sets its method
+    against: its ⌈S⌉ float32 samples, and for a method stored below float32 those its storage buys stored at its
+    precision, rounded whole (``at_precision``) and about their chains' means (``around_means``), where the
+    results have them."""
+    return [str(equal_storage["k"]), *(equal_storage[part]["key"] for part in ("at_precision", "around_means")
+                                       if part in equal_storage)]
+
+
 def _over_runs(value: Mapping | None) -> Stat | None:
     """The :class:`~apd.metrics.Stat` of a value over runs, which results.json stores as ``{"mean", "std"}``:
     anything else (a plain number) is a TypeError."""

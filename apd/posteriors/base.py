@@ -44,6 +44,7 @@ class Posterior(ABC):
     device: torch.device
     has_weights: bool = True
     precision: str = "float32"  # what its stored numbers are kept at (apd.distillation.precision)
+    mean_precision: str = "float32"  # what a stored mean of its weights is kept at, where it keeps one
     input_range: tuple[float, float] | None = None  # the scale predict_probs's inputs must be in (None: any)
 
     @abstractmethod

@@ -25,6 +25,11 @@ class APDGenerator(Posterior):
         """What the generator's tensors are stored at."""
         return self.model.precision
 
+    @property
+    def mean_precision(self) -> str:
+        """What the codec's mean of the weights is stored at."""
+        return self.model.stored_as.mean
+
     def stored_parameters(self) -> int:
         return self.model.stored_parameters()
 

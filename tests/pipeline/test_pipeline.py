@@ -644,9 +644,10 @@ def test_a_method_fit_to_aligned_samples_is_set_against_sgld_aligned(pipeline, t
 
 
 def test_a_method_stored_at_int8_meets_float32_kept_samples_and_the_int8_ones_its_storage_buys(pipeline, caplog):
-    """The yardstick sets a generator stored at int8 (storage S) against ⌈S⌉ float32 samples and against the
-    ⌈S / s_int8⌉ samples that int8 buys (each stored at int8); both show in the tables, and the progress
-    names each size as it is judged."""
+    """The yardstick sets a generator stored at int8 (storage S) against ⌈S⌉ float32 samples, against the
+    ⌈S / s_int8⌉ samples that int8 buys (each stored at int8) and against the fewest stored at int8 about their
+    chains' means (the means at int8, their bytes counted) that take S; all show in the tables, and the
+    progress names each set as it is judged."""
     from apd.distillation.precision import PartPrecisions, in_samples, stored_bytes
     from apd.evaluation.yardstick import reference_sums
     from apd.pipeline.comparison_tables import kept_comparisons, yardstick_table
@@ -667,21 +668,29 @@ def test_a_method_stored_at_int8_meets_float32_kept_samples_and_the_int8_ones_it
         reference = sgld_reference(results, reference_sums(stored, inputs, ctx.cfg.evaluate.yardstick_reference))
         with caplog.at_level(logging.INFO):
             y = yardstick(ctx, {"apd": method}, inputs, reference, stored)
+        chains = len(set(store.chains))
     entry = y["equal_storage"]["apd"]
     k_int8 = math.ceil(worth / in_samples(stored_bytes(dim, "int8"), dim) - 1e-9)
     assert entry["k"] == math.ceil(worth) and entry["at_precision"] == {"precision": "int8", "k": k_int8,
                                                                          "key": f"{k_int8} int8"}
     assert k_int8 > 3 * entry["k"]
+    one = stored_bytes(dim, "int8")
+    k_around = next(k for k in range(1, k_int8 + 1) if (k + min(k, chains)) * one >= worth * 4 * dim)
+    around = f"{k_around} int8 around chain means at int8"
+    assert entry["around_means"] == {"precision": "int8", "mean_at": "int8", "k": k_around, "key": around}
+    assert entry["k"] < k_around < k_int8
     curve = [str(r["k"]) for r in y["curve"]]
-    expected = curve + ([] if str(entry["k"]) in curve else [str(entry["k"])]) + [f"{k_int8} int8"]
+    expected = curve + ([] if str(entry["k"]) in curve else [str(entry["k"])]) + [f"{k_int8} int8", around]
     assert [m for m in caplog.messages if m.startswith("yardstick: ")] == [
         f"yardstick: judging {key} kept samples" for key in expected]
-    assert list(y["kept"]) == sorted(expected[:-1], key=int) + expected[-1:]
+    assert list(y["kept"]) == sorted(expected[:-2], key=int) + expected[-2:]
     row = y["kept"][f"{k_int8} int8"]
     assert row["precision"] == "int8" and row["k"] == k_int8 and row["in_sgld_samples"] <= worth + 0.27
-    assert [size for size, _, _ in kept_comparisons(y, "apd")] == [str(entry["k"]), f"{k_int8} int8"]
+    assert y["kept"][around]["precision"] == "int8 around chain means at int8"
+    assert worth <= y["kept"][around]["in_sgld_samples"] <= worth + 0.27
+    assert [size for size, _, _ in kept_comparisons(y, "apd")] == [str(entry["k"]), f"{k_int8} int8", around]
     table = yardstick_table({**results, "yardstick": y, "quality": {}})
-    assert list(dict.fromkeys(r[2] for r in table.rows)) == [str(entry["k"]), f"{k_int8} int8"]
+    assert list(dict.fromkeys(r[2] for r in table.rows)) == [str(entry["k"]), f"{k_int8} int8", around]
     # the margins table gives, beside each comparison, what SGLD's own ensemble wins against the same samples
     from apd.evaluation.yardstick import ranks_over_kept
     from apd.pipeline.comparison_tables import kept_margins_table

@@ -43,12 +43,12 @@ def test_across_seeds_keeps_sample_std_and_counts_the_seeds_that_win():
 def test_a_win_is_the_distillers_only_where_every_seed_wins():
     entry = {"seeds": 3, **across_seeds([_seed(k) for k in range(3)])}
     words = verdict("apd", entry, "25", 24.11, 200)
-    assert words.startswith("Across its 3 generator seeds, APD (24.1 SGLD samples' worth) wins against 25 kept "
-                            "samples on worst BALD gap for every seed, and on KL (2 of 3) for some.")
+    assert words.startswith("Across its 3 generator seeds, APD (24.1 SGLD samples' worth) wins against its kept "
+                            "samples \"25\" on worst BALD gap for every seed, and on KL (2 of 3) for some.")
     assert "worst BALD gap 97.2 ± 1.8" in words
     assert "0 of the 3 comparisons are won by every seed (each seed's wins: 1, 1, 0)" in words
     entry["against"]["25"]["beats"]["bald_gap"] = 2  # now no gap is won by every seed
-    assert "wins against 25 kept samples on no summary for every seed; for some, on worst BALD gap (2 of 3) " \
+    assert "wins against its kept samples \"25\" on no summary for every seed; for some, on worst BALD gap (2 of 3) " \
         "and KL (2 of 3)." in verdict("apd", entry, "25", 24.11, 200)
     assert [win_mark(True, n, 3) for n in (3, 2, 0)] == [" ✓", " (2 of 3)", ""]
     assert [win_mark(beats) for beats in (True, False)] == [" ✓", ""]  # one generator: its own win
