@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from apd.metrics import Stat
-from apd.pipeline.results import accuracy, detection, mean_auroc, set_aurocs
+from apd.pipeline.results import accuracy, detection, kept_keys, mean_auroc, set_aurocs
 from tests.report_helpers import full_results
 
 
@@ -33,3 +33,13 @@ def test_aurocs_per_set_and_their_mean_over_the_sets_that_have_one():
 def test_a_plain_number_where_a_mean_over_runs_belongs_is_an_error():
     with pytest.raises(TypeError, match="not a mean and std over runs"):
         accuracy({"accuracy": {"sgld": {"acc": 0.9}}}, "sgld")
+
+
+def test_kept_keys_names_every_set_an_equal_storage_entry_holds_in_order():
+    plain = {"in_sgld_samples": 3.95, "k": 4}
+    assert kept_keys(plain) == ["4"]
+    rounded = {**plain, "at_precision": {"precision": "int4", "k": 29, "key": "29 int4"}}
+    assert kept_keys(rounded) == ["4", "29 int4"]
+    around = {**rounded, "around_means": {"precision": "int4", "mean_at": "int8", "k": 25,
+                                          "key": "25 int4 around chain means at int8"}}
+    assert kept_keys(around) == ["4", "29 int4", "25 int4 around chain means at int8"]
