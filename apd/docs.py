@@ -26,8 +26,9 @@ itself. A number the prose quotes from a results file is marked inline,
 
     <!-- value:PIPELINE:FILE.KEY.KEY…:FORMAT -->…<!-- /value -->
 
-and written afresh from ``docs/results/PIPELINE/FILE.json`` (:func:`render_value`). ``--check`` renders
-without writing and fails on any difference.
+(a key may hold single spaces between its words, as the kept-samples sets' names do: ``29 int4``), and
+written afresh from ``docs/results/PIPELINE/FILE.json`` (:func:`render_value`). ``--check`` renders without
+writing and fails on any difference.
 
 ``apd report --publish`` fills ``docs/results/NAME/`` from a finished pipeline's artifacts (:func:`publish`):
 the small JSON files only (results, the stage manifests with diagnostics and timings, every generator
@@ -57,7 +58,7 @@ from apd.schedules import thinned_count
 
 REGION = re.compile(r"(<!-- results:(?P<pipeline>[\w.,-]+):(?P<table>[\w.:-]+) -->\n)(?P<body>.*?)(<!-- end -->)",
                     re.S)
-VALUE = re.compile(r"(<!-- value:(?P<pipeline>[\w.-]+):(?P<file>[\w-]+)(?P<path>(?:\.[\w-]+)+)"
+VALUE = re.compile(r"(<!-- value:(?P<pipeline>[\w.-]+):(?P<file>[\w-]+)(?P<path>(?:\.[\w-]+(?: [\w-]+)*)+)"
                    r"(?::(?P<format>[^ >]+))? -->)(?P<body>[^<\n]*)(<!-- /value -->)")
 RESULT_TABLES = {build.__name__.removesuffix("_table"): build for build in TABLE_BUILDERS}
 RESULTS_DIR = Path("docs/results")

@@ -71,19 +71,24 @@ def test_a_results_file_that_does_not_render_leaves_every_document_as_it_was(pro
 def test_inline_values_are_rendered_from_results_files_with_their_formats(project):
     results = project / "docs" / "results" / "demo"
     (results / "samples.json").write_text(json.dumps({"burn_in": {"burn_in": 1990, "rhat": 1.04191},
-                                                      "seconds": [12.0, 3725.4], "name": "fcNN1"}))
+                                                      "seconds": [12.0, 3725.4], "name": "fcNN1",
+                                                      "kept": {"29 int4": {"k": 29, "gap": 1.25}}}))
     text = ("Dropped <!-- value:demo:samples.burn_in.burn_in -->old<!-- /value --> samples, R-hat "
             "<!-- value:demo:samples.burn_in.rhat:.3f --><!-- /value -->, in "
             "<!-- value:demo:samples.seconds.1:duration -->1 h<!-- /value --> on "
             "<!-- value:demo:samples.name -->x<!-- /value -->, accuracy "
-            "<!-- value:demo:results.accuracy.apd.acc.mean:.1% -->90 %<!-- /value -->.\n")
+            "<!-- value:demo:results.accuracy.apd.acc.mean:.1% -->90 %<!-- /value -->; a key with spaces: "
+            "<!-- value:demo:samples.kept.29 int4.k --><!-- /value -->, "
+            "<!-- value:demo:samples.kept.29 int4.gap:.1f --><!-- /value -->.\n")
     rendered = render_document(text, project)
     percent = 100 * json.loads((results / "results.json").read_text())["accuracy"]["apd"]["acc"]["mean"]
     assert rendered == ("Dropped <!-- value:demo:samples.burn_in.burn_in -->1,990<!-- /value --> samples, R-hat "
                         "<!-- value:demo:samples.burn_in.rhat:.3f -->1.042<!-- /value -->, in "
                         "<!-- value:demo:samples.seconds.1:duration -->1 h 2 min<!-- /value --> on "
                         "<!-- value:demo:samples.name -->fcNN1<!-- /value -->, accuracy "
-                        f"<!-- value:demo:results.accuracy.apd.acc.mean:.1% -->{percent:.1f} %<!-- /value -->.\n")
+                        f"<!-- value:demo:results.accuracy.apd.acc.mean:.1% -->{percent:.1f} %<!-- /value -->; "
+                        "a key with spaces: <!-- value:demo:samples.kept.29 int4.k -->29<!-- /value -->, "
+                        "<!-- value:demo:samples.kept.29 int4.gap:.1f -->1.2<!-- /value -->.\n")
     assert render_document(rendered, project) == rendered
 
 
