@@ -52,6 +52,7 @@ from apd.experiments.studies import STUDIES, resolve
 from apd.io import read_json, write_text_atomic, written_together
 from apd.pipeline.figures import EVALUATION_FIGURES
 from apd.pipeline.layout import PIPELINE_STAGES, Layout, manifest_of
+from apd.pipeline.results import kept_keys
 from apd.pipeline.table_format import format_duration, format_sample_count, markdown_table, method_label
 from apd.pipeline.tables import TABLE_BUILDERS, ood_table
 from apd.schedules import thinned_count
@@ -380,11 +381,12 @@ STARRED = ("\n\n\\* An evaluation written before gaps per draw: its AUROC gaps a
 
 
 def render_standing(results: dict[str, dict], manifests: dict[str, dict]) -> str:
-    """Where APD stands on several pipelines, one row each: the reference (its chains, the median
-    function-space bulk ESS, the largest gaps between two halves of its chains where measured), APD's storage
-    and seeds, the kept samples it is set against (those its storage buys at its own precision where it is
-    stored below float32), and each seed's percentile rank among the random subsets on the four summaries of
-    :data:`STANDING`."""
+    """Where APD stands on several pipelines, a row for each set of kept samples it is set against that is
+    stored as compactly as it is (where it is stored below float32: rounded whole at its precision and, where
+    the results have them, about their chains' means; otherwise its float32 kept samples): the reference (its
+    chains, the median function-space bulk ESS, the largest gaps between two halves of its chains where
+    measured), APD's storage and seeds, the kept samples, and each seed's percentile rank among their random
+    subsets on the four summaries of :data:`STANDING`."""
     body = []
     for name, result in results.items():
         function = manifests[name]["diagnostics"]["families"]["function"]
@@ -392,16 +394,16 @@ def render_standing(results: dict[str, dict], manifests: dict[str, dict]) -> str
         halves = ("—" if not stability else f"{stability['split_half']['max_auroc_gap']:.2f} points, "
                   f"{stability['split_half']['nll_gap']:.4f} nats")
         replicated = result["replicates"]["apd"]
-        equal = result["yardstick"]["equal_storage"]["apd"]
-        kept = equal["at_precision"]["key"] if "at_precision" in equal else str(equal["k"])
-        ranks = replicated["against"][kept]["percentile"]
         mean_gaps = not per_draw(result.get("quality", {}).values())
-        body.append([f"`{name}`", f"{manifests[name]['diagnostics']['chains_used']}",
-                     f"{function['ess_bulk_median']:,.0f}", halves,
-                     format_sample_count(result["storage"]["apd"]["in_sgld_samples"]), kept,
-                     f"{replicated['seeds']}",
-                     *(" / ".join(f"{value:.1f}" for value in ranks[key]["values"])
-                       + (" *" if mean_gaps and key in OF_THE_MEAN else "") for key, _ in STANDING)])
+        sets = kept_keys(result["yardstick"]["equal_storage"]["apd"])
+        for kept in sets[1:] or sets:
+            ranks = replicated["against"][kept]["percentile"]
+            body.append([f"`{name}`", f"{manifests[name]['diagnostics']['chains_used']}",
+                         f"{function['ess_bulk_median']:,.0f}", halves,
+                         format_sample_count(result["storage"]["apd"]["in_sgld_samples"]), kept,
+                         f"{replicated['seeds']}",
+                         *(" / ".join(f"{value:.1f}" for value in ranks[key]["values"])
+                           + (" *" if mean_gaps and key in OF_THE_MEAN else "") for key, _ in STANDING)])
     header = ["pipeline", "chains", r"p(y \| x) bulk ESS median", "reference halves apart (AUROC, NLL)",
               "APD storage", "against kept", "seeds", *(f"percentile: {label}" for _, label in STANDING)]
     starred = any(not per_draw(result.get("quality", {}).values()) for result in results.values())

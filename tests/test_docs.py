@@ -259,17 +259,20 @@ def test_samplers_put_several_pipelines_sample_manifests_side_by_side(project):
 
 
 def test_standing_sets_each_pipelines_reference_beside_apds_percentile_ranks(project):
-    """One row per pipeline: its chains, ESS and split halves beside each seed's percentile ranks against the
-    samples APD's storage buys at its own precision (or at float32 where it has none); the AUROC and NLL ranks
-    of an evaluation written before gaps per draw starred, and the star explained under the table."""
-    def pipeline(name: str, chains: int, ess: float, at_precision: bool, stability: bool) -> None:
+    """A row for each set of kept samples stored as compactly as APD (rounded whole at its precision, and about
+    their chains' means where the results have them; float32 where APD has no lower precision): the pipeline's
+    chains, ESS and split halves beside each seed's percentile ranks against them; the AUROC and NLL ranks of
+    an evaluation written before gaps per draw starred, and the star explained under the table."""
+    around = "13 int8 around chain means at int8"
+
+    def pipeline(name: str, chains: int, ess: float, stored: tuple[str, ...], stability: bool) -> None:
         family = {"ess_bulk_median": ess}
-        ranks, other = ({key: {"values": values} for key in ("bald_gap", "max_prob_gap", "nll_gap", "kl")}
-                        for values in ([0.0, 4.5, 100.0], [1.0, 1.0, 1.0]))
-        equal = {"k": 4, **({"at_precision": {"key": "15 int8"}} if at_precision else {})}
-        against = {"4": {"percentile": other if at_precision else ranks}, "15 int8": {"percentile": other}}
-        if at_precision:
-            against["15 int8"]["percentile"] = ranks
+        ranks, other, third = ({key: {"values": values} for key in ("bald_gap", "max_prob_gap", "nll_gap", "kl")}
+                               for values in ([0.0, 4.5, 100.0], [1.0, 1.0, 1.0], [2.0, 0.5, 96.0]))
+        equal = {"k": 4, **({"at_precision": {"key": "15 int8"}} if stored else {}),
+                 **({"around_means": {"key": around}} if around in stored else {})}
+        against = {"4": {"percentile": other if stored else ranks}, "15 int8": {"percentile": ranks},
+                   around: {"percentile": third}}
         results = {"storage": {"apd": {"in_sgld_samples": 3.796}}, "yardstick": {"equal_storage": {"apd": equal}},
                    "replicates": {"apd": {"seeds": 3, "against": against}},
                    "quality": {"apd": {"set_gaps": {}} if stability else {}}}  # the older one: no gaps per draw
@@ -280,13 +283,17 @@ def test_standing_sets_each_pipelines_reference_beside_apds_percentile_ranks(pro
         (folder / "results.json").write_text(json.dumps(results))
         (folder / "samples.json").write_text(json.dumps(
             {"diagnostics": {"chains_used": chains, "families": {"function": family}}}))
-    pipeline("many", 64, 111.2, at_precision=True, stability=True)
-    pipeline("few", 4, 897.6, at_precision=False, stability=False)
-    document = "<!-- results:many,few:standing -->\nold\n<!-- end -->\n"
+    pipeline("many", 64, 111.2, ("15 int8", around), stability=True)
+    pipeline("rounded", 2, 15.0, ("15 int8",), stability=True)
+    pipeline("few", 4, 897.6, (), stability=False)
+    document = "<!-- results:many,rounded,few:standing -->\nold\n<!-- end -->\n"
     rendered = render_document(document, project).splitlines()
     rows = [line for line in rendered if line.startswith("| `")]
     ranks, starred = " | 0.0 / 4.5 / 100.0" * 4, " | 0.0 / 4.5 / 100.0 *" * 3 + " | 0.0 / 4.5 / 100.0"
     assert rows == [f"| `many` | 64 | 111 | 0.51 points, 0.0007 nats | 3.8 | 15 int8 | 3{ranks} |",
+                    f"| `many` | 64 | 111 | 0.51 points, 0.0007 nats | 3.8 | {around} | 3"
+                    + " | 2.0 / 0.5 / 96.0" * 4 + " |",
+                    f"| `rounded` | 2 | 15 | 0.51 points, 0.0007 nats | 3.8 | 15 int8 | 3{ranks} |",
                     f"| `few` | 4 | 898 | — | 3.8 | 4 | 3{starred} |"]
     assert any(line.startswith("\\* An evaluation written before gaps per draw") for line in rendered)
 
