@@ -1,9 +1,10 @@
 """How a kept SGLD sample is stored: rounded whole at a precision, or as its deviation from its chain's mean.
 
-A precision P (:data:`~apd.distillation.precision.PRECISIONS`) stores each kept sample rounded whole,
-θ̂_s = Q_P(θ_s) (:func:`~apd.distillation.precision.round_trip`; at int8 and int4 one scale per block of 64
-numbers, the block's largest magnitude over the largest code); k samples take k·b_P bytes, b_P one D-vector
-at P (:func:`~apd.distillation.precision.stored_bytes`).
+:class:`RoundedWhole` at a precision P (:data:`~apd.distillation.precision.PRECISIONS`; a precision's name
+stands for it) stores each kept sample rounded whole, θ̂_s = Q_P(θ_s)
+(:func:`~apd.distillation.precision.round_trip`; at int8 and int4 one scale per block of 64 numbers, the
+block's largest magnitude over the largest code); k samples take k·b_P bytes, b_P one D-vector at P
+(:func:`~apd.distillation.precision.stored_bytes`).
 
 :class:`AroundChainMeans` stores each chain's mean once, at precision M, and each kept sample of chain c as
 its deviation from that mean, at P:
@@ -16,6 +17,9 @@ than its weights spread: what APD's codec does when it rounds subspace coordinat
 M (:class:`~apd.distillation.precision.PartPrecisions`). k samples from j distinct chains take
 k·b_P + j·b_M bytes; the yardstick's selections are stratified by chain
 (:func:`~apd.posteriors.kept.chain_shares`), so that j = min(k, C) for C chains, whichever samples are kept.
+
+Both have one interface: ``key`` (the storage in words, as results name it), ``stored(weights, chains)``
+(the samples as read back) and ``worth(k, dim)`` (k samples' bytes in SGLD samples' worth).
 """
 
 from __future__ import annotations
@@ -30,6 +34,28 @@ from torch import Tensor
 from apd.distillation.precision import in_samples, round_trip, stored_bytes
 from apd.posteriors.modes import chain_means
 from apd.samplers.store import SampleStore, StoreRows
+
+
+@dataclass(frozen=True)
+class RoundedWhole:
+    """Kept samples each rounded whole at ``precision`` (module docstring)."""
+
+    precision: str
+
+    @property
+    def key(self) -> str:
+        """The storage in words, as results name it: the precision, ``int4``."""
+        return self.precision
+
+    def stored(self, weights: Tensor, chains: np.ndarray) -> Tensor:
+        """θ̂_s = Q_P(θ_s) [k, D] of the samples ``weights`` [k, D] (of any chains)."""
+        if self.precision == "float32":
+            return weights
+        return torch.stack([round_trip(row, self.precision) for row in weights])
+
+    def worth(self, k: int, dim: int) -> float:
+        """The storage of k kept samples of ``dim`` weights in SGLD samples' worth: k·b_P bytes."""
+        return k * in_samples(stored_bytes(dim, self.precision), dim)
 
 
 @dataclass(frozen=True, eq=False)
@@ -59,34 +85,29 @@ class AroundChainMeans:
         means = self.means[torch.from_numpy(np.searchsorted(self.ids, np.asarray(chains)))]
         return means + torch.stack([round_trip(deviation, self.precision) for deviation in weights - means])
 
-    def worth(self, k: int) -> float:
-        """The storage of k kept samples in SGLD samples' worth: k deviations and the min(k, C) means of the
-        chains a stratified selection takes them from."""
-        dim = self.means.shape[1]
+    def worth(self, k: int, dim: int) -> float:
+        """The storage of k kept samples of ``dim`` weights in SGLD samples' worth: k deviations and the
+        min(k, C) means of the chains a stratified selection takes them from."""
         means = min(k, len(self.ids))
         return in_samples(k * stored_bytes(dim, self.precision) + means * stored_bytes(dim, self.mean_at), dim)
 
 
-KeptStorage = str | AroundChainMeans  # a precision each kept sample is rounded at whole, or a scheme
+KeptStorage = str | RoundedWhole | AroundChainMeans  # a precision's name: RoundedWhole at it
+
+
+def as_storage(storage: KeptStorage) -> RoundedWhole | AroundChainMeans:
+    """``storage``, a precision's name read as :class:`RoundedWhole` at it."""
+    return RoundedWhole(storage) if isinstance(storage, str) else storage
 
 
 def storage_key(storage: KeptStorage) -> str:
-    """A storage's name: the precision, or :attr:`AroundChainMeans.key`."""
-    return storage if isinstance(storage, str) else storage.key
-
-
-def stored_samples(weights: Tensor, chains: np.ndarray, storage: KeptStorage) -> Tensor:
-    """The kept samples ``weights`` [k, D] of the chains ``chains`` [k] as read back from ``storage``."""
-    if isinstance(storage, AroundChainMeans):
-        return storage.stored(weights, chains)
-    return weights if storage == "float32" else torch.stack([round_trip(row, storage) for row in weights])
+    """A storage's name, as results name it: the precision, or :attr:`AroundChainMeans.key`."""
+    return as_storage(storage).key
 
 
 def kept_worth(k: int, dim: int, storage: KeptStorage) -> float:
     """k kept samples of ``dim`` weights in SGLD samples' worth, stored as ``storage`` is."""
-    if isinstance(storage, AroundChainMeans):
-        return storage.worth(k)
-    return k * in_samples(stored_bytes(dim, storage), dim)
+    return as_storage(storage).worth(k, dim)
 
 
 def kept_for(worth: float, dim: int, storage: KeptStorage, available: int) -> int:

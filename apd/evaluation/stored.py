@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from apd.evaluation.kept_storage import KeptStorage, storage_key, stored_samples
+from apd.evaluation.kept_storage import KeptStorage, as_storage, storage_key
 from apd.nets import predict_probs
 from apd.posteriors.base import Posterior
 from apd.samplers.store import SampleStore, StoreRows
@@ -152,5 +152,5 @@ class StoredPredictions:
 
     def _predict(self, rows: list[int], storage: KeptStorage) -> Tensor:
         rows = np.asarray(rows, dtype=np.int64)
-        weights = stored_samples(self.store.read(rows), self.store.chains[rows], storage)
+        weights = as_storage(storage).stored(self.store.read(rows), self.store.chains[rows])
         return predict_probs(self.store.spec, weights.to(self.device), self.x)

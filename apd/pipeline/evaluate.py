@@ -414,8 +414,8 @@ def yardstick(ctx: RunContext, methods: dict[str, Posterior], inputs: Evaluation
     for key, (k, storage, stream) in bar:
         ctx.show(bar, "yardstick", judging=f"{key} kept samples")
         kept[key] = kept_samples(stored, k, inputs, reference, e.yardstick_subsets, stream, storage)
-    by_size = sorted((k, key) for key, (k, storage, _) in sets.items() if storage == "float32")
-    stored_otherwise = [key for key, (_, storage, _) in sets.items() if storage != "float32"]
+    by_size = sorted((k, key) for key, (k, storage, _) in sets.items() if storage_key(storage) == "float32")
+    stored_otherwise = [key for key, (_, storage, _) in sets.items() if storage_key(storage) != "float32"]
     return {"reference": {"bald_auroc": reference.bald_auroc, "max_prob_auroc": reference.max_prob_auroc,
                           "nll": reference.nll, "kl_samples": reference.samples},
             "curve": [kept[str(k)] for k in curve_ks],

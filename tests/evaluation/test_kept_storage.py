@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from apd.distillation.precision import round_trip
-from apd.evaluation.kept_storage import AroundChainMeans, kept_for, kept_worth, storage_key, stored_samples
+from apd.evaluation.kept_storage import AroundChainMeans, RoundedWhole, as_storage, kept_for, kept_worth, storage_key
 from apd.evaluation.stored import StoredPredictions
 from apd.nets import ParamSpec, mlp, predict_probs
 from apd.samplers.store import SampleStore
@@ -38,9 +38,9 @@ def test_each_sample_is_its_chains_mean_plus_its_deviation_rounded_apart(tmp_pat
         assert around.ids.tolist() == [7, 8]
         torch.testing.assert_close(around.means, means.float())
         weights = store.read_all()
-        stored = stored_samples(weights, store.chains, around)
+        stored = around.stored(weights, store.chains)
         torch.testing.assert_close(stored, weights, rtol=0, atol=1e-6)  # the codes hold each deviation
-        whole = stored_samples(weights, store.chains, "int4")  # the block's scale spans the mean: 5.07 / 7
+        whole = RoundedWhole("int4").stored(weights, store.chains)  # the block's scale spans the mean: 5.07 / 7
         assert (whole - weights).abs().max() > 0.1 > (stored - weights).abs().max()
         assert storage_key(around) == "int4 around chain means at float32" and storage_key("int8") == "int8"
 
@@ -63,6 +63,18 @@ def test_k_samples_take_their_deviations_and_the_means_of_the_chains_they_come_f
     assert kept_worth(k, SPEC.numel, "int4") == pytest.approx(k * 138 / 972)
 
 
+def test_a_precisions_name_is_the_samples_rounded_whole_at_it(tmp_path):
+    store, _, _ = steps_store(tmp_path / "s.h5")
+    with store:
+        weights, chains = store.read_all(), store.chains
+    assert as_storage("int4") == RoundedWhole("int4") and as_storage(RoundedWhole("int8")) == RoundedWhole("int8")
+    assert RoundedWhole("float32").stored(weights, chains) is weights  # nothing to round
+    torch.testing.assert_close(RoundedWhole("int4").stored(weights, chains),
+                               torch.stack([round_trip(row, "int4") for row in weights]), rtol=0, atol=0)
+    assert [RoundedWhole(p).worth(3, SPEC.numel) for p in ("float32", "int8", "int4")] == pytest.approx(
+        [3.0, 3 * 259 / 972, 3 * 138 / 972])
+
+
 @pytest.mark.parametrize(("worth", "expected"), [
     (397 / 972, 1), (398 / 972, 2), (794 / 972, 2),  # one sample with its mean; two with theirs
     (932 / 972, 3), (933 / 972, 4),  # 3: 414 + 518 = 932 bytes
@@ -82,7 +94,7 @@ def test_shared_predictions_keep_samples_around_means_apart_from_the_whole_round
         around = AroundChainMeans.of(store, "int4", "int8")
         shared, rows = StoredPredictions(store, x, "cpu"), np.array([6, 1, 5])
         whole = shared.probs(rows, "int4")
-        expected = predict_probs(SPEC, stored_samples(store.read(rows), store.chains[rows], around), x)
+        expected = predict_probs(SPEC, around.stored(store.read(rows), store.chains[rows]), x)
         assert torch.equal(shared.probs(rows, around), expected)
         assert not torch.equal(whole, expected)
         assert torch.equal(shared.probs(rows, "int4"), whole)
