@@ -660,7 +660,10 @@ def test_a_method_stored_at_int8_meets_float32_kept_samples_and_the_int8_ones_it
     model = _load_apd(root / "tiny" / "generator.pt")
     model.model.stored_as = PartPrecisions("int8")
     method = APDGenerator(model.model, model.spec)
-    assert method.precision == "int8"
+    assert method.precision == "int8" and method.mean_precision == "int8"
+    model.model.stored_as = PartPrecisions("int4", mean="int8")  # the means kept beside APD's: at its own mean's
+    assert (method.precision, method.mean_precision) == ("int4", "int8")
+    model.model.stored_as = PartPrecisions("int8")
     worth, dim = method.storage_in_samples(), model.spec.numel
     inputs = evaluation_inputs(ctx)
     with SampleStore.open(root / "tiny" / "samples.h5") as store:
