@@ -412,7 +412,7 @@ def yardstick(ctx: RunContext, methods: dict[str, Posterior], inputs: Evaluation
     kept = {}
     bar = ctx.progress(sets.items(), total=len(sets), desc="yardstick", unit="set")
     for key, (k, storage, stream) in bar:
-        ctx.show(bar, "yardstick", judging=f"{key} kept samples")
+        ctx.show(bar, "yardstick", judging=f'kept samples "{key}"')
         kept[key] = kept_samples(stored, k, inputs, reference, e.yardstick_subsets, stream, storage)
     by_size = sorted((k, key) for key, (k, storage, _) in sets.items() if storage_key(storage) == "float32")
     stored_otherwise = [key for key, (_, storage, _) in sets.items() if storage_key(storage) != "float32"]

@@ -685,7 +685,7 @@ def test_a_method_stored_at_int8_meets_float32_kept_samples_and_the_int8_ones_it
     curve = [str(r["k"]) for r in y["curve"]]
     expected = curve + ([] if str(entry["k"]) in curve else [str(entry["k"])]) + [f"{k_int8} int8", around]
     assert [m for m in caplog.messages if m.startswith("yardstick: ")] == [
-        f"yardstick: judging {key} kept samples" for key in expected]
+        f'yardstick: judging kept samples "{key}"' for key in expected]
     assert list(y["kept"]) == sorted(expected[:-2], key=int) + expected[-2:]
     row = y["kept"][f"{k_int8} int8"]
     assert row["precision"] == "int8" and row["k"] == k_int8 and row["in_sgld_samples"] <= worth + 0.27
