@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from apd import __version__
 from apd.config import config_hash
 from apd.errors import ArtifactError
 from apd.evaluation.fidelity import bald_ratio, weight_fidelity
@@ -45,6 +46,7 @@ from apd.io import hdf5_atomic, read_json, remove_tree, replace_directory, resto
 from apd.methods import MethodName
 from apd.metrics import mean_of, mean_std
 from apd.pipeline.adversarial import evaluate_adversarial
+from apd.pipeline.finished_parts import FinishedParts
 from apd.pipeline.layout import manifest_of
 from apd.pipeline.manifests import file_digest, is_complete, manifest_record, write_manifest
 from apd.pipeline.methods import METHODS, ensemble_sizes, fit_mixture, load_methods, method_inputs
@@ -88,7 +90,10 @@ def run_evaluate(ctx: RunContext) -> dict:
         built = layout.eval_dir.with_name("eval.partial")
         remove_tree(built)
         built.mkdir(parents=True)
-        results = evaluate_methods(ctx, methods, stack, built)
+        finished = FinishedParts(layout.eval_dir.with_name("eval.kept.partial"),
+                                 {"stage": stage_hash, "inputs": inputs, "version": __version__,
+                                  "machine": machine(ctx.device)}, start_over=ctx.force)
+        results = evaluate_methods(ctx, methods, stack, built, finished)
         results["peers"] = details
         results["timing"]["loading"] = loading  # per method: reading or fitting it (Laplace, MoG, Stein)
         if cfg.evaluate.adversarial.enabled:
@@ -105,12 +110,15 @@ def run_evaluate(ctx: RunContext) -> dict:
                    {**manifest_record("evaluate", stage_hash, inputs, seconds=results["timing"]["total"]),
                     "files": digests})
     replace_directory(built, layout.eval_dir)
+    finished.remove()
     print_summary(ctx, results)
     return results
 
 
-def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: ExitStack, out) -> dict:
-    """Accuracy, OOD detection, storage, fidelity and (``mog_growth``) MoG growth for ``methods`` (module docstring)."""
+def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: ExitStack, out,
+                     finished: FinishedParts | None = None) -> dict:
+    """Accuracy, OOD detection, storage, fidelity and (``mog_growth``) MoG growth for ``methods`` (module
+    docstring); the yardstick's kept sets an interrupted run finished are taken from ``finished``."""
     cfg, e, data, device = ctx.cfg, ctx.cfg.evaluate, ctx.data, ctx.device
     inputs = evaluation_inputs(ctx)
     stored = stored_predictions(ctx, methods, inputs)
@@ -169,7 +177,7 @@ def evaluate_methods(ctx: RunContext, methods: dict[str, Posterior], stack: Exit
         with stopwatch(results["timing"], "mog_growth"):
             results["mog"], results["apd_share"] = mixture_growth(ctx, methods, inputs, results, reference)
     with stopwatch(results["timing"], "yardstick"):
-        results["yardstick"] = yardstick(ctx, methods, inputs, reference, stored)
+        results["yardstick"] = yardstick(ctx, methods, inputs, reference, stored, finished)
     if MethodName.APD in methods and cfg.distill.seeds > 1:
         with stopwatch(results["timing"], "replicates"):
             results["replicates"] = {MethodName.APD: replicate_apd(
@@ -367,7 +375,7 @@ def at_networks(ctx: RunContext, methods: dict[str, Posterior], inputs: Evaluati
 
 
 def yardstick(ctx: RunContext, methods: dict[str, Posterior], inputs: EvaluationInputs, reference: Reference,
-              stored: StoredPredictions) -> dict:
+              stored: StoredPredictions, finished: FinishedParts | None = None) -> dict:
     """The kept-samples curve (k of ``yardstick_sizes``) and, for each method of storage S below the store's
     size, ⌈S⌉ kept samples: evenly spaced and ``yardstick_subsets`` random subsets
     (:mod:`apd.evaluation.yardstick`). A method stored at a lower precision P is also set against the kept
@@ -376,7 +384,9 @@ def yardstick(ctx: RunContext, methods: dict[str, Posterior], inputs: Evaluation
     stored at P about their chains' means, the means at the precision of the method's own mean
     (:class:`~apd.evaluation.kept_storage.AroundChainMeans`; key "K P around chain means at M", the entry's
     ``around_means``). The kept samples' predictions come from ``stored``; a progress bar counts the sets
-    judged."""
+    judged. Each set judged is kept in ``finished``, and one found there (an interrupted run judged it under
+    the same configuration, inputs and machine: :mod:`apd.pipeline.finished_parts`) is taken, not judged
+    again, its seed stream set where judging it left it."""
     e = ctx.cfg.evaluate
     n, dim = len(stored), stored.store.spec.numel
     # key -> (k, storage, stream): the curve's sizes draw from one stream in increasing order, every other
@@ -412,8 +422,15 @@ def yardstick(ctx: RunContext, methods: dict[str, Posterior], inputs: Evaluation
     kept = {}
     bar = ctx.progress(sets.items(), total=len(sets), desc="yardstick", unit="set")
     for key, (k, storage, stream) in bar:
+        taken = None if finished is None else finished.get(key, stream)  # the curve's sizes share a stream
+        if taken is not None:
+            ctx.show(bar, "yardstick", taken=f'kept samples "{key}" an interrupted run judged')
+            kept[key] = taken
+            continue
         ctx.show(bar, "yardstick", judging=f'kept samples "{key}"')
         kept[key] = kept_samples(stored, k, inputs, reference, e.yardstick_subsets, stream, storage)
+        if finished is not None:
+            kept[key] = finished.put(key, kept[key], stream)
     by_size = sorted((k, key) for key, (k, storage, _) in sets.items() if storage_key(storage) == "float32")
     stored_otherwise = [key for key, (_, storage, _) in sets.items() if storage_key(storage) != "float32"]
     return {"reference": {"bald_auroc": reference.bald_auroc, "max_prob_auroc": reference.max_prob_auroc,

@@ -281,6 +281,52 @@ def test_ctrl_c_turned_into_another_error_is_still_an_interrupt(art, monkeypatch
     assert snapshot(art.dir) == before
 
 
+def without_timings(value):
+    """A results object with every timing left out (wall-clock seconds differ between any two runs)."""
+    if isinstance(value, dict):
+        return {k: without_timings(v) for k, v in value.items() if k != "timing" and "seconds" not in k}
+    return [without_timings(v) for v in value] if isinstance(value, list) else value
+
+
+def test_an_interrupted_evaluation_takes_the_kept_sets_it_judged_and_ends_as_an_uninterrupted_one(
+        art, tmp_path, monkeypatch):
+    """A Ctrl-C while the yardstick judges its third kept set leaves the two it judged in eval.kept.partial;
+    the next run judges only the others (the third from the stream the first two share, where they left it)
+    and writes what an uninterrupted run writes, timings aside, leaving nothing behind. A run under another
+    configuration, or with --force, judges every set again."""
+    import apd.pipeline.evaluate as evaluate_module
+
+    real, judged = evaluate_module.kept_samples, []
+
+    def judging(*args, stop_at: int | None = None, **kwargs):
+        if len(judged) == stop_at:
+            raise KeyboardInterrupt
+        judged.append(args[1])  # k
+        return real(*args, **kwargs)
+
+    sizes = ("--set", "evaluate.yardstick_sizes=[1,2,3]")  # three sets drawn from one stream, then the others
+    monkeypatch.setattr(evaluate_module, "kept_samples", lambda *a, **kw: judging(*a, stop_at=2, **kw))
+    assert art.run("evaluate", *sizes).rc == 130
+    assert judged == [1, 2] and len(list((art.dir / "eval.kept.partial").glob("*.json"))) == 3  # and its key
+    monkeypatch.setattr(evaluate_module, "kept_samples", judging)
+    assert art.run("evaluate", *sizes).rc == 0
+    every = len(json.loads(art.path("eval/results.json").read_text())["yardstick"]["kept"])
+    assert judged[:3] == [1, 2, 3] and len(judged) == every > 3 and not (art.dir / "eval.kept.partial").exists()
+
+    other = Artifacts(art.root, art.config, tmp_path / "other")
+    shutil.rmtree(other.dir / "eval")
+    judged.clear()
+    assert other.run("evaluate", *sizes).rc == 0 and len(judged) == every
+    resumed, uninterrupted = (json.loads(a.path("eval/results.json").read_text()) for a in (art, other))
+    assert without_timings(resumed) == without_timings(uninterrupted)
+
+    judged.clear()
+    monkeypatch.setattr(evaluate_module, "kept_samples", lambda *a, **kw: judging(*a, stop_at=2, **kw))
+    assert art.run("evaluate", "--force", *sizes).rc == 130
+    monkeypatch.setattr(evaluate_module, "kept_samples", judging)
+    assert art.run("evaluate", "--force", *sizes).rc == 0 and judged[2:4] == [1, 2]  # started over
+
+
 # ----------------------------------------------------------------------------------------- provenance
 
 
