@@ -11,7 +11,9 @@ every generator seed of APD judged alike (:mod:`apd.pipeline.replicates`; the ma
 with two chains or more, whether SGLD's reference numbers are settled (``reference_stability``: split halves
 of its chains and jackknife errors, :mod:`apd.evaluation.stability`).
 
-Everything is built in ``eval.partial/`` and swapped in for ``eval/`` when complete.
+Everything is built in ``eval.partial/`` and swapped in for ``eval/`` when complete; the yardstick's kept sets,
+each as soon as it is judged, wait in ``eval.kept.partial/`` until then, so that a run after an interrupt takes
+them (:mod:`apd.pipeline.finished_parts`).
 """
 
 from __future__ import annotations
@@ -424,7 +426,7 @@ def yardstick(ctx: RunContext, methods: dict[str, Posterior], inputs: Evaluation
     for key, (k, storage, stream) in bar:
         taken = None if finished is None else finished.get(key, stream)  # the curve's sizes share a stream
         if taken is not None:
-            ctx.show(bar, "yardstick", taken=f'kept samples "{key}" an interrupted run judged')
+            ctx.show(bar, "yardstick", taken=f'kept samples "{key}" (an interrupted run judged them)')
             kept[key] = taken
             continue
         ctx.show(bar, "yardstick", judging=f'kept samples "{key}"')

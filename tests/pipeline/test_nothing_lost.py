@@ -59,7 +59,7 @@ WORK = re.compile(r"(^\.lock$|\.partial(\.|$)|\.ckpt\.pt$|\.tmp(\.|$)|\.probe\.h
 def snapshot(root: Path) -> dict[str, str]:
     """SHA-256 of every complete artifact file under ``root`` (the lock and work in progress left out)."""
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
-            if p.is_file() and not WORK.search(p.name) and "eval.partial" not in p.parts}
+            if p.is_file() and not any(WORK.search(part) for part in p.relative_to(root).parts)}
 
 
 def forge(manifest: Path) -> None:
