@@ -56,31 +56,35 @@ for a variant those names do not tell apart (other steps or budgets).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
 from apd.config import YARDSTICK_SUBSETS, bounded
 from apd.distillation.precision import PartPrecisions, Precision
 from apd.errors import ConfigError
-from apd.evaluation.kept_storage import AroundChainMeans, kept_for
+from apd.evaluation.kept_storage import AroundChainMeans, KeptStorage, kept_for, storage_key
+from apd.evaluation.protocol import EvaluationInputs
 from apd.evaluation.stored import StoredPredictions
 from apd.evaluation.yardstick import (
     FIXED,
     GAPS_PER_DRAW,
     RANK_RULE,
+    Reference,
     kept_samples,
     per_draw,
     ranked,
     standing,
 )
 from apd.experiments.options import plan_from_options
-from apd.experiments.outputs import provenance, write_study
+from apd.experiments.outputs import provenance, study_parts, write_study
 from apd.experiments.precision import (
     GAPS,
     apd_bytes,
@@ -98,7 +102,8 @@ from apd.experiments.storage import sgld_reference
 from apd.metrics import mean_of, std_of
 from apd.nets import ParamSpec
 from apd.pipeline.figures import figure_legend, new_figure, save_figure
-from apd.pipeline.recipes import evaluation_inputs, training_samples
+from apd.pipeline.finished_parts import FinishedParts
+from apd.pipeline.recipes import TrainingSamples, evaluation_inputs, training_samples
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.seeds import replicated
 from apd.pipeline.stage import require_input
@@ -111,6 +116,7 @@ from apd.pipeline.table_format import (
     mean_std,
     spoken_list,
 )
+from apd.posteriors import Posterior
 from apd.samplers.store import SampleStore, chain_partition
 
 log = logging.getLogger(__name__)
@@ -170,9 +176,106 @@ def study_stem(plan: FrontierPlan) -> str:
     return f"{stem}-{plan.tag}" if plan.tag else stem
 
 
-def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
+@dataclass
+class FrontierRun:
+    """What every budget of one frontier study shares: the store, its predictions on the judged inputs, SGLD's
+    reference and judged summary (``sgld``), the samples the generators are fit to (``data``), and the parts an
+    interrupted run of the study finished (``finished``)."""
+
+    ctx: RunContext
+    plan: FrontierPlan
+    store: SampleStore
+    predictions: StoredPredictions
+    inputs: EvaluationInputs
+    reference: Reference
+    sgld: dict
+    data: TrainingSamples
+    around: AroundChainMeans | None  # the storage of samples kept around their chains' means, where kept so
+    finished: FinishedParts | None
+
+    def part(self, name: str, make: Callable[[], Any]) -> Any:
+        """The part ``name`` an interrupted run finished, else ``make()``, kept as finished."""
+        taken = None if self.finished is None else self.finished.get(name)
+        if taken is not None:
+            log.info("%s: taken from an interrupted run", name)
+            return taken
+        made = make()
+        return made if self.finished is None else self.finished.put(name, made)
+
+    def point(self, budget: int) -> dict:
+        """The kept samples and APD's trainings and ceilings at ``budget`` (:func:`frontier`)."""
+        ctx, plan, store, cfg = self.ctx, self.plan, self.store, self.ctx.cfg
+        spec, n, stored_as = store.spec, len(store), plan.stored_as()
+        chains = len(chain_partition(store.chains)[0])
+        seed = ctx.seed("experiment", "frontier", budget)
+
+        def judged(k: int, storage: KeptStorage = "float32") -> dict:
+            log.info("budget %d: judging %d samples kept at %s and %d random subsets", budget, k,
+                     storage_key(storage), plan.subsets)
+            return kept_samples(self.predictions, k, self.inputs, self.reference, plan.subsets,
+                                torch.Generator().manual_seed(seed), storage)
+
+        kept = self.part(f"budget {budget}: kept", lambda: judged(budget))
+        stored_kept = around_kept = None
+        if plan.kept_at_precision and plan.precision != "float32":
+            at_precision = kept_for(budget, spec.numel, plan.precision, n)
+            stored_kept = self.part(f"budget {budget}: kept at precision",
+                                    lambda: judged(at_precision, plan.precision))
+        if self.around is not None:
+            around_k = kept_for(budget, spec.numel, self.around, n)
+            around_kept = self.part(f"budget {budget}: kept around means", lambda: judged(around_k, self.around))
+        limit = min(n, cfg.distill.fit_samples, spec.numel)
+        rank = largest_rank(lambda r: chain_generators_storage(cfg.distill, r, spec, chains, stored_as,
+                                                               plan.mode_embedding), budget, limit)
+        trainings, ceiling, stored_ceiling = [], None, None
+        if rank:
+            coordinates = functools.cache(lambda: sgld_coordinates(ctx, store, self.data, rank))
+            steps = plan.steps or cfg.distill.steps
+
+            def trained(k: int) -> dict:
+                log.info("budget %d: APD rank %d, training %d of %d", budget, rank, k + 1, plan.seeds)
+                t0 = time.perf_counter()
+                exact = (train_conditioned_generator(ctx, store, coordinates(), steps, plan.mode_embedding, k)
+                         if plan.mode_embedding else train_chain_generators(ctx, store, coordinates(), steps, k))
+                stored = stored_apd(exact, stored_as)
+                draws = ctx.seed(*replicated(k, "experiment", "frontier", budget))
+                return {"rank": rank, "chains": chains, "seed": k, "steps": steps,
+                        **self.scored(stored, apd_bytes(stored.model, stored_as), kept, draws),
+                        "seconds": round(time.perf_counter() - t0, 2)}
+
+            def as_stored() -> dict:
+                decoded = coordinates().codec_at(stored_as)
+                return {"rank": rank, "codec_at": plan.precision, "mean_at": stored_as.mean,
+                        **self.scored(decoded, decoded.stored_bytes(), kept, seed)}
+
+            trainings = [self.part(f"budget {budget}: training {k}", functools.partial(trained, k))
+                         for k in range(plan.seeds)]
+            if plan.ceiling:
+                ceiling = self.part(f"budget {budget}: ceiling", lambda: {
+                    "rank": rank, **self.scored(coordinates(), coordinates().stored_bytes(), kept, seed)})
+                if stored_as.codec_only().rounds():
+                    stored_ceiling = self.part(f"budget {budget}: ceiling as stored", as_stored)
+            for summary in filter(None, (*trainings, ceiling, stored_ceiling)):
+                for margins, rows in (("margins_at_precision", stored_kept), ("margins_around_means", around_kept)):
+                    summary[margins] = None if rows is None else judged_margins(summary, rows, self.sgld)
+        apd = trainings[0] if trainings else None
+        log.info("budget %d: %s", budget, "no generator fits" if apd is None else
+                 f"APD rank {rank}, wins " + ", ".join(str(t["margins"]["wins"]) for t in trainings)
+                 + f" of {apd['margins']['compared']}")
+        return {"budget": budget, "kept": kept, "kept_at_precision": stored_kept, "kept_around_means": around_kept,
+                "apd": apd, "retrained": trainings[1:], "ceiling": ceiling,
+                "ceiling_codec_at_precision": stored_ceiling}
+
+    def scored(self, stored: Posterior, nbytes: int, kept: dict, seed: int) -> dict:
+        """:func:`~apd.experiments.precision.scored` on this study's inputs and reference."""
+        return scored(self.ctx, stored, nbytes, self.inputs, self.reference, kept, seed, self.sgld)
+
+
+def frontier(ctx: RunContext, plan: FrontierPlan, finished: FinishedParts | None = None) -> dict:
     """APD and S kept samples at each budget S of ``plan``, judged on validation images and the OOD tuning
-    pool; the results as JSON-able data."""
+    pool; the results as JSON-able data. Each kept set, training and ceiling is kept in ``finished`` once
+    made, and one found there (an interrupted run of the same study made it) is taken, not made again: each
+    draws from seeds of its own, so one taken leaves the others as they were."""
     cfg, e = ctx.cfg, ctx.cfg.evaluate
     require_subspace(ctx, "frontier")
     if not plan.budgets:
@@ -180,75 +283,17 @@ def frontier(ctx: RunContext, plan: FrontierPlan) -> dict:
     require_input(ctx, ctx.layout.samples, "sample")
     started = time.perf_counter()
     inputs = evaluation_inputs(ctx, role="tuning")
-    points = []
     with SampleStore.open(ctx.layout.samples, expect_spec=ParamSpec.from_module(ctx.network())) as store:
         spec, n = store.spec, len(store)
         if max(plan.budgets) > n:
             raise ConfigError(f"--option budgets: the store holds {n} samples, fewer than {max(plan.budgets)}")
         predictions = StoredPredictions(store, inputs.stacked(ctx.device), ctx.device)
         sgld, reference = sgld_reference(ctx, predictions, inputs)
-        data = training_samples(ctx, store, cfg.distill)
-        chains = len(chain_partition(store.chains)[0])
-        limit = min(n, cfg.distill.fit_samples, spec.numel)
-        stored_as = plan.stored_as()
-        around = (AroundChainMeans.of(store, plan.precision, stored_as.mean)
+        around = (AroundChainMeans.of(store, plan.precision, plan.stored_as().mean)
                   if plan.kept_around_means and plan.precision != "float32" else None)
-        for budget in sorted(set(plan.budgets)):
-            seed = ctx.seed("experiment", "frontier", budget)
-            log.info("budget %d: judging %d kept samples and %d random subsets", budget, budget, plan.subsets)
-            kept = kept_samples(predictions, budget, inputs, reference, plan.subsets,
-                                torch.Generator().manual_seed(seed))
-            rank = largest_rank(lambda r: chain_generators_storage(cfg.distill, r, spec, chains, stored_as,
-                                                                   plan.mode_embedding), budget, limit)
-            stored_kept = None
-            if plan.kept_at_precision and plan.precision != "float32":
-                at_precision = kept_for(budget, spec.numel, plan.precision, n)
-                log.info("budget %d: judging %d samples kept at %s and %d random subsets", budget, at_precision,
-                         plan.precision, plan.subsets)
-                stored_kept = kept_samples(predictions, at_precision, inputs, reference, plan.subsets,
-                                           torch.Generator().manual_seed(seed), plan.precision)
-            around_kept = None
-            if around is not None:
-                around_means = kept_for(budget, spec.numel, around, n)
-                log.info("budget %d: judging %d samples kept at %s and %d random subsets", budget, around_means,
-                         around.key, plan.subsets)
-                around_kept = kept_samples(predictions, around_means, inputs, reference, plan.subsets,
-                                           torch.Generator().manual_seed(seed), around)
-            trainings, ceiling, stored_ceiling = [], None, None
-            if rank:
-                coordinates = sgld_coordinates(ctx, store, data, rank)
-                steps = plan.steps or cfg.distill.steps
-                for k in range(plan.seeds):
-                    log.info("budget %d: APD rank %d, training %d of %d", budget, rank, k + 1, plan.seeds)
-                    t0 = time.perf_counter()
-                    exact = (train_conditioned_generator(ctx, store, coordinates, steps, plan.mode_embedding, k)
-                             if plan.mode_embedding else train_chain_generators(ctx, store, coordinates, steps, k))
-                    stored = stored_apd(exact, stored_as)
-                    nbytes = apd_bytes(stored.model, stored_as)
-                    draws = ctx.seed(*replicated(k, "experiment", "frontier", budget))
-                    trainings.append({"rank": rank, "chains": chains, "seed": k, "steps": steps,
-                                      **scored(ctx, stored, nbytes, inputs, reference, kept, draws, sgld),
-                                      "seconds": round(time.perf_counter() - t0, 2)})
-                if plan.ceiling:
-                    ceiling = {"rank": rank, **scored(ctx, coordinates, coordinates.stored_bytes(), inputs,
-                                                      reference, kept, seed, sgld)}
-                    if stored_as.codec_only().rounds():
-                        decoded = coordinates.codec_at(stored_as)
-                        stored_ceiling = {"rank": rank, "codec_at": plan.precision, "mean_at": stored_as.mean,
-                                          **scored(ctx, decoded, decoded.stored_bytes(), inputs, reference, kept,
-                                                   seed, sgld)}
-                for summary in filter(None, (*trainings, ceiling, stored_ceiling)):
-                    for margins, rows in (("margins_at_precision", stored_kept),
-                                          ("margins_around_means", around_kept)):
-                        summary[margins] = None if rows is None else judged_margins(summary, rows, sgld)
-            apd = trainings[0] if trainings else None
-            points.append({"budget": budget, "kept": kept, "kept_at_precision": stored_kept,
-                           "kept_around_means": around_kept, "apd": apd,
-                           "retrained": trainings[1:], "ceiling": ceiling,
-                           "ceiling_codec_at_precision": stored_ceiling})
-            log.info("budget %d: %s", budget, "no generator fits" if apd is None else
-                     f"APD rank {rank}, wins " + ", ".join(str(t["margins"]["wins"]) for t in trainings)
-                     + f" of {apd['margins']['compared']}")
+        run = FrontierRun(ctx, plan, store, predictions, inputs, reference, sgld,
+                          training_samples(ctx, store, cfg.distill), around, finished)
+        points = [run.point(budget) for budget in sorted(set(plan.budgets))]
     return {"pipeline": cfg.name, "dataset": ctx.data.name, "dim": spec.numel, "sgld_samples": n, "runs": e.runs,
             "networks": e.networks, "ood_sets": list(inputs.ood),
             "judged_on": "validation images and the OOD tuning pool (never the test split or evaluate's OOD sets)",
@@ -554,8 +599,10 @@ def draw_figure(results: dict, path: Path) -> None:
 
 def run_frontier(ctx: RunContext, options: list[str]) -> dict:
     """``apd experiment frontier``: compare, write ``experiments/STEM.{json,md,png}`` (:func:`study_stem`) with
-    the study's provenance, print the table."""
+    the study's provenance, print the table; resumes a run of the same study cut short (:func:`study_parts`)."""
     plan = plan_from_options(options, FrontierPlan)
-    results = {**frontier(ctx, plan), "provenance": provenance(ctx)}
+    finished = study_parts(ctx, study_stem(plan), plan)
+    results = {**frontier(ctx, plan, finished), "provenance": provenance(ctx)}
     write_study(ctx.layout.experiments, study_stem(plan), results, render_table, draw_figure, show=not ctx.quiet)
+    finished.remove()
     return results

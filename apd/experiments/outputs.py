@@ -5,12 +5,16 @@ its ``--option`` strings to those files."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from apd import __version__
+from apd.config import config_hash
 from apd.experiments.options import plan_from_options
 from apd.io import read_json, write_json_atomic, write_text_atomic, written_together
+from apd.pipeline.finished_parts import FinishedParts
 from apd.pipeline.layout import manifest_of
 from apd.pipeline.runtime import RunContext, machine
 
@@ -42,6 +46,15 @@ def provenance(ctx: RunContext) -> dict[str, Any]:
     record = read_json(manifest) if manifest.is_file() else {}
     return {"machine": machine(ctx.device), "store_files": record.get("files"),
             "store_samples": record.get("samples_digest")}
+
+
+def study_parts(ctx: RunContext, stem: str, plan: Any) -> FinishedParts:
+    """The parts of the study ``stem`` under ``plan`` (a dataclass) that a run cut short finished, in
+    ``experiments/STEM.partial/`` (:mod:`apd.pipeline.finished_parts`): taken by a run of the same study on the
+    same pipeline configuration, store, apd version and machine, unless it starts over (``--force``)."""
+    key = {"study": stem, "plan": dataclasses.asdict(plan), "config": config_hash(ctx.cfg), "version": __version__,
+           **provenance(ctx)}
+    return FinishedParts(ctx.layout.experiments / f"{stem}.partial", key, start_over=ctx.force)
 
 
 def run_study(ctx: RunContext, options: list[str], plan: type, compute: Callable[[RunContext, Any], dict], stem: str,

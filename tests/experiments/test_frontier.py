@@ -20,11 +20,12 @@ from tests.tiny_pipeline import TINY, copy_samples_as_two_chains
 SPEC = ParamSpec.from_module(mlp([64, 32, 10]))  # the tiny pipeline's network: D = 2,410
 
 
-def _frontier(tiny_pipeline, target, *options: str) -> tuple[int, str]:
+def _frontier(tiny_pipeline, target, *options: str, force: bool = False) -> tuple[int, str]:
     """``apd experiment frontier`` on the tiny pipeline's samples split into two chains: (exit code, stderr)."""
     root, config = tiny_pipeline
     copy_samples_as_two_chains(root, target)
-    args = ["experiment", "frontier", "--config", str(config), "--artifacts", str(target), "--quiet"]
+    args = ["experiment", "frontier", "--config", str(config), "--artifacts", str(target), "--quiet",
+            *(["--force"] if force else [])]
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         rc = main([*args, *(arg for option in options for arg in ("--option", option))])
@@ -310,6 +311,52 @@ def test_apd_trained_from_several_seeds_is_judged_training_by_training(tiny_pipe
     assert all(f"| 2 | APD per chain, seed {k} | r={thrice['apd']['rank']} |" in table for k in range(3))
     assert "APD trained for 5 generator steps, 3 times per budget, from generator seeds 0 to 2" in table
     assert "in every one of its 3 trainings at" in table and "(seed by seed: " in table
+
+
+def without_seconds(value):
+    """A study's results with every timing left out (wall-clock seconds differ between any two runs)."""
+    if isinstance(value, dict):
+        return {k: without_seconds(v) for k, v in value.items() if k not in ("seconds", "provenance")}
+    return [without_seconds(v) for v in value] if isinstance(value, list) else value
+
+
+def test_a_study_cut_short_takes_what_it_finished_and_ends_as_an_uninterrupted_one(tiny_pipeline, tmp_path,
+                                                                                  monkeypatch):
+    """A Ctrl-C in the second budget's second training leaves the first budget's parts and the second's kept
+    sets and first training in experiments/frontier.partial; the next run trains only what is left and
+    writes what an uninterrupted run writes, timings aside, leaving nothing behind; --force starts over."""
+    import apd.experiments.frontier as frontier_module
+
+    real, trained = frontier_module.train_chain_generators, []
+
+    def training(*args, stop_at: int | None = None, **kwargs):
+        if len(trained) == stop_at:
+            raise KeyboardInterrupt
+        trained.append(args[-1])  # the generator seed
+        return real(*args, **kwargs)
+
+    options = ("budgets=[2, 4]", "steps=5", "seeds=2")
+    monkeypatch.setattr(frontier_module, "train_chain_generators", lambda *a, **kw: training(*a, stop_at=3, **kw))
+    assert _frontier(tiny_pipeline, tmp_path / "cut", *options)[0] == 130
+    out = tmp_path / "cut" / "tiny" / "experiments"
+    assert trained == [0, 1, 0] and not (out / "frontier.json").exists()
+    # per budget: the three kept sets, each training and the two ceilings; the second budget's so far; the key
+    assert len(list((out / "frontier.partial").glob("*.json"))) == 7 + 4 + 1
+    monkeypatch.setattr(frontier_module, "train_chain_generators", training)
+    assert _frontier(tiny_pipeline, tmp_path / "cut", *options)[0] == 0
+    assert trained == [0, 1, 0, 1] and not (out / "frontier.partial").exists()
+    assert _frontier(tiny_pipeline, tmp_path / "whole", *options)[0] == 0
+    resumed, whole = (json.loads((tmp_path / name / "tiny" / "experiments" / "frontier.json").read_text())
+                      for name in ("cut", "whole"))
+    assert without_seconds(resumed) == without_seconds(whole)
+    whole_table = (tmp_path / "whole" / "tiny" / "experiments" / "frontier.md").read_text()
+    assert (out / "frontier.md").read_text() == whole_table
+
+    trained.clear()
+    monkeypatch.setattr(frontier_module, "train_chain_generators", lambda *a, **kw: training(*a, stop_at=1, **kw))
+    assert _frontier(tiny_pipeline, tmp_path / "cut", *options, force=True)[0] == 130
+    monkeypatch.setattr(frontier_module, "train_chain_generators", training)
+    assert _frontier(tiny_pipeline, tmp_path / "cut", *options, force=True)[0] == 0 and trained == [0, 0, 1, 0, 1]
 
 
 def test_a_crossing_over_several_trainings_counts_where_every_one_crosses(tmp_path):
