@@ -226,6 +226,12 @@ def _takes_lock(command: str) -> bool:
     return not (command == "sample" and env is not None and env.rank != 0)
 
 
+def _study_that_starts_over(args: argparse.Namespace | None) -> bool:
+    """Whether ``args`` ran a study that does not resume a run cut short (:attr:`Study.resumes`)."""
+    chosen = BY_NAME.get(getattr(args, "name", None)) if getattr(args, "command", None) == "experiment" else None
+    return chosen is not None and not chosen.resumes
+
+
 def main(argv: list[str] | None = None) -> int:
     with noting_interrupts():  # first of all: from here on, Ctrl-C and SIGTERM end in one line
         name, args = "apd", None
@@ -243,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
                 again = ("the same command without --force resumes it (or, where the stage was complete, keeps "
                          "that; --force starts over)" if getattr(args, "force", False) else
                          "run the same command again to resume")
+                if _study_that_starts_over(args):
+                    again = "this study does not resume: the same command starts it over"
                 print(f"{name}: {how}; {again}", file=sys.stderr)
                 return _leaving(exit_code())
             if isinstance(exc, ApdError):

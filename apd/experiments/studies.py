@@ -24,7 +24,8 @@ class Study:
     ``render(results)``; with ``variants``, the region ``TABLE-VARIANT`` from ``STEM-VARIANT.json`` (the
     study run with other options, e.g. the frontier at int4); with ``summary`` (a region name and its
     renderer), that region from several pipelines' results (PIPELINE a comma-separated list), rendered by
-    ``function({pipeline: results})``."""
+    ``function({pipeline: results})``. ``resumes``: a run cut short keeps what it finished, and the same
+    command takes it up (the others start over)."""
 
     name: str
     help: str
@@ -35,6 +36,7 @@ class Study:
     table: str = ""  # the docs region, when it is not NAME
     variants: bool = False
     summary: tuple[str, str] | None = None
+    resumes: bool = False
 
     @property
     def region(self) -> str:
@@ -58,10 +60,10 @@ STUDIES = (
     Study("frontier", "APD (one generator per chain, or one told the chain) against as many kept samples, at "
           "several storage budgets",
           "apd.experiments.frontier:run_frontier", "frontier", "apd.experiments.frontier:render_table",
-          cnn_ok=True, variants=True, summary=("frontiers", "apd.experiments.frontier:render_summary")),
+          cnn_ok=True, variants=True, summary=("frontiers", "apd.experiments.frontier:render_summary"), resumes=True),
     Study("active-learning", "active learning with SGLD, APD, MC dropout and a deterministic net: accuracy per label",
           "apd.experiments.active_learning:run_active_learning", "active_learning",
-          "apd.experiments.active_report:render_summary"),
+          "apd.experiments.active_report:render_summary", resumes=True),
 )
 BY_NAME = {study.name: study for study in STUDIES}
 

@@ -69,3 +69,16 @@ def test_the_docs_render_each_study_region_through_its_row(study):
 def test_region_names_that_are_no_study_are_left_to_the_other_tables():
     assert render_study("digits", "storage", ROOT) is None  # evaluate's storage table, not the study's
     assert render_study("digits", "modes-int4", ROOT) is None  # only a study with variants has them
+
+
+@pytest.mark.parametrize(("name", "again"), [("frontier", "run the same command again to resume"),
+                                             ("modes", "this study does not resume: the same command starts it over")])
+def test_a_study_cut_short_says_whether_the_same_command_resumes_it(tiny_pipeline, tmp_path, monkeypatch, capsys,
+                                                                   name, again):
+    def cut_short(ctx, options):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(BY_NAME[name].run.replace(":", "."), cut_short)  # module.function, as the CLI resolves it
+    _, config = tiny_pipeline
+    assert main(["experiment", name, "--config", str(config), "--artifacts", str(tmp_path), "--quiet"]) == 130
+    assert capsys.readouterr().err.strip().splitlines() == [f"apd experiment: interrupted; {again}"]
