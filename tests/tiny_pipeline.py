@@ -89,3 +89,12 @@ def run_experiment_on_copy(tiny_pipeline: tuple[Path, Path], target: Path, name:
     assert main([*args, *(arg for option in options for arg in ("--option", option)),
                  *(arg for value in overrides for arg in ("--set", value))]) == 0
     return target / "tiny" / "experiments"
+
+
+def without_timings(value):
+    """Results with every timing (``timing``, keys naming seconds) and the study's ``provenance`` left out: they
+    differ between any two runs of the same work."""
+    if isinstance(value, dict):
+        return {k: without_timings(v) for k, v in value.items()
+                if k not in ("timing", "provenance") and "seconds" not in k}
+    return [without_timings(v) for v in value] if isinstance(value, list) else value

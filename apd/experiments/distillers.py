@@ -23,6 +23,7 @@ study, so it is judged on validation images and the OOD *tuning* pool (:func:`ap
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from apd.io import read_json
 from apd.metrics import mean_of, mean_std
 from apd.nets import ParamSpec
 from apd.pipeline.figures import new_figure, save_figure
+from apd.pipeline.finished_parts import FinishedParts, taken_or_made
 from apd.pipeline.layout import manifest_of
 from apd.pipeline.methods import fit_mixture
 from apd.pipeline.recipes import (
@@ -284,15 +286,16 @@ def _with_shares(row: dict, sgld: dict, plan: DistillerPlan) -> dict:
             "missed_targets": None if row["family"] == "sgld" else missed_targets(row, sgld, plan)}
 
 
-def compare_distillers(ctx: RunContext, plan: DistillerPlan) -> dict:
-    """Build and judge every variant of ``plan`` on the pipeline's samples; the results as JSON-able data."""
+def compare_distillers(ctx: RunContext, plan: DistillerPlan, finished: FinishedParts | None = None) -> dict:
+    """Build and judge every variant of ``plan`` on the pipeline's samples; the results as JSON-able data. Each
+    variant's row is kept in ``finished`` once made, with where it left the draws' stream, and one found there
+    (an interrupted run of the same study made it) is taken, the stream set where it left it."""
     cfg, e = ctx.cfg, ctx.cfg.evaluate
     source = ctx.layout.samples
     require_input(ctx, source, "sample")
     started = time.perf_counter()
     inputs = evaluation_inputs(ctx, role="tuning")
     generator = torch.Generator().manual_seed(ctx.seed("experiment", "distillers", "draws"))
-    rows = []
     with SampleStore.open(source, expect_spec=ParamSpec.from_module(ctx.network())) as store:
         sgld = SGLDSamples(store, ctx.device)
         limit = min(len(store), cfg.distill.fit_samples, store.spec.numel)
@@ -300,7 +303,8 @@ def compare_distillers(ctx: RunContext, plan: DistillerPlan) -> dict:
                                    *plan.kronecker_ranks)):
             raise ConfigError(f"--option ranks: a subspace rank can be at most {limit} here (fit samples, weights)")
         data = training_samples(ctx, store, cfg.distill)
-        for variant in variants(plan):
+
+        def row_of(variant: Variant) -> dict:
             t0 = time.perf_counter()
             built = build(variant, ctx, store, plan, t0 + plan.max_seconds, data)
             method, steps = built.method, built.steps
@@ -314,10 +318,13 @@ def compare_distillers(ctx: RunContext, plan: DistillerPlan) -> dict:
                    **judge(method, inputs, e.runs, e.networks, generator),
                    "fidelity": None if variant.family == "sgld" else fidelity(
                        method, sgld, ctx.data.x_val.to(ctx.device), e.networks, generator)}
-            rows.append(row)
             log.info("%s: %.1f s%s; accuracy %.4f, mean BALD AUROC %.1f", variant.name, seconds,
                      "" if steps is None else f" ({steps} steps)", mean_of(row["accuracy"]),
                      np.mean([mean_of(stat) for stat in row["auroc"]["bald"].values()]))
+            return row
+
+        rows = [taken_or_made(finished, f"distiller {variant.name}", functools.partial(row_of, variant), generator)
+                for variant in variants(plan)]
         dim, store_size = store.spec.numel, len(store)
     rows = [_with_shares(row, rows[0], plan) for row in rows]
     return {"pipeline": cfg.name, "dataset": ctx.data.name, "dim": dim, "sgld_samples": store_size, "runs": e.runs,
@@ -400,5 +407,7 @@ def draw_figure(results: dict, path: Path) -> None:
 
 
 def run_distillers(ctx: RunContext, options: list[str]) -> dict:
-    """``apd experiment distillers``: compare, write ``experiments/distillers.{json,md,png}``, print the table."""
-    return run_study(ctx, options, DistillerPlan, compare_distillers, "distillers", render_table, draw_figure)
+    """``apd experiment distillers``: compare, write ``experiments/distillers.{json,md,png}``, print the table;
+    resumes a run of the same study cut short (:func:`~apd.experiments.outputs.study_parts`)."""
+    return run_study(ctx, options, DistillerPlan, compare_distillers, "distillers", render_table, draw_figure,
+                     resumes=True)

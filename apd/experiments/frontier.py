@@ -102,7 +102,7 @@ from apd.experiments.storage import sgld_reference
 from apd.metrics import mean_of, std_of
 from apd.nets import ParamSpec
 from apd.pipeline.figures import figure_legend, new_figure, save_figure
-from apd.pipeline.finished_parts import FinishedParts
+from apd.pipeline.finished_parts import FinishedParts, taken_or_made
 from apd.pipeline.recipes import TrainingSamples, evaluation_inputs, training_samples
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.seeds import replicated
@@ -195,12 +195,7 @@ class FrontierRun:
 
     def part(self, name: str, make: Callable[[], Any]) -> Any:
         """The part ``name`` an interrupted run finished, else ``make()``, kept as finished."""
-        taken = None if self.finished is None else self.finished.get(name)
-        if taken is not None:
-            log.info("%s: taken from an interrupted run", name)
-            return taken
-        made = make()
-        return made if self.finished is None else self.finished.put(name, made)
+        return taken_or_made(self.finished, name, make)
 
     def point(self, budget: int) -> dict:
         """The kept samples and APD's trainings and ceilings at ``budget`` (:func:`frontier`)."""

@@ -57,11 +57,17 @@ def study_parts(ctx: RunContext, stem: str, plan: Any) -> FinishedParts:
     return FinishedParts(ctx.layout.experiments / f"{stem}.partial", key, start_over=ctx.force)
 
 
-def run_study(ctx: RunContext, options: list[str], plan: type, compute: Callable[[RunContext, Any], dict], stem: str,
-              render: Callable[[dict], str], draw: Callable[[dict, Path], None]) -> dict:
+def run_study(ctx: RunContext, options: list[str], plan: type, compute: Callable[..., dict], stem: str,
+              render: Callable[[dict], str], draw: Callable[[dict, Path], None], resumes: bool = False) -> dict:
     """``compute(ctx, plan)`` for the ``plan`` dataclass built from ``options``
     (:func:`~apd.experiments.options.plan_from_options`) with its :func:`provenance`, written by
-    :func:`write_study` under ``ctx.layout.experiments``; returns the results."""
-    results = {**compute(ctx, plan_from_options(options, plan)), "provenance": provenance(ctx)}
+    :func:`write_study` under ``ctx.layout.experiments``; returns the results. A study that ``resumes`` is
+    computed as ``compute(ctx, plan, finished)``, ``finished`` its :func:`study_parts`, removed once written."""
+    plan = plan_from_options(options, plan)
+    finished = study_parts(ctx, stem, plan) if resumes else None
+    computed = compute(ctx, plan) if finished is None else compute(ctx, plan, finished)
+    results = {**computed, "provenance": provenance(ctx)}
     write_study(ctx.layout.experiments, stem, results, render, draw, show=not ctx.quiet)
+    if finished is not None:
+        finished.remove()
     return results

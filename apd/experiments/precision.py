@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import logging
 import math
 import time
@@ -88,6 +89,7 @@ from apd.experiments.storage import judge_runs, sgld_reference
 from apd.metrics import mean_of, std_of
 from apd.nets import ParamSpec
 from apd.pipeline.figures import figure_legend, new_figure, save_figure
+from apd.pipeline.finished_parts import FinishedParts, taken_or_made
 from apd.pipeline.recipes import TrainingSamples, codec_for, evaluation_inputs, training_samples
 from apd.pipeline.runtime import RunContext
 from apd.pipeline.seeds import replicated
@@ -342,17 +344,17 @@ def require_subspace(ctx: RunContext, study: str) -> None:
                           "(its rank is what the budget buys)")
 
 
-def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
+def compare_precisions(ctx: RunContext, plan: PrecisionPlan, finished: FinishedParts | None = None) -> dict:
     """For each precision of ``plan``: APD at the largest rank, the SGLD coordinates at the largest rank and
     the most kept samples the budget buys, judged on validation images and the OOD tuning pool; the results
-    as JSON-able data."""
+    as JSON-able data. Each precision's row is kept in ``finished`` once made, and one found there (an
+    interrupted run of the same study made it) is taken: every row draws from seeds of its own."""
     cfg, e = ctx.cfg, ctx.cfg.evaluate
     require_subspace(ctx, "precision")
     source = ctx.layout.samples
     require_input(ctx, source, "sample")
     started = time.perf_counter()
     inputs = evaluation_inputs(ctx, role="tuning")
-    rows = []
     with SampleStore.open(source, expect_spec=ParamSpec.from_module(ctx.network())) as store:
         spec, dim, n = store.spec, store.spec.numel, len(store)
         predictions = StoredPredictions(store, inputs.stacked(ctx.device), ctx.device)
@@ -369,13 +371,14 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
         one = dataclasses.replace(cfg.distill, per_chain=False, mode_embedding=0)  # the APD row: one plain generator
         chains = len(chain_partition(store.chains)[0])
         steps = DistillerPlan(subspace_steps=plan.steps)
-        for precision in plan.precisions:
+
+        def row_at(precision: Precision) -> dict:
             throughout = PartPrecisions(precision)  # every part at the precision
-            rank = largest_rank(lambda r, p=throughout: generator_storage(one, r, spec, p), plan.budget, limit)
-            coordinate_rank = largest_rank(lambda r, p=precision: coordinates_storage(r, spec, n, p), plan.budget,
+            rank = largest_rank(lambda r: generator_storage(one, r, spec, throughout), plan.budget, limit)
+            coordinate_rank = largest_rank(lambda r: coordinates_storage(r, spec, n, precision), plan.budget,
                                            limit)
-            chain_rank = largest_rank(lambda r, p=throughout: chain_generators_storage(
-                cfg.distill, r, spec, chains, p), plan.budget, limit) if plan.per_chain else 0
+            chain_rank = largest_rank(lambda r: chain_generators_storage(
+                cfg.distill, r, spec, chains, throughout), plan.budget, limit) if plan.per_chain else 0
             k = kept_for(plan.budget, dim, precision, n)
             seed = ctx.seed("experiment", "precision", precision)
             kept = kept_row(ctx, predictions, k, inputs, reference, plan, precision, seed) if k else None
@@ -403,10 +406,13 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan) -> dict:
                 row["coordinates"] = {"rank": coordinate_rank,
                                       **judged(ctx, exact, stored, stored.stored_bytes(), inputs,
                                                reference, kept, seed, sgld)}
-            rows.append(row)
             log.info("%s: APD rank %d, %d kept samples%s", precision, rank, k,
                      "" if row["margins"] is None else f"; APD wins {row['margins']['wins']} of "
                      f"{row['margins']['compared']}")
+            return row
+
+        rows = [taken_or_made(finished, f"precision {precision}", functools.partial(row_at, precision))
+                for precision in plan.precisions]
     return {"pipeline": cfg.name, "dataset": ctx.data.name, "dim": dim, "sgld_samples": n, "runs": e.runs,
             "networks": e.networks, "ood_sets": list(inputs.ood), "budget": plan.budget,
             "judged_on": "validation images and the OOD tuning pool (never the test split or evaluate's OOD sets)",
@@ -538,5 +544,7 @@ def draw_figure(results: dict, path: Path) -> None:
 
 
 def run_precision(ctx: RunContext, options: list[str]) -> dict:
-    """``apd experiment precision``: compare, write ``experiments/precision.{json,md,png}``, print the table."""
-    return run_study(ctx, options, PrecisionPlan, compare_precisions, "precision", render_table, draw_figure)
+    """``apd experiment precision``: compare, write ``experiments/precision.{json,md,png}``, print the table;
+    resumes a run of the same study cut short (:func:`~apd.experiments.outputs.study_parts`)."""
+    return run_study(ctx, options, PrecisionPlan, compare_precisions, "precision", render_table, draw_figure,
+                     resumes=True)

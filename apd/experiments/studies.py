@@ -45,7 +45,8 @@ class Study:
 
 STUDIES = (
     Study("distillers", "dense vs subspace APD vs Gaussians and MoG: storage, time, accuracy, OOD, against SGLD",
-          "apd.experiments.distillers:run_distillers", "distillers", "apd.experiments.distillers:render_table"),
+          "apd.experiments.distillers:run_distillers", "distillers", "apd.experiments.distillers:render_table",
+          resumes=True),
     Study("gan-variants", "WGAN-GP vs WGAN with clipping vs the original GAN on the same store and budget",
           "apd.experiments.gan_variants:run_gan_variants", "gan_variants", "apd.experiments.gan_variants:render_table"),
     Study("storage", "MoG with k components, APD of several ranks and widths and the peers: storage against "
@@ -56,7 +57,7 @@ STUDIES = (
           "modes?", "apd.experiments.modes:run_modes", "modes", "apd.experiments.modes:render_table"),
     Study("precision", "APD and kept samples at float32, float16, int8 and int4 storage, at one storage budget",
           "apd.experiments.precision:run_precision", "precision", "apd.experiments.precision:render_table",
-          cnn_ok=True),
+          cnn_ok=True, resumes=True),
     Study("frontier", "APD (one generator per chain, or one told the chain) against as many kept samples, at "
           "several storage budgets",
           "apd.experiments.frontier:run_frontier", "frontier", "apd.experiments.frontier:render_table",

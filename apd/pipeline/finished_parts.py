@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from apd.io import remove_tree, write_json_atomic
+
+log = logging.getLogger(__name__)
 
 KEY_FILE = "key.json"
 
@@ -71,3 +75,15 @@ class FinishedParts:
     def remove(self) -> None:
         """The stage is complete: nothing is left to take."""
         remove_tree(self.folder)
+
+
+def taken_or_made(finished: FinishedParts | None, name: str, make: Callable[[], Any],
+                  stream: torch.Generator | None = None) -> Any:
+    """The part ``name`` that ``finished`` holds (``stream`` set where making it left it), else ``make()``, kept
+    there as finished (:meth:`FinishedParts.put`); without ``finished``, ``make()``."""
+    taken = None if finished is None else finished.get(name, stream)
+    if taken is not None:
+        log.info("%s: taken from an interrupted run", name)
+        return taken
+    made = make()
+    return made if finished is None else finished.put(name, made, stream)

@@ -15,7 +15,7 @@ from apd.docs import render_document
 from apd.experiments.frontier import below_kept, crossings, fewer_bytes, render_table
 from apd.experiments.precision import chain_generators_storage, coordinates_storage
 from apd.nets import ParamSpec, mlp
-from tests.tiny_pipeline import TINY, copy_samples_as_two_chains
+from tests.tiny_pipeline import TINY, copy_samples_as_two_chains, without_timings
 
 SPEC = ParamSpec.from_module(mlp([64, 32, 10]))  # the tiny pipeline's network: D = 2,410
 
@@ -313,13 +313,6 @@ def test_apd_trained_from_several_seeds_is_judged_training_by_training(tiny_pipe
     assert "in every one of its 3 trainings at" in table and "(seed by seed: " in table
 
 
-def without_seconds(value):
-    """A study's results with every timing left out (wall-clock seconds differ between any two runs)."""
-    if isinstance(value, dict):
-        return {k: without_seconds(v) for k, v in value.items() if k not in ("seconds", "provenance")}
-    return [without_seconds(v) for v in value] if isinstance(value, list) else value
-
-
 def test_a_study_cut_short_takes_what_it_finished_and_ends_as_an_uninterrupted_one(tiny_pipeline, tmp_path,
                                                                                   monkeypatch):
     """A Ctrl-C in the second budget's second training leaves the first budget's parts and the second's kept
@@ -348,7 +341,7 @@ def test_a_study_cut_short_takes_what_it_finished_and_ends_as_an_uninterrupted_o
     assert _frontier(tiny_pipeline, tmp_path / "whole", *options)[0] == 0
     resumed, whole = (json.loads((tmp_path / name / "tiny" / "experiments" / "frontier.json").read_text())
                       for name in ("cut", "whole"))
-    assert without_seconds(resumed) == without_seconds(whole)
+    assert without_timings(resumed) == without_timings(whole)
     whole_table = (tmp_path / "whole" / "tiny" / "experiments" / "frontier.md").read_text()
     assert (out / "frontier.md").read_text() == whole_table
 

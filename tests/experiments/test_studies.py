@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib
 import inspect
 import json
 from pathlib import Path
@@ -82,3 +83,44 @@ def test_a_study_cut_short_says_whether_the_same_command_resumes_it(tiny_pipelin
     _, config = tiny_pipeline
     assert main(["experiment", name, "--config", str(config), "--artifacts", str(tmp_path), "--quiet"]) == 130
     assert capsys.readouterr().err.strip().splitlines() == [f"apd experiment: interrupted; {again}"]
+
+
+@pytest.mark.parametrize(("name", "each_part", "options"), [
+    ("precision", "apd.experiments.precision.kept_row", ("budget=4", "steps=20", "precisions=['float32', 'int8']")),
+    ("distillers", "apd.experiments.distillers.build",
+     ("ranks=[4]", "residual_ranks=[]", "fitted_residual_ranks=[]", "kronecker_ranks=[]", "mog_components=[2]",
+      "diagonal=false", "dense_steps=0", "subspace_steps=20")),
+])
+def test_a_study_cut_short_takes_the_parts_it_finished_and_ends_as_an_uninterrupted_one(
+        tiny_pipeline, tmp_path, monkeypatch, name, each_part, options):
+    """A Ctrl-C in a study's second part (a precision's row, a distiller) keeps the first in STEM.partial/; the
+    same command makes the rest and writes what an uninterrupted run writes, timings aside (the distillers
+    share one stream of draws: a part taken sets it where making it left it)."""
+    from tests.tiny_pipeline import copy_samples, without_timings
+
+    module, function = each_part.rsplit(".", 1)
+    real, made = getattr(importlib.import_module(module), function), []
+
+    def making(*args, stop_at=None, **kwargs):
+        if len(made) == stop_at:
+            raise KeyboardInterrupt
+        made.append(1)
+        return real(*args, **kwargs)
+
+    root, config = tiny_pipeline
+    argv = lambda target: ["experiment", name, "--config", str(config), "--artifacts", str(target), "--quiet",  # noqa: E731
+                           "--set", "evaluate.runs=1", *(arg for option in options for arg in ("--option", option))]
+    for target in ("cut", "whole"):
+        copy_samples(root, tmp_path / target)
+    monkeypatch.setattr(each_part, lambda *a, **kw: making(*a, stop_at=1, **kw))
+    assert main(argv(tmp_path / "cut")) == 130
+    out = tmp_path / "cut" / "tiny" / "experiments"
+    stem = BY_NAME[name].stem
+    assert len(list((out / f"{stem}.partial").glob("*.json"))) == 2  # the first part and the key
+    monkeypatch.setattr(each_part, making)
+    assert main(argv(tmp_path / "cut")) == 0 and not (out / f"{stem}.partial").exists()
+    resumed = len(made)
+    assert main(argv(tmp_path / "whole")) == 0 and len(made) - resumed == resumed  # the resumed run took one part
+    results = [json.loads((tmp_path / t / "tiny" / "experiments" / f"{stem}.json").read_text())
+               for t in ("cut", "whole")]
+    assert without_timings(results[0]) == without_timings(results[1])

@@ -36,7 +36,7 @@ from apd.cli import main
 from apd.nets import mlp
 from benchmarks.process_tree import children as _children
 from benchmarks.process_tree import running as _running
-from tests.tiny_pipeline import toml
+from tests.tiny_pipeline import toml, without_timings
 
 REPO = Path(__file__).resolve().parents[2]
 HANG_SECONDS = 600  # an apd run of the tiny pipeline taking longer than this has hung
@@ -279,13 +279,6 @@ def test_ctrl_c_turned_into_another_error_is_still_an_interrupt(art, monkeypatch
     rc, err = art.run("sample", "--force")
     assert rc == 130 and len(err.strip().splitlines()) == 1 and "interrupted" in err, err
     assert snapshot(art.dir) == before
-
-
-def without_timings(value):
-    """A results object with every timing left out (wall-clock seconds differ between any two runs)."""
-    if isinstance(value, dict):
-        return {k: without_timings(v) for k, v in value.items() if k != "timing" and "seconds" not in k}
-    return [without_timings(v) for v in value] if isinstance(value, list) else value
 
 
 def test_an_interrupted_evaluation_takes_the_kept_sets_it_judged_and_ends_as_an_uninterrupted_one(
