@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from apd.io import remove_tree, write_json_atomic
+from apd.io import remove_tree, write_json_atomic, write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +29,9 @@ KEY_FILE = "key.json"
 
 
 def _as_json(value: Any) -> Any:
-    """``value`` as JSON gives it back (what a later run reads): dict keys sorted, tuples as lists."""
-    return json.loads(json.dumps(value, sort_keys=True))
+    """``value`` as JSON gives it back (what a later run reads): tuples as lists, every dict's keys in their
+    order (an order sums over a dict's values follow)."""
+    return json.loads(json.dumps(value))
 
 
 class FinishedParts:
@@ -69,7 +70,7 @@ class FinishedParts:
         ``value`` as :meth:`get` will (:func:`_as_json`), so that a run that made a part and one that took it
         go on from the same value."""
         where = {} if stream is None else {"stream": bytes(stream.get_state().tolist()).hex()}
-        write_json_atomic(self._path(name), {"name": name, "value": value, **where})
+        write_text_atomic(self._path(name), json.dumps({"name": name, "value": value, **where}))
         return _as_json(value)
 
     def remove(self) -> None:

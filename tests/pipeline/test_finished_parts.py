@@ -11,12 +11,14 @@ from apd.pipeline.finished_parts import FinishedParts
 KEY = {"stage": "abc", "inputs": {"sgld": "123"}}
 
 
-def test_a_part_is_taken_under_its_key_as_json_gives_it_and_not_under_another(tmp_path):
+def test_a_part_is_taken_under_its_key_as_json_gives_it_in_its_order_and_not_under_another(tmp_path):
     folder = tmp_path / "eval.kept.partial"
     parts = FinishedParts(folder, KEY)
     made = parts.put("25 int4", {"k": 25, "band": (0.5, 1.5), "values": [0.1, None]})
     assert made == {"band": [0.5, 1.5], "k": 25, "values": [0.1, None]}  # a tuple comes back a list
     assert FinishedParts(folder, KEY).get("25 int4") == made and parts.get("4") is None
+    # in the order it was made: sums over a dict's values (the mean over OOD sets) follow it to the last bit
+    assert list(made) == list(FinishedParts(folder, KEY).get("25 int4")) == ["k", "band", "values"]
     assert FinishedParts(folder, {**KEY, "stage": "abd"}).get("25 int4") is None  # another configuration
     assert list(folder.iterdir()) == [folder / "key.json"]
 
