@@ -152,7 +152,7 @@ def reproduce(ctx: RunContext, committed: str | None) -> int:
 # the first part of its path: the stage that finishes it
 LEFTOVER = re.compile(r"\.partial(\.|$)|\.ckpt\.pt$")
 FINISHED_BY = {"samples": "sample", "baselines": "sample", "generator": "distill", "eval": "evaluate",
-              "adversarial": "evaluate"}
+              "adversarial": "evaluate", "experiments": "experiment"}
 
 
 def _print_leftovers(ctx: RunContext, present: list[Path]) -> None:
@@ -167,6 +167,10 @@ def _print_leftovers(ctx: RunContext, present: list[Path]) -> None:
     where = "" if ctx.artifacts_root == Path("artifacts") else f" --artifacts {ctx.artifacts_root}"
     for stage, names in leftovers.items():
         command = f"apd {stage} --config {ctx.cfg.source}{where}"
+        if stage == "experiment":  # a study's options are not in its folder's name
+            print(f"interrupted {', '.join(sorted(names))}: run the `apd experiment` command that was cut short "
+                  "again to finish it (--force starts over)")
+            continue
         print(f"interrupted {', '.join(sorted(names))}: run `{command}` to finish it (where the stage is "
               "complete, a run with --force was stopped: that keeps the complete one, --force starts over)")
 

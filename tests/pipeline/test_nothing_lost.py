@@ -662,8 +662,9 @@ def test_info_describes_a_hand_edited_sample_manifest_in_one_line(art, capsys):
 
 
 def test_info_names_what_an_interrupted_run_left_and_the_command_that_resumes_it(art, capsys):
-    for name in ("samples-0.partial.h5", "samples-0.ckpt.pt", "generator.ckpt.pt", "eval.partial/scores.h5"):
-        art.path(name).parent.mkdir(exist_ok=True)
+    for name in ("samples-0.partial.h5", "samples-0.ckpt.pt", "generator.ckpt.pt", "eval.partial/scores.h5",
+                 "experiments/frontier-int4.partial/key.json"):
+        art.path(name).parent.mkdir(exist_ok=True, parents=True)
         art.path(name).write_bytes(b"")
     assert main(art.argv("info")) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("interrupted ")]
@@ -671,6 +672,8 @@ def test_info_names_what_an_interrupted_run_left_and_the_command_that_resumes_it
     forced = " (where the stage is complete, a run with --force was stopped: that keeps the complete one, --force "
     forced += "starts over)"
     assert lines == [f"interrupted eval.partial: run `apd evaluate {where}` to finish it" + forced,
+                     "interrupted experiments/frontier-int4.partial: run the `apd experiment` command that was cut "
+                     "short again to finish it (--force starts over)",
                      f"interrupted generator.ckpt.pt: run `apd distill {where}` to finish it" + forced,
                      f"interrupted samples-0.ckpt.pt, samples-0.partial.h5: run `apd sample {where}` to finish it"
                      + forced]
