@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from apd import __version__
+from apd._version import __version__
 from apd.config import config_hash
 from apd.experiments.options import plan_from_options
 from apd.io import read_json, write_json_atomic, write_text_atomic, written_together

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from apd import __version__
+from apd._version import __version__
 from apd.config import config_hash
 from apd.errors import ArtifactError
 from apd.evaluation.fidelity import bald_ratio, weight_fidelity
