@@ -18,6 +18,7 @@ them (:mod:`apd.pipeline.finished_parts`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from contextlib import ExitStack
@@ -48,7 +49,7 @@ from apd.io import hdf5_atomic, read_json, remove_tree, replace_directory, resto
 from apd.methods import MethodName
 from apd.metrics import mean_of, mean_std
 from apd.pipeline.adversarial import evaluate_adversarial
-from apd.pipeline.finished_parts import FinishedParts
+from apd.pipeline.finished_parts import FinishedParts, taken_or_made
 from apd.pipeline.layout import manifest_of
 from apd.pipeline.manifests import file_digest, is_complete, manifest_record, write_manifest
 from apd.pipeline.methods import METHODS, ensemble_sizes, fit_mixture, load_methods, method_inputs
@@ -421,18 +422,16 @@ def yardstick(ctx: RunContext, methods: dict[str, Posterior], inputs: Evaluation
             equal[name]["at_precision"] = {"precision": p, **kept_set(worth, p)}
             equal[name]["around_means"] = {"precision": p, "mean_at": mean_at,
                                            **kept_set(worth, around[p, mean_at])}
-    kept = {}
     bar = ctx.progress(sets.items(), total=len(sets), desc="yardstick", unit="set")
-    for key, (k, storage, stream) in bar:
-        taken = None if finished is None else finished.get(key, stream)  # the curve's sizes share a stream
-        if taken is not None:
-            ctx.show(bar, "yardstick", taken=f'kept samples "{key}" (an interrupted run judged them)')
-            kept[key] = taken
-            continue
+
+    def judged(key: str, k: int, storage: KeptStorage, stream: torch.Generator) -> dict:
         ctx.show(bar, "yardstick", judging=f'kept samples "{key}"')
-        kept[key] = kept_samples(stored, k, inputs, reference, e.yardstick_subsets, stream, storage)
-        if finished is not None:
-            kept[key] = finished.put(key, kept[key], stream)
+        return kept_samples(stored, k, inputs, reference, e.yardstick_subsets, stream, storage)
+
+    # a set taken sets its stream where judging it left it: the curve's sizes share one
+    kept = {key: taken_or_made(finished, f'yardstick: kept samples "{key}"',
+                               functools.partial(judged, key, k, storage, stream), stream)
+            for key, (k, storage, stream) in bar}
     by_size = sorted((k, key) for key, (k, storage, _) in sets.items() if storage_key(storage) == "float32")
     stored_otherwise = [key for key, (_, storage, _) in sets.items() if storage_key(storage) != "float32"]
     return {"reference": {"bald_auroc": reference.bald_auroc, "max_prob_auroc": reference.max_prob_auroc,

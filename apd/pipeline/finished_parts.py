@@ -1,5 +1,6 @@
-"""Parts of a stage's work that an interrupted run finished, kept so that the next run takes them instead of
-doing them again (``apd evaluate``'s kept-sample sets, the longest part of its yardstick).
+"""Parts of a stage's or a study's work that an interrupted run finished, kept so that the next run takes them
+instead of doing them again (``apd evaluate``'s kept-sample sets, the longest part of its yardstick; the
+frontier's kept sets, trainings and ceilings; a row of the precision or distillers study).
 
 A folder holds one JSON file per finished part and ``key.json``: what the parts were made under (the stage's
 config hash, the digests of its inputs, apd's version, the machine and its thread count). A run under any
@@ -57,13 +58,15 @@ class FinishedParts:
         (``stream`` untouched) where none did."""
         try:
             found = json.loads(self._path(name).read_text())
-        except (OSError, ValueError):
+            if found["name"] != name:
+                return None
+            state = None if stream is None else torch.tensor(list(bytes.fromhex(found["stream"])), dtype=torch.uint8)
+            value = found["value"]
+        except (OSError, ValueError, KeyError, TypeError):  # none, cut short, or not one of these files
             return None
-        if not isinstance(found, dict) or found.get("name") != name:
-            return None
-        if stream is not None:
-            stream.set_state(torch.tensor(list(bytes.fromhex(found["stream"])), dtype=torch.uint8))
-        return found["value"]
+        if state is not None:
+            stream.set_state(state)
+        return value
 
     def put(self, name: str, value: Any, stream: torch.Generator | None = None) -> Any:
         """Keep ``value`` as the finished part ``name``, and where ``stream`` (which made it) was left; returns

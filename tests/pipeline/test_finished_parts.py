@@ -34,6 +34,11 @@ def test_starting_over_a_damaged_or_misnamed_part_are_not_taken(tmp_path):
     assert parts.get("4") is None
     path.write_text(json.dumps({"name": "5", "value": {"k": 5}}))  # another part's
     assert parts.get("4") is None
+    path.write_text(json.dumps({"name": "4", "value": {"k": 4}}))  # made without the stream asked for
+    stream = torch.Generator().manual_seed(3)
+    assert parts.get("4") == {"k": 4} and parts.get("4", stream) is None
+    path.write_text("[4]")
+    assert parts.get("4") is None
     parts.remove()
     assert not folder.exists()
 
