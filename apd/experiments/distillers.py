@@ -409,5 +409,4 @@ def draw_figure(results: dict, path: Path) -> None:
 def run_distillers(ctx: RunContext, options: list[str]) -> dict:
     """``apd experiment distillers``: compare, write ``experiments/distillers.{json,md,png}``, print the table;
     resumes a run of the same study cut short (:func:`~apd.experiments.outputs.study_parts`)."""
-    return run_study(ctx, options, DistillerPlan, compare_distillers, "distillers", render_table, draw_figure,
-                     resumes=True)
+    return run_study(ctx, options, DistillerPlan, compare_distillers, "distillers", render_table, draw_figure)

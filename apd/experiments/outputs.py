@@ -10,11 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from apd._version import __version__
 from apd.config import config_hash
 from apd.experiments.options import plan_from_options
+from apd.experiments.studies import STUDIES
 from apd.io import read_json, write_json_atomic, write_text_atomic, written_together
-from apd.pipeline.finished_parts import FinishedParts
+from apd.pipeline.finished_parts import FinishedParts, run_parts
 from apd.pipeline.layout import manifest_of
 from apd.pipeline.runtime import RunContext, machine
 
@@ -52,19 +52,20 @@ def study_parts(ctx: RunContext, stem: str, plan: Any) -> FinishedParts:
     """The parts of the study ``stem`` under ``plan`` (a dataclass) that a run cut short finished, in
     ``experiments/STEM.partial/`` (:mod:`apd.pipeline.finished_parts`): taken by a run of the same study on the
     same pipeline configuration, store, apd version and machine, unless it starts over (``--force``)."""
-    key = {"study": stem, "plan": dataclasses.asdict(plan), "config": config_hash(ctx.cfg), "version": __version__,
-           **provenance(ctx)}
-    return FinishedParts(ctx.layout.experiments / f"{stem}.partial", key, start_over=ctx.force)
+    return run_parts(ctx, ctx.layout.experiments / f"{stem}.partial",
+                     {"study": stem, "plan": dataclasses.asdict(plan), "config": config_hash(ctx.cfg),
+                      **provenance(ctx)})
 
 
 def run_study(ctx: RunContext, options: list[str], plan: type, compute: Callable[..., dict], stem: str,
-              render: Callable[[dict], str], draw: Callable[[dict, Path], None], resumes: bool = False) -> dict:
+              render: Callable[[dict], str], draw: Callable[[dict, Path], None]) -> dict:
     """``compute(ctx, plan)`` for the ``plan`` dataclass built from ``options``
     (:func:`~apd.experiments.options.plan_from_options`) with its :func:`provenance`, written by
-    :func:`write_study` under ``ctx.layout.experiments``; returns the results. A study that ``resumes`` is
-    computed as ``compute(ctx, plan, finished)``, ``finished`` its :func:`study_parts`, removed once written."""
+    :func:`write_study` under ``ctx.layout.experiments``; returns the results. A study the registry says
+    resumes (:attr:`~apd.experiments.studies.Study.resumes`) is computed as ``compute(ctx, plan, finished)``,
+    ``finished`` its :func:`study_parts`, removed once written."""
     plan = plan_from_options(options, plan)
-    finished = study_parts(ctx, stem, plan) if resumes else None
+    finished = study_parts(ctx, stem, plan) if any(s.stem == stem and s.resumes for s in STUDIES) else None
     computed = compute(ctx, plan) if finished is None else compute(ctx, plan, finished)
     results = {**computed, "provenance": provenance(ctx)}
     write_study(ctx.layout.experiments, stem, results, render, draw, show=not ctx.quiet)

@@ -546,5 +546,4 @@ def draw_figure(results: dict, path: Path) -> None:
 def run_precision(ctx: RunContext, options: list[str]) -> dict:
     """``apd experiment precision``: compare, write ``experiments/precision.{json,md,png}``, print the table;
     resumes a run of the same study cut short (:func:`~apd.experiments.outputs.study_parts`)."""
-    return run_study(ctx, options, PrecisionPlan, compare_precisions, "precision", render_table, draw_figure,
-                     resumes=True)
+    return run_study(ctx, options, PrecisionPlan, compare_precisions, "precision", render_table, draw_figure)

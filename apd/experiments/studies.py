@@ -25,7 +25,8 @@ class Study:
     study run with other options, e.g. the frontier at int4); with ``summary`` (a region name and its
     renderer), that region from several pipelines' results (PIPELINE a comma-separated list), rendered by
     ``function({pipeline: results})``. ``resumes``: a run cut short keeps what it finished, and the same
-    command takes it up (the others start over)."""
+    command takes it up (the others start over); a study written through
+    :func:`~apd.experiments.outputs.run_study` is then handed its parts."""
 
     name: str
     help: str

@@ -27,7 +27,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from apd._version import __version__
 from apd.config import config_hash
 from apd.errors import ArtifactError
 from apd.evaluation.fidelity import bald_ratio, weight_fidelity
@@ -49,7 +48,7 @@ from apd.io import hdf5_atomic, read_json, remove_tree, replace_directory, resto
 from apd.methods import MethodName
 from apd.metrics import mean_of, mean_std
 from apd.pipeline.adversarial import evaluate_adversarial
-from apd.pipeline.finished_parts import FinishedParts, taken_or_made
+from apd.pipeline.finished_parts import FinishedParts, run_parts, taken_or_made
 from apd.pipeline.layout import manifest_of
 from apd.pipeline.manifests import file_digest, is_complete, manifest_record, write_manifest
 from apd.pipeline.methods import METHODS, ensemble_sizes, fit_mixture, load_methods, method_inputs
@@ -93,9 +92,8 @@ def run_evaluate(ctx: RunContext) -> dict:
         built = layout.eval_dir.with_name("eval.partial")
         remove_tree(built)
         built.mkdir(parents=True)
-        finished = FinishedParts(layout.eval_dir.with_name("eval.kept.partial"),
-                                 {"stage": stage_hash, "inputs": inputs, "version": __version__,
-                                  "machine": machine(ctx.device)}, start_over=ctx.force)
+        finished = run_parts(ctx, layout.eval_dir.with_name("eval.kept.partial"),
+                             {"stage": stage_hash, "inputs": inputs})
         results = evaluate_methods(ctx, methods, stack, built, finished)
         results["peers"] = details
         results["timing"]["loading"] = loading  # per method: reading or fitting it (Laplace, MoG, Stein)

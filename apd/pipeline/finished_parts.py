@@ -22,7 +22,9 @@ from typing import Any
 
 import torch
 
+from apd._version import __version__
 from apd.io import remove_tree, write_json_atomic, write_text_atomic
+from apd.pipeline.runtime import RunContext, machine
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,13 @@ class FinishedParts:
     def remove(self) -> None:
         """The stage is complete: nothing is left to take."""
         remove_tree(self.folder)
+
+
+def run_parts(ctx: RunContext, folder: Path, key: dict) -> FinishedParts:
+    """The parts in ``folder`` that an interrupted run of ``ctx``'s command finished under ``key`` (what the
+    work depends on) on this apd version and this machine at its thread count; none with ``--force``."""
+    return FinishedParts(folder, {**key, "version": __version__, "machine": machine(ctx.device)},
+                         start_over=ctx.force)
 
 
 def taken_or_made(finished: FinishedParts | None, name: str, make: Callable[[], Any],

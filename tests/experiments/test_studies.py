@@ -108,8 +108,11 @@ def test_a_study_cut_short_takes_the_parts_it_finished_and_ends_as_an_uninterrup
         return real(*args, **kwargs)
 
     root, config = tiny_pipeline
-    argv = lambda target: ["experiment", name, "--config", str(config), "--artifacts", str(target), "--quiet",  # noqa: E731
-                           "--set", "evaluate.runs=1", *(arg for option in options for arg in ("--option", option))]
+
+    def argv(target):
+        return ["experiment", name, "--config", str(config), "--artifacts", str(target), "--quiet",
+                "--set", "evaluate.runs=1", *(arg for option in options for arg in ("--option", option))]
+
     for target in ("cut", "whole"):
         copy_samples(root, tmp_path / target)
     monkeypatch.setattr(each_part, lambda *a, **kw: making(*a, stop_at=1, **kw))
