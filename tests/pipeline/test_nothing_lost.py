@@ -986,11 +986,12 @@ def test_ctrl_c_at_twenty_moments_of_two_workers(two_workers, tmp_path):
 @pytest.mark.parametrize("after", [0.3, 3.0], ids=["workers-importing", "workers-sampling"])
 def test_a_killed_parent_takes_its_workers(two_workers, tmp_path, after):
     """`apd sample --force` killed (SIGKILL) while its workers import torch, or sample: they are gone within
-    seconds, and nothing is published."""
+    seconds, and nothing is published. The run is made long (chains far longer than the store's), so that on
+    a fast machine too it is still sampling when killed."""
     source, config, _ = two_workers
     art = Artifacts(source, config, tmp_path / "art")
     before = snapshot(art.dir)
-    child = Child(art.argv("sample", "--force"), tmp_path / "err")
+    child = Child(art.argv("sample", "--force", "--set", "sgld.iterations=100000"), tmp_path / "err")
     workers: set[int] = set()
     deadline = time.monotonic() + 300
     while not workers and child.poll() is None and time.monotonic() < deadline:
