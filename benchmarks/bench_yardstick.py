@@ -1,11 +1,13 @@
 """The kept-samples yardstick's judgement of one subset at Fashion-MNIST fcNN1's sizes (784-100-10, 20,000
-stacked inputs: 10,000 test, 2,000 in-distribution, four OOD sets of 2,000), side by side in one run: with
-each stored sample's entropies H[p_s] kept beside its predictions (:meth:`StoredPredictions.members`, what
-the yardstick does) against computing every member's entropies again for each subset, as it did before.
+stacked inputs: 10,000 test, 2,000 in-distribution, four OOD sets of 2,000), three ways side by side in one
+run: as the yardstick does it (each stored sample's entropies H[p_s] kept beside its predictions, and a size's
+subsets stacked into buffers allocated once: :meth:`StoredPredictions.members`); with every subset stacked
+into fresh memory, as it was before; and with every member's entropies computed again for each subset too, as
+it was before that.
 
 Run: ``.venv/bin/python benchmarks/bench_yardstick.py [--subsets 20] [--out FILE]`` (one thread). It prints,
-for k = 10 and 50 kept samples, the seconds per subset of both ways, interleaved subset by subset, and their
-ratio (every summary of the two ways checked equal), and what keeping the entropies costs once: the seconds
+for k = 10 and 50 kept samples, the seconds per subset of each way, interleaved subset by subset, and their
+ratios (every summary of the three ways checked equal), and what keeping the entropies costs once: the seconds
 per stored sample of its prediction, and of its entropies (computed for every sample before the subsets are
 timed, as 200 subsets a size drawn from the whole store come to do in the yardstick). The store holds 400
 samples of 4 chains, a fresh network's weights plus N(0, 0.05²) noise, and the inputs are Gaussian pixels:
@@ -63,24 +65,28 @@ def reference_of(stored: StoredPredictions, inputs: EvaluationInputs) -> Referen
 
 
 def recomputing(stored: StoredPredictions, rows: np.ndarray, inputs: EvaluationInputs, reference: Reference) -> dict:
-    """:func:`judge_rows` as it was: the members' entropies computed again from their predictions."""
+    """:func:`judge_rows` as it was first: the members' entropies computed again from their predictions."""
     return summarise(judge_probs(stored.probs(rows), inputs, SCORES, auroc), reference)
 
 
 def per_subset(stored: StoredPredictions, k: int, subsets: int, inputs: EvaluationInputs,
                reference: Reference) -> dict[str, float]:
-    """Mean seconds per subset of k rows (stratified by chain) of both ways, interleaved."""
+    """Mean seconds per subset of k rows (stratified by chain) of the three ways, interleaved."""
     generator = torch.Generator().manual_seed(k)
-    seconds = {"kept": 0.0, "recomputed": 0.0}
+    buffers = stored.member_buffers(k)
+    ways = {"buffers": lambda rows: judge_rows(stored, rows, inputs, reference, buffers=buffers),
+            "fresh": lambda rows: judge_rows(stored, rows, inputs, reference),
+            "recomputed": lambda rows: recomputing(stored, rows, inputs, reference)}
+    seconds = dict.fromkeys(ways, 0.0)
     for _ in range(subsets):
         rows = random_rows(len(stored), k, generator, stored.store.chains)
         found = {}
-        for way, judge in (("kept", judge_rows), ("recomputed", recomputing)):
+        for way, judge in ways.items():
             start = time.perf_counter()
-            found[way] = judge(stored, rows, inputs, reference)
+            found[way] = judge(rows)
             seconds[way] += time.perf_counter() - start
-        if found["kept"] != found["recomputed"]:
-            raise AssertionError(f"k = {k}: the two ways disagree")
+        if not found["buffers"] == found["fresh"] == found["recomputed"]:
+            raise AssertionError(f"k = {k}: the ways disagree")
     return {way: total / subsets for way, total in seconds.items()}
 
 
@@ -105,15 +111,16 @@ def main() -> None:
         reference = reference_of(stored, inputs)
         timed = {}
         for k in SIZES:
-            timed[k] = per_subset(stored, k, args.subsets, inputs, reference)
-            print(f"k = {k}: {1e3 * timed[k]['recomputed']:.0f} ms per subset recomputing the entropies, "
-                  f"{1e3 * timed[k]['kept']:.0f} ms with them kept "
-                  f"({timed[k]['recomputed'] / timed[k]['kept']:.1f}×)")
+            t = timed[k] = per_subset(stored, k, args.subsets, inputs, reference)
+            print(f"k = {k}: {1e3 * t['recomputed']:.0f} ms per subset recomputing the entropies, "
+                  f"{1e3 * t['fresh']:.0f} ms with them kept, {1e3 * t['buffers']:.0f} ms stacked into buffers "
+                  f"({t['recomputed'] / t['fresh']:.1f}×, then {t['fresh'] / t['buffers']:.1f}×)")
     record.add("the yardstick's judgement of one subset of k kept samples, fcNN1 on 20,000 inputs, 1 thread: "
-               "members' entropies computed for each subset against kept once per stored sample "
-               "(`bench_yardstick.py`)",
-               "; ".join(f"k = {k}: {1e3 * t['recomputed']:.0f} ms → {1e3 * t['kept']:.0f} ms "
-                         f"({t['recomputed'] / t['kept']:.1f}×)" for k, t in timed.items())
+               "members' entropies computed for each subset → kept once per stored sample → and each size's "
+               "subsets stacked into buffers allocated once (`bench_yardstick.py`)",
+               "; ".join(f"k = {k}: {1e3 * t['recomputed']:.0f} ms → {1e3 * t['fresh']:.0f} ms → "
+                         f"{1e3 * t['buffers']:.0f} ms ({t['recomputed'] / t['fresh']:.1f}×, "
+                         f"{t['fresh'] / t['buffers']:.1f}×)" for k, t in timed.items())
                + f"; once per stored sample {1e3 * entropies:.1f} ms of entropies beside {1e3 * fill:.1f} ms "
                  "predicting it")
     record.write(args.out)

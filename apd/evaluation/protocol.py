@@ -83,10 +83,12 @@ class Judgement:
 
 def judge_probs(probs: Tensor, inputs: EvaluationInputs, scores: list[str],
                 detect: Callable[[np.ndarray, np.ndarray], dict] = detection,
-                member_entropy: Tensor | None = None) -> Judgement:
+                member_entropy: Tensor | None = None, doubled: Tensor | None = None) -> Judgement:
     """:class:`Judgement` of member probabilities ``probs`` [K, N, C] over ``inputs.stacked()``; ``detect``
     gives each set's detection metrics (:func:`apd.metrics.auroc` where only the AUROC is needed);
-    ``member_entropy``: the members' entropies [K, N] (:func:`apd.uncertainty.member_entropies`) where known."""
+    ``member_entropy``: the members' entropies [K, N] (:func:`apd.uncertainty.member_entropies`) where known;
+    ``doubled``: ``probs`` in float64 where converted already (into a buffer reused from one judgement to the
+    next: :class:`~apd.evaluation.stored.MemberBuffers`)."""
     n_test, n_in = inputs.n_test, len(inputs.x_in)
     test_probs = probs[:, :n_test].mean(0)
     y = inputs.y_test.to(probs.device)
@@ -96,7 +98,7 @@ def judge_probs(probs: Tensor, inputs: EvaluationInputs, scores: list[str],
     # The predictive p̄ and BALD's member entropies (the costliest part, or given) computed once for every
     # stacked input: the per-input BALD of every input, the detection scores of the detection inputs (those
     # after the test inputs) and the predictive alike (one network's BALD is 0: its members agree).
-    doubled = probs.double()  # once: the scores compute in float64 and take it as it is
+    doubled = probs.double() if doubled is None else doubled  # once: the scores compute in float64 and take it
     mean_probs = doubled.mean(0)
     information = (uncertainty_scores(doubled, ["bald"], mean_probs=mean_probs, member_entropy=member_entropy)
                    ["bald"].cpu() if several else torch.zeros(doubled.shape[1], dtype=torch.float64))

@@ -8,7 +8,10 @@ ensemble needs it, as each storage it is asked at keeps it (θ_s rounded at a pr
 mean: :mod:`apd.evaluation.kept_storage`), and hands out later requests from what it kept. With a row
 it keeps the row's entropies H[p_s(· | x_n)] [N] (float64), BALD's costliest part, once computed: an
 ensemble's BALD H[p̄] − (1/K) Σ_s H[p_s] then averages them (:meth:`StoredPredictions.members`) where
-computing them again for each of the yardstick's subsets took most of its judging time.
+computing them again for each of the yardstick's subsets took most of its judging time. An ensemble judged
+many times at one size (a yardstick size's subsets) is stacked into buffers allocated once
+(:class:`MemberBuffers`): fresh memory for each subset's [k, N, C] predictions, and again for them in float64,
+cost several times the copies themselves.
 
 A row's prediction does not depend on which other rows it is computed with (the batched
 :func:`apd.nets.predict_probs` computes each network on its own), so an ensemble read from here is the one
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -55,6 +59,16 @@ def available_bytes(device: torch.device) -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+class MemberBuffers(NamedTuple):
+    """Room for an ensemble of k stored rows, reused from one ensemble of that size to the next: their
+    predictions ``probs`` [k, N, C] (float32, as kept), the same in float64 (``doubled``, what the scores
+    compute from) and their entropies ``entropies`` [k, N] (float64)."""
+
+    probs: Tensor
+    doubled: Tensor
+    entropies: Tensor
+
+
 class StoredPredictions:
     """p_s(y | x) [N, C] of the rows s of ``store`` on the inputs ``x`` [N, ...], computed on ``device``, kept
     up to ``kept_bytes`` (by default :data:`KEPT_SHARE` of the device's available memory; module docstring)."""
@@ -79,10 +93,21 @@ class StoredPredictions:
         rows, found = self._gather(rows, storage)
         return torch.stack([found[r] for r in rows])
 
-    def members(self, rows: np.ndarray | Tensor | list[int], storage: KeptStorage = "float32") -> tuple[Tensor, Tensor]:
+    def member_buffers(self, k: int) -> MemberBuffers:
+        """Room for :meth:`members` of k rows, on this object's device."""
+        n, classes = len(self.x), self.store.spec.layer_sizes[-1]
+        return MemberBuffers(torch.empty(k, n, classes, device=self.device),
+                             torch.empty(k, n, classes, dtype=torch.float64, device=self.device),
+                             torch.empty(k, n, dtype=torch.float64, device=self.device))
+
+    def members(self, rows: np.ndarray | Tensor | list[int], storage: KeptStorage = "float32",
+                into: MemberBuffers | None = None) -> tuple[Tensor, Tensor]:
         """:meth:`probs` of ``rows`` and their entropies H[p_s(· | x_n)] [k, N] (float64,
         :func:`apd.uncertainty.member_entropies`): read where kept, else computed now and kept with a kept row
-        while they fit beside the predictions (which come first: :meth:`_room_for`)."""
+        while they fit beside the predictions (which come first: :meth:`_room_for`). With ``into``
+        (:meth:`member_buffers` of as many rows), both are written there, over the ensemble before."""
+        if into is not None and len(into.probs) != len(rows):
+            raise ValueError(f"buffers for {len(into.probs)} rows given {len(rows)}")
         rows, found = self._gather(rows, storage)
         key = storage_key(storage)
         kept = self._kept[key]
@@ -94,8 +119,9 @@ class StoredPredictions:
         for r in missing:
             if r in kept and self._bytes + self._entropy_bytes() + self._entropy_row_bytes <= self.kept_bytes:
                 self._entropies[key, r] = computed[r].clone()  # its own memory, freed when dropped
-        return (torch.stack([found[r] for r in rows]),
-                torch.stack([computed[r] if r in computed else self._entropies[key, r] for r in rows]))
+        probs, entropies = (None, None) if into is None else (into.probs, into.entropies)
+        return (torch.stack([found[r] for r in rows], out=probs),
+                torch.stack([computed[r] if r in computed else self._entropies[key, r] for r in rows], out=entropies))
 
     def _gather(self, rows: np.ndarray | Tensor | list[int],
                 storage: KeptStorage) -> tuple[list[int], dict[int, Tensor]]:

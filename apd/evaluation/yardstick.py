@@ -50,7 +50,7 @@ from apd.distillation.selection import PROBABILITY_FLOOR
 from apd.evaluation.kept_storage import KeptStorage, kept_worth, storage_key
 from apd.evaluation.protocol import EvaluationInputs, Judgement, judge_probs
 from apd.evaluation.stability import IN_SET, ChainSums, chain_sums
-from apd.evaluation.stored import StoredPredictions
+from apd.evaluation.stored import MemberBuffers, StoredPredictions
 from apd.metrics import Stat, auroc, mean_of
 from apd.posteriors.kept import evenly_spaced_rows, last_rows, random_rows
 
@@ -316,12 +316,13 @@ def wins_over_kept(own: dict, own_auroc: dict[str, dict[str, float | None]], own
 
 @torch.no_grad()
 def judge_rows(stored: StoredPredictions, rows: np.ndarray, inputs: EvaluationInputs, reference: Reference,
-               storage: KeptStorage = "float32") -> dict[str, float | None]:
+               storage: KeptStorage = "float32", buffers: MemberBuffers | None = None) -> dict[str, float | None]:
     """:func:`summarise` of the ensemble of the store's ``rows``, each row stored as ``storage`` is
     (:mod:`apd.evaluation.kept_storage`), their predictions and entropies from ``stored`` (on
-    ``inputs.stacked()``)."""
-    probs, entropies = stored.members(rows, storage)
-    return summarise(judge_probs(probs, inputs, SCORES, auroc, entropies), reference)
+    ``inputs.stacked()``), stacked into ``buffers`` where given (:meth:`StoredPredictions.member_buffers`)."""
+    probs, entropies = stored.members(rows, storage, buffers)
+    doubled = None if buffers is None else buffers.doubled.copy_(probs)
+    return summarise(judge_probs(probs, inputs, SCORES, auroc, entropies, doubled), reference)
 
 
 def kept_samples(stored: StoredPredictions, k: int, inputs: EvaluationInputs, reference: Reference, subsets: int,
@@ -336,8 +337,9 @@ def kept_samples(stored: StoredPredictions, k: int, inputs: EvaluationInputs, re
     fixed = {"evenly_spaced": evenly_spaced_rows(n, k, chains), "last": last_rows(n, k, chains)}
     draws = [random_rows(n, k, generator, chains) for _ in range(subsets)]
     stored.prefetch(np.concatenate([*fixed.values(), *draws]), storage)  # predicted in blocks, not k at a time
-    judged = {name: judge_rows(stored, rows, inputs, reference, storage) for name, rows in fixed.items()}
-    drawn = [judge_rows(stored, rows, inputs, reference, storage) for rows in draws]
+    buffers = stored.member_buffers(k)  # every ensemble here has k members
+    judged = {name: judge_rows(stored, rows, inputs, reference, storage, buffers) for name, rows in fixed.items()}
+    drawn = [judge_rows(stored, rows, inputs, reference, storage, buffers) for rows in draws]
     return {"k": k, "in_sgld_samples": kept_worth(k, dim, storage), **judged,
             "random": spread(drawn, band=True), "subsets": subsets, "precision": storage_key(storage)}
 

@@ -269,3 +269,22 @@ def test_the_references_chain_sums_split_its_chains_into_halves_whose_numbers_ar
     assert stability["numbers"]["nll"] == pytest.approx(nll(whole, inputs.y_test), rel=1e-6)
     assert stability["split_half"]["nll_gap"] == pytest.approx(
         abs(stability["split_half"]["numbers"][0]["nll"] - stability["split_half"]["numbers"][1]["nll"]))
+
+
+def test_ensembles_stacked_into_reused_buffers_are_judged_as_in_fresh_memory(store):
+    """Subsets judged one after another in one size's buffers give, to the bit, what each judged in memory of its
+    own gives (each overwrites the one before: none of it lingers), at a precision's rows too; buffers of
+    another size are refused."""
+    g = torch.Generator().manual_seed(4)
+    inputs = EvaluationInputs(torch.randn(20, 3, generator=g), torch.randint(2, (20,), generator=g),
+                              torch.randn(15, 3, generator=g), {"far": 4 * torch.randn(15, 3, generator=g)})
+    stored = StoredPredictions(store, inputs.stacked("cpu"), "cpu")
+    reference = Reference({"far": 70.0}, {"far": 60.0}, 0.5, *reference_predictive(
+        reference_sums(stored, inputs, limit=100, chunk=5)))
+    buffers = stored.member_buffers(4)
+    for rows, storage in (([0, 3, 7, 9], "float32"), ([11, 2, 5, 2], "float32"), ([1, 6, 8, 10], "int8")):
+        reused = judge_rows(stored, np.array(rows), inputs, reference, storage, buffers)
+        assert reused == judge_rows(stored, np.array(rows), inputs, reference, storage)
+        assert torch.equal(buffers.doubled, stored.probs(rows, storage).double())
+    with pytest.raises(ValueError, match="buffers for 4 rows given 3"):
+        judge_rows(stored, np.array([0, 1, 2]), inputs, reference, buffers=buffers)
