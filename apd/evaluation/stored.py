@@ -140,6 +140,13 @@ class StoredPredictions:
         wanted = {int(r) for r in np.asarray(rows, dtype=np.int64).reshape(-1)}
         self._fill(sorted(wanted - kept.keys()), storage, keep_only=True)
 
+    def forget(self, storage: KeptStorage) -> None:
+        """Drop the rows kept as ``storage`` stores them, and their entropies: no ensemble to come asks for them,
+        and their room goes to another storage's rows (asked for again, they are predicted again)."""
+        key = storage_key(storage)
+        self._bytes -= self._row_bytes * len(self._kept.pop(key, {}))
+        self._entropies = {kept: entropies for kept, entropies in self._entropies.items() if kept[0] != key}
+
     def _room_for(self, needed: int) -> bool:
         """Whether ``needed`` more bytes of predictions fit ``kept_bytes``, dropping kept entropies (oldest first)
         to make room: a row's entropies take milliseconds to compute again, its prediction far longer."""

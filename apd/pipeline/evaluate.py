@@ -384,10 +384,13 @@ def yardstick(ctx: RunContext, methods: dict[str, Posterior], inputs: Evaluation
     sample's storage at it; ``kept`` key "K P", the entry's ``at_precision``), and the fewest that take S
     stored at P about their chains' means, the means at the precision of the method's own mean
     (:class:`~apd.evaluation.kept_storage.AroundChainMeans`; key "K P around chain means at M", the entry's
-    ``around_means``). The kept samples' predictions come from ``stored``; a progress bar counts the sets
-    judged. Each set judged is kept in ``finished``, and one found there (an interrupted run judged it under
-    the same configuration, inputs and machine: :mod:`apd.pipeline.finished_parts`) is taken, not judged
-    again, its seed stream set where judging it left it."""
+    ``around_means``). The kept samples' predictions come from ``stored``, the sets judged one storage after
+    another (float32's first), each storage's predictions dropped from ``stored`` after its last set, so that
+    every storage's rows fit where the one before's were kept (a row past its ``kept_bytes`` is predicted
+    again for every subset that draws it); a progress bar counts the sets judged. Each set judged is kept in
+    ``finished``, and one found there (an interrupted run judged it under the same configuration, inputs and
+    machine: :mod:`apd.pipeline.finished_parts`) is taken, not judged again, its seed stream set where judging
+    it left it."""
     e = ctx.cfg.evaluate
     n, dim = len(stored), stored.store.spec.numel
     # key -> (k, storage, stream): the curve's sizes draw from one stream in increasing order, every other
@@ -420,16 +423,24 @@ def yardstick(ctx: RunContext, methods: dict[str, Posterior], inputs: Evaluation
             equal[name]["at_precision"] = {"precision": p, **kept_set(worth, p)}
             equal[name]["around_means"] = {"precision": p, "mean_at": mean_at,
                                            **kept_set(worth, around[p, mean_at])}
-    bar = ctx.progress(sets.items(), total=len(sets), desc="yardstick", unit="set")
+    # one storage's sets after another, float32's first (the curve's sizes in their order: they share a stream),
+    # each storage's predictions dropped after its last set, so that the next one's fit where they were
+    storages = list(dict.fromkeys(storage_key(storage) for _, storage, _ in sets.values()))
+    order = sorted(sets, key=lambda key: storages.index(storage_key(sets[key][1])))
+    bar = ctx.progress(order, total=len(order), desc="yardstick", unit="set")
 
     def judged(key: str, k: int, storage: KeptStorage, stream: torch.Generator) -> dict:
         ctx.show(bar, "yardstick", judging=f'kept samples "{key}"')
         return kept_samples(stored, k, inputs, reference, e.yardstick_subsets, stream, storage)
 
-    # a set taken sets its stream where judging it left it: the curve's sizes share one
-    kept = {key: taken_or_made(finished, f'yardstick: kept samples "{key}"',
-                               functools.partial(judged, key, k, storage, stream), stream)
-            for key, (k, storage, stream) in bar}
+    kept = {}
+    for at, key in enumerate(bar):
+        k, storage, stream = sets[key]
+        # a set taken sets its stream where judging it left it
+        kept[key] = taken_or_made(finished, f'yardstick: kept samples "{key}"',
+                                  functools.partial(judged, key, k, storage, stream), stream)
+        if all(storage_key(sets[later][1]) != storage_key(storage) for later in order[at + 1:]):
+            stored.forget(storage)
     by_size = sorted((k, key) for key, (k, storage, _) in sets.items() if storage_key(storage) == "float32")
     stored_otherwise = [key for key, (_, storage, _) in sets.items() if storage_key(storage) != "float32"]
     return {"reference": {"bald_auroc": reference.bald_auroc, "max_prob_auroc": reference.max_prob_auroc,

@@ -707,6 +707,42 @@ def test_a_method_stored_at_int8_meets_float32_kept_samples_and_the_int8_ones_it
     assert line.rstrip(" |").endswith(f"| {found['wins']}/{found['compared']}")
 
 
+def test_the_yardstick_keeps_one_storage_after_another_where_only_one_fits(pipeline, monkeypatch):
+    """With room for one storage's predictions of the whole store, the yardstick of a method stored at int8
+    predicts each stored sample at most once per storage (float32, int8, int8 about the chains' means: each
+    storage's predictions give way to the next one's), and its numbers are those judged with room for all."""
+    from apd.distillation.precision import PartPrecisions
+    from apd.evaluation import stored as stored_module
+    from apd.evaluation.yardstick import reference_sums
+    from apd.pipeline.evaluate import sgld_reference, yardstick
+    from apd.pipeline.recipes import evaluation_inputs
+
+    root, _ = pipeline
+    ctx = tiny_context(root)
+    results = json.loads((root / "tiny" / "eval" / "results.json").read_text())
+    model = _load_apd(root / "tiny" / "generator.pt")
+    model.model.stored_as = PartPrecisions("int8")
+    method = APDGenerator(model.model, model.spec)
+    inputs = evaluation_inputs(ctx)
+    predicted: list[int] = []
+
+    def counted(spec, weights, x):
+        predicted.append(len(weights))
+        return predict_probs(spec, weights, x)
+
+    with SampleStore.open(root / "tiny" / "samples.h5") as store:
+        roomy = StoredPredictions(store, inputs.stacked("cpu"), "cpu")
+        reference = sgld_reference(results, reference_sums(roomy, inputs, ctx.cfg.evaluate.yardstick_reference))
+        with_room = yardstick(ctx, {"apd": method}, inputs, reference, roomy)
+        one_storage = len(store) * 4 * len(inputs.stacked("cpu")) * store.spec.layer_sizes[-1]
+        tight = StoredPredictions(store, inputs.stacked("cpu"), "cpu", kept_bytes=one_storage)
+        monkeypatch.setattr(stored_module, "predict_probs", counted)
+        assert yardstick(ctx, {"apd": method}, inputs, reference, tight) == with_room
+        assert {key.split(" ", 1)[-1] for key in with_room["kept"] if " " in key} == {
+            "int8", "int8 around chain means at int8"}
+        assert 2 * len(store) < sum(predicted) <= 3 * len(store)
+
+
 def test_the_mode_mixture_weighs_each_chains_aligned_mean_against_its_plain_one(pipeline, tmp_path):
     root, config = pipeline
     out = tmp_path / "aligned"
