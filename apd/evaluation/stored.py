@@ -21,7 +21,9 @@ again whenever it is asked for. Entropies are kept in what the predictions leave
 way to them: a prediction that needs their room drops them (oldest first), since they are quick to compute
 again. Fashion-MNIST's 20,000 stacked inputs take 0.8 MB a row (and 0.16 MB of entropies), so fcNN1's 9,972
 samples take 8 GB at float32: kept whole where 16 GB are available. The yardstick's kept subsets
-draw from the whole store at every size, so a row not kept is predicted again many times over.
+draw from the whole store at every size, so a row not kept is predicted again many times over; a user done
+with one storage's rows drops them (:meth:`StoredPredictions.forget`), so that the next storage's fit in their
+room (fcNN1's int8 rows beside its float32 ones would take 14 GB).
 """
 
 from __future__ import annotations

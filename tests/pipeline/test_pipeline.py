@@ -643,6 +643,17 @@ def test_a_method_fit_to_aligned_samples_is_set_against_sgld_aligned(pipeline, t
     assert results["fidelity"]["mog"]["bald_members"] == results["ensemble"]["mog"]
 
 
+def _tiny_apd_at_int8(root: Path) -> tuple[RunContext, dict, APDGenerator, APDGenerator]:
+    """The tiny pipeline's context and evaluation results, and its generator (as loaded, and as a method)
+    stored at int8."""
+    from apd.distillation.precision import PartPrecisions
+
+    model = _load_apd(root / "tiny" / "generator.pt")
+    model.model.stored_as = PartPrecisions("int8")
+    return (tiny_context(root), json.loads((root / "tiny" / "eval" / "results.json").read_text()), model,
+            APDGenerator(model.model, model.spec))
+
+
 def test_a_method_stored_at_int8_meets_float32_kept_samples_and_the_int8_ones_its_storage_buys(pipeline, caplog):
     """The yardstick sets a generator stored at int8 (storage S) against ⌈S⌉ float32 samples, against the
     ⌈S / s_int8⌉ samples that int8 buys (each stored at int8) and against the fewest stored at int8 about their
@@ -655,11 +666,7 @@ def test_a_method_stored_at_int8_meets_float32_kept_samples_and_the_int8_ones_it
     from apd.pipeline.recipes import evaluation_inputs
 
     root, _ = pipeline
-    ctx = tiny_context(root)
-    results = json.loads((root / "tiny" / "eval" / "results.json").read_text())
-    model = _load_apd(root / "tiny" / "generator.pt")
-    model.model.stored_as = PartPrecisions("int8")
-    method = APDGenerator(model.model, model.spec)
+    ctx, results, model, method = _tiny_apd_at_int8(root)
     assert method.precision == "int8" and method.mean_precision == "int8"
     model.model.stored_as = PartPrecisions("int4", mean="int8")  # the means kept beside APD's: at its own mean's
     assert (method.precision, method.mean_precision) == ("int4", "int8")
@@ -711,18 +718,13 @@ def test_the_yardstick_keeps_one_storage_after_another_where_only_one_fits(pipel
     """With room for one storage's predictions of the whole store, the yardstick of a method stored at int8
     predicts each stored sample at most once per storage (float32, int8, int8 about the chains' means: each
     storage's predictions give way to the next one's), and its numbers are those judged with room for all."""
-    from apd.distillation.precision import PartPrecisions
     from apd.evaluation import stored as stored_module
     from apd.evaluation.yardstick import reference_sums
     from apd.pipeline.evaluate import sgld_reference, yardstick
     from apd.pipeline.recipes import evaluation_inputs
 
     root, _ = pipeline
-    ctx = tiny_context(root)
-    results = json.loads((root / "tiny" / "eval" / "results.json").read_text())
-    model = _load_apd(root / "tiny" / "generator.pt")
-    model.model.stored_as = PartPrecisions("int8")
-    method = APDGenerator(model.model, model.spec)
+    ctx, results, model, method = _tiny_apd_at_int8(root)
     inputs = evaluation_inputs(ctx)
     predicted: list[int] = []
 
