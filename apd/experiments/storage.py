@@ -19,8 +19,10 @@ OOD sets ``apd evaluate`` reports. Outputs: ``artifacts/NAME/experiments/storage
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,7 @@ import numpy as np
 import torch
 
 from apd.config import bounded
+from apd.distillation.codec import WeightCodec
 from apd.evaluation.protocol import EvaluationInputs, judge
 from apd.evaluation.stored import StoredPredictions
 from apd.evaluation.yardstick import (
@@ -47,6 +50,7 @@ from apd.methods import label
 from apd.metrics import mean_of
 from apd.nets import ParamSpec
 from apd.pipeline.figures import figure_legend, new_figure, plot_growth, plot_kept_curve, save_figure, storage_axes
+from apd.pipeline.finished_parts import FinishedParts, taken_or_made
 from apd.pipeline.methods import METHODS, Sources, fit_mixture
 from apd.pipeline.recipes import codec_for, evaluation_inputs, store_alignment, training_samples
 from apd.pipeline.runtime import RunContext
@@ -120,43 +124,54 @@ def sgld_reference(ctx: RunContext, predictions: StoredPredictions, inputs: Eval
     return spread([summarise(d, reference) for d in draws]), reference
 
 
-def apd_generators(ctx: RunContext, store: SampleStore, plan: StoragePlan):
-    """(name, row fields, posterior, build seconds) of a subspace APD generator for each rank and width of
-    ``plan``: the pipeline's distill section (its alignment included) at that rank and generator width,
-    without a residual."""
-    data = training_samples(ctx, store, ctx.cfg.distill)
-    for rank in plan.ranks:
-        codec = None
-        for width in plan.widths:
-            started = time.perf_counter()
-            d = dataclasses.replace(ctx.cfg.distill, generator="subspace", subspace_rank=rank, gen_hidden=width,
-                                    residual=dataclasses.replace(ctx.cfg.distill.residual, model="none"),
-                                    steps=plan.steps)
-            codec = codec or codec_for(ctx, data.fit, d)
-            model, steps = train_generator(d, codec, store, ctx, started + plan.max_seconds, data)
-            name = f"APD r={rank} width {'-'.join(map(str, width))}"
-            yield (name, {"family": "apd", "rank": rank, "width": width, "steps": steps},
-                   APDGenerator(model, store.spec, name), time.perf_counter() - started)
+# A method of the study: its name, its row's fields, and what builds it: the posterior, its members per draw
+# and the fields known once it is built.
+MethodToBuild = tuple[str, dict, Callable[[], tuple[Posterior, int, dict]]]
 
 
-def methods(ctx: RunContext, store: SampleStore, plan: StoragePlan, stack: ExitStack):
-    """(name, row fields, posterior, members per draw, build seconds) of every method of ``plan``."""
+def apd_generators(ctx: RunContext, store: SampleStore, plan: StoragePlan) -> list[MethodToBuild]:
+    """A subspace APD generator for each rank and width of ``plan``: the pipeline's distill section (its
+    alignment included) at that rank and generator width, without a residual, trained for ``plan.steps``
+    generator steps or ``plan.max_seconds`` (its row's ``steps``: those it took); the training samples are
+    prepared, and each rank's codec fit, once for the generators built."""
+    prepared = functools.cache(lambda: training_samples(ctx, store, ctx.cfg.distill))
+    codecs: dict[int, WeightCodec] = {}
+
+    def built(rank: int, width: list[int], name: str) -> tuple[Posterior, int, dict]:
+        data, started = prepared(), time.perf_counter()
+        d = dataclasses.replace(ctx.cfg.distill, generator="subspace", subspace_rank=rank, gen_hidden=width,
+                                residual=dataclasses.replace(ctx.cfg.distill.residual, model="none"),
+                                steps=plan.steps)
+        if rank not in codecs:
+            codecs[rank] = codec_for(ctx, data.fit, d)
+        model, steps = train_generator(d, codecs[rank], store, ctx, started + plan.max_seconds, data)
+        return APDGenerator(model, store.spec, name), ctx.cfg.evaluate.networks, {"steps": steps}
+
+    return [(name, {"family": "apd", "rank": rank, "width": width}, functools.partial(built, rank, width, name))
+            for rank in plan.ranks for width in plan.widths
+            for name in [f"APD r={rank} width {'-'.join(map(str, width))}"]]
+
+
+def methods(ctx: RunContext, store: SampleStore, plan: StoragePlan, stack: ExitStack) -> list[MethodToBuild]:
+    """Every method of ``plan``, each built when asked: the mixtures, the APD generators, the peers."""
     e = ctx.cfg.evaluate
-    for k in plan.mog_components:
-        started = time.perf_counter()
-        mixture = fit_mixture(store, k, e.mog_fit_samples, ctx.seed("evaluate", "mog", k), ctx.device,
-                              store_alignment(ctx, store))
-        yield f"MoG k={k}", {"family": "mog", "components": k}, mixture, e.networks, time.perf_counter() - started
-    for name, fields, generator, seconds in apd_generators(ctx, store, plan):
-        yield name, fields, generator, e.networks, seconds
     sources = Sources(ctx, stack, store.spec)
-    for name in plan.peers:
-        peer = METHODS[name]
-        require_input(ctx, peer.artifact(ctx.layout), peer.stage)
-        started = time.perf_counter()
-        method = peer.load(sources)
-        yield (label(name), {"family": "peer", "method": name}, method, method.ensemble_size(peer.members(e)),
-               time.perf_counter() - started)
+
+    def mixture(k: int) -> tuple[Posterior, int, dict]:
+        return fit_mixture(store, k, e.mog_fit_samples, ctx.seed("evaluate", "mog", k), ctx.device,
+                           store_alignment(ctx, store)), e.networks, {}
+
+    def peer(name: str) -> tuple[Posterior, int, dict]:
+        loader = METHODS[name]
+        require_input(ctx, loader.artifact(ctx.layout), loader.stage)
+        method = loader.load(sources)
+        return method, method.ensemble_size(loader.members(e)), {}
+
+    return [*((f"MoG k={k}", {"family": "mog", "components": k}, functools.partial(mixture, k))
+              for k in plan.mog_components),
+            *apd_generators(ctx, store, plan),
+            *((label(name), {"family": "peer", "method": name}, functools.partial(peer, name))
+              for name in plan.peers)]
 
 
 def with_shares(row: dict, sgld: dict, kept: list[dict]) -> dict:
@@ -169,30 +184,40 @@ def with_shares(row: dict, sgld: dict, kept: list[dict]) -> dict:
     return {**row, "shares": shares, "break_even": {m: break_even(value[m], even[m], METRICS[m]) for m in METRICS}}
 
 
-def study(ctx: RunContext, plan: StoragePlan) -> dict:
-    """Build and judge every method of ``plan`` and the kept-samples curve; the results as JSON-able data."""
+def study(ctx: RunContext, plan: StoragePlan, finished: FinishedParts | None = None) -> dict:
+    """Build and judge every method of ``plan`` and the kept-samples curve; the results as JSON-able data. The
+    curve and each method's row are kept in ``finished`` once made, and one found there (an interrupted run of
+    the same study made it) is taken, its method not built: every part draws from seeds of its own."""
     e, started = ctx.cfg.evaluate, time.perf_counter()
     require_input(ctx, ctx.layout.samples, "sample")
     inputs = evaluation_inputs(ctx, role="tuning")
-    rows = []
     with ExitStack() as stack:
         store = stack.enter_context(SampleStore.open(ctx.layout.samples,
                                                      expect_spec=ParamSpec.from_module(ctx.network())))
         predictions = StoredPredictions(store, inputs.stacked(ctx.device), ctx.device)
         sgld, reference = sgld_reference(ctx, predictions, inputs)
         generator = torch.Generator().manual_seed(ctx.seed("experiment", "storage", "kept"))
-        kept = kept_curve(predictions, plan.kept_sizes, inputs, reference, e.yardstick_subsets, generator)
-        rows.append({"name": "SGLD", "family": "sgld", "seconds": None, "members": e.sgld_samples,
-                     "parameters": len(store) * store.spec.numel, "in_sgld_samples": float(len(store)),
-                     "quality": sgld})
-        for name, fields, method, members, seconds in methods(ctx, store, plan, stack):
-            rows.append({"name": name, **fields, "seconds": round(seconds, 2), "members": members,
-                         "parameters": int(method.stored_parameters()),
-                         "in_sgld_samples": round(method.storage_in_samples(), 3),
-                         "quality": judge_runs(method, members, inputs, reference, e.runs,
-                                               ctx.seed("experiment", "storage", name))})
-            log.info("%s: storage %.3g samples, built in %.1f s, mean BALD AUROC %s", name,
-                     rows[-1]["in_sgld_samples"], seconds, rows[-1]["quality"]["mean_bald_auroc"])
+        kept = taken_or_made(finished, "storage: kept curve", lambda: kept_curve(
+            predictions, plan.kept_sizes, inputs, reference, e.yardstick_subsets, generator))
+        rows = [{"name": "SGLD", "family": "sgld", "seconds": None, "members": e.sgld_samples,
+                 "parameters": len(store) * store.spec.numel, "in_sgld_samples": float(len(store)),
+                 "quality": sgld}]
+
+        def row_of(name: str, fields: dict, build: Callable[[], tuple[Posterior, int, dict]]) -> dict:
+            t0 = time.perf_counter()
+            method, members, built = build()
+            seconds = time.perf_counter() - t0
+            row = {"name": name, **fields, **built, "seconds": round(seconds, 2), "members": members,
+                   "parameters": int(method.stored_parameters()),
+                   "in_sgld_samples": round(method.storage_in_samples(), 3),
+                   "quality": judge_runs(method, members, inputs, reference, e.runs,
+                                         ctx.seed("experiment", "storage", name))}
+            log.info("%s: storage %.3g samples, built in %.1f s, mean BALD AUROC %s", name, row["in_sgld_samples"],
+                     seconds, row["quality"]["mean_bald_auroc"])
+            return row
+
+        rows += [taken_or_made(finished, f"storage: {name}", functools.partial(row_of, name, fields, build))
+                 for name, fields, build in methods(ctx, store, plan, stack)]
         dim, size = store.spec.numel, len(store)
     kept = [{**r, "shares": {m: None if r["evenly_spaced"][m] is None else r["evenly_spaced"][m] / mean_of(sgld[m])
                              for m in METRICS}} for r in kept]

@@ -53,7 +53,7 @@ STUDIES = (
     Study("storage", "MoG with k components, APD of several ranks and widths and the peers: storage against "
           "quality, and the kept SGLD samples each replaces",
           "apd.experiments.storage:run_storage", "storage", "apd.experiments.storage:render_table",
-          table="storage-study"),  # "storage" names the storage table of `apd evaluate`
+          table="storage-study", resumes=True),  # "storage" names the storage table of `apd evaluate`
     Study("modes", "single networks at the chains' means, between them and from APD: do the chains sit in separate "
           "modes?", "apd.experiments.modes:run_modes", "modes", "apd.experiments.modes:render_table"),
     Study("precision", "APD and kept samples at float32, float16, int8 and int4 storage, at one storage budget",
