@@ -98,3 +98,33 @@ def without_timings(value):
         return {k: without_timings(v) for k, v in value.items()
                 if k not in ("timing", "provenance") and "seconds" not in k}
     return [without_timings(v) for v in value] if isinstance(value, list) else value
+
+
+def counted_predictions(monkeypatch, room: int | None = None) -> list[int]:
+    """The number of networks each prediction of the stored samples' predictions covers
+    (:class:`~apd.evaluation.stored.StoredPredictions`), from now on; with ``room``, the predictions set up
+    from now on keep at most ``room`` bytes."""
+    from apd.evaluation import stored as stored_module
+    from apd.nets import predict_probs
+
+    predicted: list[int] = []
+
+    def counted(spec, weights, x):
+        predicted.append(len(weights))
+        return predict_probs(spec, weights, x)
+
+    monkeypatch.setattr(stored_module, "predict_probs", counted)
+    if room is not None:
+        monkeypatch.setattr(stored_module, "available_bytes", lambda device: room / stored_module.KEPT_SHARE)
+    return predicted
+
+
+def one_storage(root: Path, role: str = "evaluate") -> int:
+    """The bytes of the tiny store's samples' predictions (float32) on the inputs of ``role`` (``"tuning"``:
+    the studies')."""
+    from apd.pipeline.recipes import evaluation_inputs
+    from apd.samplers.store import SampleStore
+
+    inputs = evaluation_inputs(tiny_context(root), role=role).stacked("cpu")
+    with SampleStore.open(root / "tiny" / "samples.h5") as store:
+        return len(store) * 4 * len(inputs) * store.spec.layer_sizes[-1]

@@ -197,28 +197,45 @@ class FrontierRun:
         """The part ``name`` an interrupted run finished, else ``make()``, kept as finished."""
         return taken_or_made(self.finished, name, make)
 
-    def point(self, budget: int) -> dict:
-        """The kept samples and APD's trainings and ceilings at ``budget`` (:func:`frontier`)."""
+    def kept_sets(self, budgets: list[int]) -> dict[int, dict[str, dict | None]]:
+        """Each budget's kept samples, by what :meth:`point` names them: ``kept`` (as many float32 samples as
+        the budget), ``kept at precision`` and ``kept around means`` (None where the plan has none). They are
+        judged one storage after another, every budget's at one before the next storage's, each storage's
+        predictions dropped after its last budget, so that the next storage's rows fit where they were kept
+        (past the predictions' memory a row is predicted again for every subset that draws it); each set draws
+        from a seed of its budget's own, so the order does not change it."""
+        plan, store = self.plan, self.store
+        storages: dict[str, KeptStorage | None] = {
+            "kept": "float32",
+            "kept at precision": plan.precision if plan.kept_at_precision and plan.precision != "float32" else None,
+            "kept around means": self.around}
+        found: dict[int, dict[str, dict | None]] = {budget: dict.fromkeys(storages) for budget in budgets}
+        for which, storage in storages.items():
+            if storage is None:
+                continue
+            for budget in budgets:
+                k = kept_for(budget, store.spec.numel, storage, len(store))
+                found[budget][which] = self.part(f"budget {budget}: {which}",
+                                                 functools.partial(self.judged, budget, k, storage))
+            self.predictions.forget(storage)
+        return found
+
+    def judged(self, budget: int, k: int, storage: KeptStorage) -> dict:
+        """k samples kept as ``storage`` stores them, and the plan's random subsets, for ``budget``."""
+        log.info("budget %d: judging %d samples kept at %s and %d random subsets", budget, k, storage_key(storage),
+                 self.plan.subsets)
+        return kept_samples(self.predictions, k, self.inputs, self.reference, self.plan.subsets,
+                            torch.Generator().manual_seed(self.ctx.seed("experiment", "frontier", budget)), storage)
+
+    def point(self, budget: int, kept_sets: dict[str, dict | None]) -> dict:
+        """APD's trainings and ceilings at ``budget`` against its kept samples ``kept_sets`` (:meth:`kept_sets`;
+        :func:`frontier`)."""
         ctx, plan, store, cfg = self.ctx, self.plan, self.store, self.ctx.cfg
         spec, n, stored_as = store.spec, len(store), plan.stored_as()
         chains = len(chain_partition(store.chains)[0])
         seed = ctx.seed("experiment", "frontier", budget)
-
-        def judged(k: int, storage: KeptStorage = "float32") -> dict:
-            log.info("budget %d: judging %d samples kept at %s and %d random subsets", budget, k,
-                     storage_key(storage), plan.subsets)
-            return kept_samples(self.predictions, k, self.inputs, self.reference, plan.subsets,
-                                torch.Generator().manual_seed(seed), storage)
-
-        kept = self.part(f"budget {budget}: kept", lambda: judged(budget))
-        stored_kept = around_kept = None
-        if plan.kept_at_precision and plan.precision != "float32":
-            at_precision = kept_for(budget, spec.numel, plan.precision, n)
-            stored_kept = self.part(f"budget {budget}: kept at precision",
-                                    lambda: judged(at_precision, plan.precision))
-        if self.around is not None:
-            around_k = kept_for(budget, spec.numel, self.around, n)
-            around_kept = self.part(f"budget {budget}: kept around means", lambda: judged(around_k, self.around))
+        kept, stored_kept, around_kept = (kept_sets[which] for which in ("kept", "kept at precision",
+                                                                         "kept around means"))
         limit = min(n, cfg.distill.fit_samples, spec.numel)
         rank = largest_rank(lambda r: chain_generators_storage(cfg.distill, r, spec, chains, stored_as,
                                                                plan.mode_embedding), budget, limit)
@@ -288,7 +305,9 @@ def frontier(ctx: RunContext, plan: FrontierPlan, finished: FinishedParts | None
                   if plan.kept_around_means and plan.precision != "float32" else None)
         run = FrontierRun(ctx, plan, store, predictions, inputs, reference, sgld,
                           training_samples(ctx, store, cfg.distill), around, finished)
-        points = [run.point(budget) for budget in sorted(set(plan.budgets))]
+        budgets = sorted(set(plan.budgets))
+        kept = run.kept_sets(budgets)
+        points = [run.point(budget, kept[budget]) for budget in budgets]
     return {"pipeline": cfg.name, "dataset": ctx.data.name, "dim": spec.numel, "sgld_samples": n, "runs": e.runs,
             "networks": e.networks, "ood_sets": list(inputs.ood),
             "judged_on": "validation images and the OOD tuning pool (never the test split or evaluate's OOD sets)",

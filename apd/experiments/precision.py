@@ -382,6 +382,7 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan, finished: FinishedP
             k = kept_for(plan.budget, dim, precision, n)
             seed = ctx.seed("experiment", "precision", precision)
             kept = kept_row(ctx, predictions, k, inputs, reference, plan, precision, seed) if k else None
+            predictions.forget(precision)  # no other row keeps samples at it: the next one's fit in their room
             row: dict = {"precision": precision, "rank": rank, "k": k, "kept": kept, "apd": None, "margins": None,
                          "per_chain": None, "coordinates": None}
             if rank:

@@ -352,6 +352,22 @@ def test_a_study_cut_short_takes_what_it_finished_and_ends_as_an_uninterrupted_o
     assert _frontier(tiny_pipeline, tmp_path / "cut", *options, force=True)[0] == 0 and trained == [0, 0, 1, 0, 1]
 
 
+def test_with_room_for_one_storage_each_sample_is_predicted_once_per_storage(tiny_pipeline, tmp_path, monkeypatch):
+    """Where the predictions' memory holds the store's predictions at one storage only, the kept sets are judged
+    one storage after another (float32, int8, int8 about the chains' means), each sample predicted at most once
+    at each, and the study is the one judged with room for all."""
+    from tests.tiny_pipeline import counted_predictions, one_storage
+
+    options = ("budgets=[2, 4]", "steps=5")
+    assert _frontier(tiny_pipeline, tmp_path / "roomy", *options)[0] == 0
+    predicted = counted_predictions(monkeypatch, room=one_storage(tiny_pipeline[0], "tuning"))
+    assert _frontier(tiny_pipeline, tmp_path / "tight", *options)[0] == 0
+    assert 2 * 200 < sum(predicted) <= 3 * 200
+    roomy, tight = (json.loads((tmp_path / name / "tiny" / "experiments" / "frontier.json").read_text())
+                    for name in ("roomy", "tight"))
+    assert without_timings(roomy) == without_timings(tight)
+
+
 def test_a_crossing_over_several_trainings_counts_where_every_one_crosses(tmp_path):
     kept = {"bald_gap": 3.0, "max_prob_gap": 2.0, "nll_gap": 0.010, "kl": 0.02}
     below = {"bald_gap": 1.0, "max_prob_gap": 0.5, "nll_gap": 0.001, "kl": 0.005}

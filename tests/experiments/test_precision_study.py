@@ -175,6 +175,21 @@ def test_the_study_compares_apd_with_its_kept_samples_at_each_precision(tiny_pip
     assert (out / "precision.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_with_room_for_one_storage_each_sample_is_predicted_once_per_precision(tiny_pipeline, tmp_path, monkeypatch):
+    """Where the predictions' memory holds the store's predictions at one storage only, each row's kept samples
+    give way to the next row's: each sample is predicted at most once at each precision, and the study is the
+    one judged with room for all."""
+    from tests.tiny_pipeline import counted_predictions, one_storage, without_timings
+
+    options = ("budget=4", "steps=20", "precisions=['float32', 'int8', 'int4']")
+    roomy = run_experiment_on_copy(tiny_pipeline, tmp_path / "roomy", "precision", *options)
+    predicted = counted_predictions(monkeypatch, room=one_storage(tiny_pipeline[0], "tuning"))
+    tight = run_experiment_on_copy(tiny_pipeline, tmp_path / "tight", "precision", *options)
+    assert 2 * 200 < sum(predicted) <= 3 * 200
+    assert without_timings(json.loads((roomy / "precision.json").read_text())) == without_timings(
+        json.loads((tight / "precision.json").read_text()))
+
+
 def test_a_budget_too_small_for_the_generator_still_scores_the_kept_samples(tiny_pipeline, tmp_path):
     out = run_experiment_on_copy(tiny_pipeline, tmp_path, "precision", "budget=1", 'precisions=["float32"]')
     row = json.loads((out / "precision.json").read_text())["rows"][0]

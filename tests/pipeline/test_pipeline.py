@@ -718,27 +718,20 @@ def test_the_yardstick_keeps_one_storage_after_another_where_only_one_fits(pipel
     """With room for one storage's predictions of the whole store, the yardstick of a method stored at int8
     predicts each stored sample at most once per storage (float32, int8, int8 about the chains' means: each
     storage's predictions give way to the next one's), and its numbers are those judged with room for all."""
-    from apd.evaluation import stored as stored_module
     from apd.evaluation.yardstick import reference_sums
     from apd.pipeline.evaluate import sgld_reference, yardstick
     from apd.pipeline.recipes import evaluation_inputs
+    from tests.tiny_pipeline import counted_predictions, one_storage
 
     root, _ = pipeline
-    ctx, results, model, method = _tiny_apd_at_int8(root)
+    ctx, results, _, method = _tiny_apd_at_int8(root)
     inputs = evaluation_inputs(ctx)
-    predicted: list[int] = []
-
-    def counted(spec, weights, x):
-        predicted.append(len(weights))
-        return predict_probs(spec, weights, x)
-
     with SampleStore.open(root / "tiny" / "samples.h5") as store:
         roomy = StoredPredictions(store, inputs.stacked("cpu"), "cpu")
         reference = sgld_reference(results, reference_sums(roomy, inputs, ctx.cfg.evaluate.yardstick_reference))
         with_room = yardstick(ctx, {"apd": method}, inputs, reference, roomy)
-        one_storage = len(store) * 4 * len(inputs.stacked("cpu")) * store.spec.layer_sizes[-1]
-        tight = StoredPredictions(store, inputs.stacked("cpu"), "cpu", kept_bytes=one_storage)
-        monkeypatch.setattr(stored_module, "predict_probs", counted)
+        predicted = counted_predictions(monkeypatch)
+        tight = StoredPredictions(store, inputs.stacked("cpu"), "cpu", kept_bytes=one_storage(root))
         assert yardstick(ctx, {"apd": method}, inputs, reference, tight) == with_room
         assert {key.split(" ", 1)[-1] for key in with_room["kept"] if " " in key} == {
             "int8", "int8 around chain means at int8"}
