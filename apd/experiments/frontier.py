@@ -285,9 +285,11 @@ class FrontierRun:
 
 def frontier(ctx: RunContext, plan: FrontierPlan, finished: FinishedParts | None = None) -> dict:
     """APD and S kept samples at each budget S of ``plan``, judged on validation images and the OOD tuning
-    pool; the results as JSON-able data. Each kept set, training and ceiling is kept in ``finished`` once
-    made, and one found there (an interrupted run of the same study made it) is taken, not made again: each
-    draws from seeds of its own, so one taken leaves the others as they were."""
+    pool; the results as JSON-able data. Every budget's kept sets are judged first, one storage after another
+    (:meth:`FrontierRun.kept_sets`), then each budget's trainings and ceilings. Each kept set, training and
+    ceiling is kept in ``finished`` once made, and one found there (an interrupted run of the same study made
+    it) is taken, not made again: each draws from seeds of its own, so one taken leaves the others as they
+    were."""
     cfg, e = ctx.cfg, ctx.cfg.evaluate
     require_subspace(ctx, "frontier")
     if not plan.budgets:
