@@ -16,6 +16,7 @@ from apd.nets import ParamSpec, mlp, network, predict_probs
 from apd.posteriors import GaussianMixture, KeptSamples, SGLDSamples
 from apd.samplers.store import SampleStore, StoreRows
 from apd.uncertainty import member_entropies
+from tests.tiny_pipeline import counted_predictions
 
 SPEC = ParamSpec.from_module(mlp([16, 12, 3]))
 CNN = ParamSpec.from_module(network([784, 12, 3], [3, 4]))
@@ -43,18 +44,6 @@ def inputs():
                             torch.randn(10, 16, generator=g), {"far": 3 * torch.randn(10, 16, generator=g)})
 
 
-def counting(monkeypatch) -> list[int]:
-    """The number of networks each prediction the shared predictions make covers."""
-    calls: list[int] = []
-
-    def predict(spec, weights, x):
-        calls.append(len(weights))
-        return predict_probs(spec, weights, x)
-
-    monkeypatch.setattr(stored_module, "predict_probs", predict)
-    return calls
-
-
 @pytest.mark.parametrize(("spec", "features"), [(SPEC, 16), (CNN, 784)], ids=["mlp", "cnn"])
 def test_rows_are_their_own_predictions_and_predicted_once(tmp_path, monkeypatch, spec, features):
     """To the bit for an MLP; a CNN's first convolution is one product of all the networks' filters, whose
@@ -62,7 +51,7 @@ def test_rows_are_their_own_predictions_and_predicted_once(tmp_path, monkeypatch
     same = torch.equal if spec.is_mlp else lambda a, b: torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7) is None
     x = torch.randn(40, features, generator=torch.Generator().manual_seed(2))
     with make_store(tmp_path / "s.h5", spec) as store:
-        shared, calls = StoredPredictions(store, x, "cpu"), counting(monkeypatch)
+        shared, calls = StoredPredictions(store, x, "cpu"), counted_predictions(monkeypatch)
         rows = np.array([5, 3, 17, 3])  # any order, repeats allowed
         assert same(shared.probs(rows), predict_probs(spec, store.read(rows), x))
         assert same(shared.probs([17, 0, 5]), predict_probs(spec, store.read([17, 0, 5]), x))
@@ -95,7 +84,7 @@ def test_entropies_are_kept_in_the_room_predictions_leave_and_give_way_to_them(s
     not predicted again; entropies asked for again are computed again, and are the same."""
     x = torch.randn(40, 16)
     row = 40 * 3 * 4  # one row's predictions, [N, C] float32; its entropies take 40 * 8
-    shared, calls = StoredPredictions(store, x, "cpu", kept_bytes=3 * row), counting(monkeypatch)
+    shared, calls = StoredPredictions(store, x, "cpu", kept_bytes=3 * row), counted_predictions(monkeypatch)
     entropies_of: list[int] = []
 
     def entropies(probs):
@@ -114,17 +103,33 @@ def test_entropies_are_kept_in_the_room_predictions_leave_and_give_way_to_them(s
 
 def test_past_the_budget_rows_are_predicted_again(store, monkeypatch):
     x = torch.randn(40, 16)
-    shared, calls = StoredPredictions(store, x, "cpu", kept_bytes=0), counting(monkeypatch)
+    shared, calls = StoredPredictions(store, x, "cpu", kept_bytes=0), counted_predictions(monkeypatch)
     for _ in range(2):
         assert torch.equal(shared.probs([1, 2]), predict_probs(SPEC, store.read([1, 2]), x))
     assert calls == [2, 2]
+
+
+def test_a_storage_forgotten_gives_its_room_to_the_next(store, monkeypatch):
+    """With room for two rows: two float32 rows kept leave none for int8's, predicted again at every ask; once
+    float32's are forgotten, int8's are kept (predicted once), and float32's asked again are predicted again."""
+    x = torch.randn(40, 16)
+    shared, calls = StoredPredictions(store, x, "cpu", kept_bytes=2 * 40 * 3 * 4), counted_predictions(monkeypatch)
+    shared.members([1, 2])
+    shared.probs([1, 2], "int8")
+    shared.forget("float32")
+    for _ in range(2):
+        assert torch.equal(shared.probs([1, 2], "int8"), predict_probs(SPEC, torch.stack(
+            [round_trip(row, "int8") for row in store.read([1, 2])]), x))
+    assert calls == [2, 2, 2]  # float32, int8 past the room, then int8 kept
+    shared.probs([1, 2])
+    assert calls == [2, 2, 2, 2]  # float32 again
 
 
 def test_rows_are_kept_while_they_take_at_most_half_the_available_memory(store, monkeypatch):
     x = torch.randn(40, 16)
     row = 40 * 3 * 4  # bytes of one row's predictions, [N, C] float32
     monkeypatch.setattr(stored_module, "available_bytes", lambda device: 5 * row)  # room for two rows and a half
-    shared, calls = StoredPredictions(store, x, "cpu"), counting(monkeypatch)
+    shared, calls = StoredPredictions(store, x, "cpu"), counted_predictions(monkeypatch)
     for _ in range(2):
         shared.probs([1, 2])
         shared.probs([3, 4])
@@ -137,12 +142,12 @@ def test_prefetched_rows_are_predicted_in_blocks_and_only_while_they_fit(store, 
     x = torch.randn(40, 16)
     row = 40 * 3 * 4  # bytes of one row's predictions, [N, C] float32
     monkeypatch.setattr(stored_module, "READ_ROWS", 4)
-    shared, calls = StoredPredictions(store, x, "cpu"), counting(monkeypatch)
+    shared, calls = StoredPredictions(store, x, "cpu"), counted_predictions(monkeypatch)
     shared.probs([0])
     shared.prefetch(np.array([9, 0, 1, 2, 3, 9, 4, 5]))
     assert calls == [1, 4, 2]  # row 0 kept already; rows 1-5 and 9 in blocks of 4
     assert torch.equal(shared.probs([5, 9, 1]), predict_probs(SPEC, store.read([5, 9, 1]), x)) and calls == [1, 4, 2]
-    small, calls = StoredPredictions(store, x, "cpu", kept_bytes=6 * row), counting(monkeypatch)
+    small, calls = StoredPredictions(store, x, "cpu", kept_bytes=6 * row), counted_predictions(monkeypatch)
     small.prefetch(np.arange(12))
     assert calls == [4]  # the second block of 4 would pass 6 rows' bytes: not predicted
     small.probs(np.arange(6))
@@ -171,7 +176,7 @@ def test_judged_draws_of_stored_samples_are_the_ones_their_own_predictions_give(
         assert torch.equal(found.test_probs, expected.test_probs) and found.detection == expected.detection
         assert torch.equal(found.predictive["far"], expected.predictive["far"])
         assert torch.equal(torch.randint(10**6, (1,), generator=own), torch.randint(10**6, (1,), generator=from_shared))
-    shared, calls = StoredPredictions(store, inputs.stacked("cpu"), "cpu"), counting(monkeypatch)
+    shared, calls = StoredPredictions(store, inputs.stacked("cpu"), "cpu"), counted_predictions(monkeypatch)
     judge(kept, inputs, 5, None, ["bald"], shared)
     judge(SGLDSamples(store), inputs, len(store), torch.Generator().manual_seed(4), ["bald"], shared)
     assert calls == [5, len(store) - 5]  # every stored sample, each once
