@@ -29,8 +29,9 @@ room (fcNN1's int8 rows beside its float32 ones would take 14 GB).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 import torch
@@ -44,6 +45,7 @@ from apd.uncertainty import member_entropies
 
 READ_ROWS = 200  # rows read and predicted at a time (a LeNet-5 row is 0.25 MB, an fcNN2 row 1.9 MB)
 ENTROPY_ROWS = 50  # rows whose entropies are computed at a time (float64: 80 MB for Fashion's 20,000 inputs)
+Key = TypeVar("Key")
 KEPT_SHARE = 0.5  # of the device's available memory, the most the kept predictions take
 MEMINFO = Path("/proc/meminfo")
 
@@ -141,6 +143,18 @@ class StoredPredictions:
         kept = self._kept.setdefault(storage_key(storage), {})
         wanted = {int(r) for r in np.asarray(rows, dtype=np.int64).reshape(-1)}
         self._fill(sorted(wanted - kept.keys()), storage, keep_only=True)
+
+    def one_storage_at_a_time(self, storages: Mapping[Key, KeptStorage]) -> Iterator[Key]:
+        """The keys of ``storages`` (each the storage its ensembles are judged at) grouped by storage, the
+        storages in the order they first appear and each group in its own order; once the caller is done with a
+        storage's last key (asks for the next one), that storage's rows are dropped (:meth:`forget`), so that
+        the next storage's fit where they were kept."""
+        order = list(dict.fromkeys(storage_key(storage) for storage in storages.values()))
+        keys = sorted(storages, key=lambda key: order.index(storage_key(storages[key])))
+        for at, key in enumerate(keys):
+            yield key
+            if at + 1 == len(keys) or storage_key(storages[keys[at + 1]]) != storage_key(storages[key]):
+                self.forget(storages[key])
 
     def forget(self, storage: KeptStorage) -> None:
         """Drop the rows kept as ``storage`` stores them, and their entropies: no ensemble to come asks for them,

@@ -200,24 +200,22 @@ class FrontierRun:
     def kept_sets(self, budgets: list[int]) -> dict[int, dict[str, dict | None]]:
         """Each budget's kept samples, by what :meth:`point` names them: ``kept`` (as many float32 samples as
         the budget), ``kept at precision`` and ``kept around means`` (None where the plan has none). They are
-        judged one storage after another, every budget's at one before the next storage's, each storage's
-        predictions dropped after its last budget, so that the next storage's rows fit where they were kept
-        (past the predictions' memory a row is predicted again for every subset that draws it); each set draws
-        from a seed of its budget's own, so the order does not change it."""
+        judged one storage after another, every budget's at one before the next storage's
+        (:meth:`StoredPredictions.one_storage_at_a_time`), so that each storage's rows fit where the one before's
+        were kept (past the predictions' memory a row is predicted again for every subset that draws it); each
+        set draws from a seed of its budget's own, so the order does not change it."""
         plan, store = self.plan, self.store
         storages: dict[str, KeptStorage | None] = {
             "kept": "float32",
             "kept at precision": plan.precision if plan.kept_at_precision and plan.precision != "float32" else None,
             "kept around means": self.around}
         found: dict[int, dict[str, dict | None]] = {budget: dict.fromkeys(storages) for budget in budgets}
-        for which, storage in storages.items():
-            if storage is None:
-                continue
-            for budget in budgets:
-                k = kept_for(budget, store.spec.numel, storage, len(store))
-                found[budget][which] = self.part(f"budget {budget}: {which}",
-                                                 functools.partial(self.judged, budget, k, storage))
-            self.predictions.forget(storage)
+        sets = {(which, budget): storage for which, storage in storages.items() if storage is not None
+                for budget in budgets}
+        for which, budget in self.predictions.one_storage_at_a_time(sets):
+            k = kept_for(budget, store.spec.numel, sets[which, budget], len(store))
+            found[budget][which] = self.part(f"budget {budget}: {which}",
+                                             functools.partial(self.judged, budget, k, sets[which, budget]))
         return found
 
     def judged(self, budget: int, k: int, storage: KeptStorage) -> dict:

@@ -385,9 +385,9 @@ def yardstick(ctx: RunContext, methods: dict[str, Posterior], inputs: Evaluation
     stored at P about their chains' means, the means at the precision of the method's own mean
     (:class:`~apd.evaluation.kept_storage.AroundChainMeans`; key "K P around chain means at M", the entry's
     ``around_means``). The kept samples' predictions come from ``stored``, the sets judged one storage after
-    another (float32's first), each storage's predictions dropped from ``stored`` after its last set, so that
-    every storage's rows fit where the one before's were kept (a row past its ``kept_bytes`` is predicted
-    again for every subset that draws it); a progress bar counts the sets judged. Each set judged is kept in
+    another (float32's first: :meth:`StoredPredictions.one_storage_at_a_time`), so that every storage's rows
+    fit where the one before's were kept (a row past its ``kept_bytes`` is predicted again for every subset
+    that draws it); a progress bar counts the sets judged. Each set judged is kept in
     ``finished``, and one found there (an interrupted run judged it under the same configuration, inputs and
     machine: :mod:`apd.pipeline.finished_parts`) is taken, not judged again, its seed stream set where judging
     it left it."""
@@ -423,24 +423,17 @@ def yardstick(ctx: RunContext, methods: dict[str, Posterior], inputs: Evaluation
             equal[name]["at_precision"] = {"precision": p, **kept_set(worth, p)}
             equal[name]["around_means"] = {"precision": p, "mean_at": mean_at,
                                            **kept_set(worth, around[p, mean_at])}
-    # one storage's sets after another, float32's first (the curve's sizes in their order: they share a stream),
-    # each storage's predictions dropped after its last set, so that the next one's fit where they were
-    storages = list(dict.fromkeys(storage_key(storage) for _, storage, _ in sets.values()))
-    order = sorted(sets, key=lambda key: storages.index(storage_key(sets[key][1])))
-    bar = ctx.progress(order, total=len(order), desc="yardstick", unit="set")
+    # float32's sets first (the curve's sizes in their order: they share a stream)
+    order = stored.one_storage_at_a_time({key: storage for key, (_, storage, _) in sets.items()})
+    bar = ctx.progress(order, total=len(sets), desc="yardstick", unit="set")
 
     def judged(key: str, k: int, storage: KeptStorage, stream: torch.Generator) -> dict:
         ctx.show(bar, "yardstick", judging=f'kept samples "{key}"')
         return kept_samples(stored, k, inputs, reference, e.yardstick_subsets, stream, storage)
 
-    kept = {}
-    for at, key in enumerate(bar):
-        k, storage, stream = sets[key]
-        # a set taken sets its stream where judging it left it
-        kept[key] = taken_or_made(finished, f'yardstick: kept samples "{key}"',
-                                  functools.partial(judged, key, k, storage, stream), stream)
-        if all(storage_key(sets[later][1]) != storage_key(storage) for later in order[at + 1:]):
-            stored.forget(storage)
+    # a set taken sets its stream where judging it left it
+    kept = {key: taken_or_made(finished, f'yardstick: kept samples "{key}"',
+                               functools.partial(judged, key, *sets[key]), sets[key][2]) for key in bar}
     by_size = sorted((k, key) for key, (k, storage, _) in sets.items() if storage_key(storage) == "float32")
     stored_otherwise = [key for key, (_, storage, _) in sets.items() if storage_key(storage) != "float32"]
     return {"reference": {"bald_auroc": reference.bald_auroc, "max_prob_auroc": reference.max_prob_auroc,

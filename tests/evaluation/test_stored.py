@@ -125,6 +125,20 @@ def test_a_storage_forgotten_gives_its_room_to_the_next(store, monkeypatch):
     assert calls == [2, 2, 2, 2]  # float32 again
 
 
+def test_one_storage_at_a_time_groups_the_keys_and_forgets_each_storage_after_its_last(store, monkeypatch):
+    """Keys come grouped by storage, storages in the order they first appear and each group in its own order; a
+    storage is forgotten only once the caller is done with its last key."""
+    shared = StoredPredictions(store, torch.randn(40, 16), "cpu")
+    forgotten: list[str] = []
+    monkeypatch.setattr(shared, "forget", forgotten.append)
+    storages = {"a": "float32", "b": "int8", "c": "float32", "d": "int4", "e": "int8"}
+    seen = []
+    for key in shared.one_storage_at_a_time(storages):
+        seen.append((key, list(forgotten)))
+    assert seen == [("a", []), ("c", []), ("b", ["float32"]), ("e", ["float32"]), ("d", ["float32", "int8"])]
+    assert forgotten == ["float32", "int8", "int4"]
+
+
 def test_rows_are_kept_while_they_take_at_most_half_the_available_memory(store, monkeypatch):
     x = torch.randn(40, 16)
     row = 40 * 3 * 4  # bytes of one row's predictions, [N, C] float32
