@@ -29,13 +29,15 @@ room (fcNN1's int8 rows beside its float32 ones would take 14 GB).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
 import numpy as np
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
 from apd.evaluation.kept_storage import KeptStorage, as_storage, storage_key
 from apd.nets import predict_probs
@@ -48,6 +50,7 @@ ENTROPY_ROWS = 50  # rows whose entropies are computed at a time (float64: 80 MB
 Key = TypeVar("Key")
 KEPT_SHARE = 0.5  # of the device's available memory, the most the kept predictions take
 MEMINFO = Path("/proc/meminfo")
+NO_BAR = partial(tqdm, disable=True)
 
 
 def available_bytes(device: torch.device) -> int:
@@ -75,11 +78,14 @@ class MemberBuffers(NamedTuple):
 
 class StoredPredictions:
     """p_s(y | x) [N, C] of the rows s of ``store`` on the inputs ``x`` [N, ...], computed on ``device``, kept
-    up to ``kept_bytes`` (by default :data:`KEPT_SHARE` of the device's available memory; module docstring)."""
+    up to ``kept_bytes`` (by default :data:`KEPT_SHARE` of the device's available memory; module docstring).
+    ``progress`` makes the bar (tqdm's arguments) that counts the networks of each prediction of more than one
+    block (fcNN1's 9,972 samples take minutes on a CPU); by default none is shown."""
 
     def __init__(self, store: SampleStore | StoreRows, x: Tensor, device: torch.device | str,
-                 kept_bytes: int | None = None) -> None:
+                 kept_bytes: int | None = None, progress: Callable[..., tqdm] | None = None) -> None:
         self.store, self.device = store, torch.device(device)
+        self._progress = NO_BAR if progress is None else progress
         self.kept_bytes = int(KEPT_SHARE * available_bytes(self.device)) if kept_bytes is None else kept_bytes
         self.x = x.to(self.device)
         self._kept: dict[str, dict[int, Tensor]] = {}  # by storage_key
@@ -179,17 +185,22 @@ class StoredPredictions:
         """Predict the rows ``missing``, a block at a time, keeping each block while it fits (``kept_bytes``);
         the blocks that do not fit are returned, or with ``keep_only`` not predicted."""
         kept, fresh = self._kept[storage_key(storage)], {}
-        for start in range(0, len(missing), READ_ROWS):
-            block = missing[start:start + READ_ROWS]
-            fits = self._room_for(self._row_bytes * len(block))
-            if keep_only and not fits:
-                break
-            predicted = self._predict(block, storage)
-            if fits:
-                kept.update(zip(block, predicted, strict=True))
-                self._bytes += self._row_bytes * len(block)
-            else:
-                fresh.update(zip(block, predicted, strict=True))
+        blocks = range(0, len(missing), READ_ROWS)
+        counted = self._progress if len(blocks) > 1 else NO_BAR  # a subset's few rows: too quick for a bar
+        with counted(total=len(missing), desc=f"predicting stored samples ({storage_key(storage)})",
+                     unit="network") as bar:
+            for start in blocks:
+                block = missing[start:start + READ_ROWS]
+                fits = self._room_for(self._row_bytes * len(block))
+                if keep_only and not fits:
+                    break
+                predicted = self._predict(block, storage)
+                if fits:
+                    kept.update(zip(block, predicted, strict=True))
+                    self._bytes += self._row_bytes * len(block)
+                else:
+                    fresh.update(zip(block, predicted, strict=True))
+                bar.update(len(block))
         return fresh
 
     def draw(self, method: Posterior, k: int, generator: torch.Generator | None) -> Tensor | None:

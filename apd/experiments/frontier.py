@@ -299,7 +299,7 @@ def frontier(ctx: RunContext, plan: FrontierPlan, finished: FinishedParts | None
         spec, n = store.spec, len(store)
         if max(plan.budgets) > n:
             raise ConfigError(f"--option budgets: the store holds {n} samples, fewer than {max(plan.budgets)}")
-        predictions = StoredPredictions(store, inputs.stacked(ctx.device), ctx.device)
+        predictions = StoredPredictions(store, inputs.stacked(ctx.device), ctx.device, progress=ctx.progress)
         sgld, reference = sgld_reference(ctx, predictions, inputs)
         around = (AroundChainMeans.of(store, plan.precision, plan.stored_as().mean)
                   if plan.kept_around_means and plan.precision != "float32" else None)

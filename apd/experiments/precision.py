@@ -357,7 +357,7 @@ def compare_precisions(ctx: RunContext, plan: PrecisionPlan, finished: FinishedP
     inputs = evaluation_inputs(ctx, role="tuning")
     with SampleStore.open(source, expect_spec=ParamSpec.from_module(ctx.network())) as store:
         spec, dim, n = store.spec, store.spec.numel, len(store)
-        predictions = StoredPredictions(store, inputs.stacked(ctx.device), ctx.device)
+        predictions = StoredPredictions(store, inputs.stacked(ctx.device), ctx.device, progress=ctx.progress)
         sgld, reference = sgld_reference(ctx, predictions, inputs)
         data = training_samples(ctx, store, cfg.distill)
         by_rank: dict[int, StoredCoordinates] = {}  # the store encoded once per rank

@@ -194,7 +194,7 @@ def study(ctx: RunContext, plan: StoragePlan, finished: FinishedParts | None = N
     with ExitStack() as stack:
         store = stack.enter_context(SampleStore.open(ctx.layout.samples,
                                                      expect_spec=ParamSpec.from_module(ctx.network())))
-        predictions = StoredPredictions(store, inputs.stacked(ctx.device), ctx.device)
+        predictions = StoredPredictions(store, inputs.stacked(ctx.device), ctx.device, progress=ctx.progress)
         sgld, reference = sgld_reference(ctx, predictions, inputs)
         generator = torch.Generator().manual_seed(ctx.seed("experiment", "storage", "kept"))
         kept = taken_or_made(finished, "storage: kept curve", lambda: kept_curve(

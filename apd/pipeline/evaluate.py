@@ -195,7 +195,7 @@ def stored_predictions(ctx: RunContext, methods: dict[str, Posterior], inputs: E
     sgld = methods[MethodName.SGLD]
     if not isinstance(sgld, SGLDSamples):
         raise TypeError(f"the sgld method is a {type(sgld).__name__}, not the store's samples")
-    return StoredPredictions(sgld.store, inputs.stacked(ctx.device), ctx.device)
+    return StoredPredictions(sgld.store, inputs.stacked(ctx.device), ctx.device, progress=ctx.progress)
 
 
 def _sample_record(ctx: RunContext) -> dict:

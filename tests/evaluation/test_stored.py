@@ -168,6 +168,42 @@ def test_prefetched_rows_are_predicted_in_blocks_and_only_while_they_fit(store, 
     assert calls == [4, 2]
 
 
+class RecordedBar:
+    """A progress bar that records what it was made with and how far it was moved."""
+
+    made: list[RecordedBar] = []
+
+    def __init__(self, total: int, desc: str, unit: str) -> None:
+        self.total, self.desc, self.unit, self.n = total, desc, unit, 0
+        RecordedBar.made.append(self)
+
+    def __enter__(self) -> RecordedBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, n: int) -> None:
+        self.n += n
+
+
+def test_a_prediction_of_several_blocks_counts_its_networks_on_a_bar(store, monkeypatch):
+    """Rows predicted in more than one block (fcNN1's store takes minutes) move one bar by each block's networks,
+    named by their storage; a single block (a subset's few rows) and rows kept already make none."""
+    monkeypatch.setattr(stored_module, "READ_ROWS", 4)
+    monkeypatch.setattr(RecordedBar, "made", [])
+    shared = StoredPredictions(store, torch.randn(40, 16), "cpu", progress=RecordedBar)
+    shared.prefetch(np.arange(10))
+    shared.probs([0, 1, 10, 11, 12])  # three rows to predict: one block
+    shared.prefetch(np.arange(10))
+    shared.prefetch(np.arange(6), "int8")
+    assert [(bar.total, bar.n, bar.unit) for bar in RecordedBar.made] == [(10, 10, "network"), (6, 6, "network")]
+    assert "float32" in RecordedBar.made[0].desc and "int8" in RecordedBar.made[1].desc
+    small = StoredPredictions(store, torch.randn(40, 16), "cpu", kept_bytes=6 * 40 * 3 * 4, progress=RecordedBar)
+    small.prefetch(np.arange(12))  # the second block would pass the budget: stopped after the first
+    assert (RecordedBar.made[-1].total, RecordedBar.made[-1].n) == (12, 4)
+
+
 def test_available_memory_on_the_cpu_is_the_kernels_estimate(tmp_path, monkeypatch):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       24000000 kB\nMemFree:         1000000 kB\nMemAvailable:    2048 kB\n")
