@@ -13,11 +13,11 @@ how often the published run does it, read from the pipeline's file and its publi
   ``per_chain``, the conditioned GAN where ``mode_embedding``), each ``n_critic`` critic steps and a generator step,
   and the generated networks the selection predicts on its validation images every ``eval_every`` steps;
 - ``apd evaluate``: every stored sample the yardstick predicts on the stacked evaluation inputs, once per
-  precision it is judged at (the reference's rows and the union of the kept selections' and random subsets'
-  rows, the subsets drawn again with :func:`~apd.posteriors.kept.random_rows` over the published chains'
-  lengths), every network the methods that draw weight vectors must predict (runs × ensemble size; members that
-  share all but their last layer, that layer alone), and Stein
-  thinning's full-training-set gradient of each candidate.
+  storage it is judged at (a precision, or a precision about the chains' means; the reference's rows and the
+  union of the kept selections' and random subsets' rows, the subsets drawn again with
+  :func:`~apd.posteriors.kept.random_rows` over the published chains' lengths), every network the methods
+  that draw weight vectors must predict (runs × ensemble size; members that share all but their last layer,
+  that layer alone), and Stein thinning's full-training-set gradient of each candidate.
 
 Left out, so the floor is below what the protocol needs: the alignment, the mixtures' and Laplace fits, the
 attacks, MC dropout's passes in evaluate and every non-product operation (scores, softmax, Adam, the SGLD update).
@@ -130,9 +130,10 @@ def prediction_flops(spec: ParamSpec, x: torch.Tensor, inputs: int) -> int:
 
 
 def yardstick_rows(yardstick: dict, chain_lengths: list[int], seed: int = 0) -> dict[str, int]:
-    """How many distinct stored samples the yardstick predicts at each precision: at float32 the reference's
-    (:func:`evenly_spaced_rows` of the store) and, at every precision, each kept size's evenly spaced and last
-    rows and the rows of its random subsets, drawn again over chains of ``chain_lengths`` rows (the published
+    """How many distinct stored samples the yardstick predicts in each storage (the kept sets' ``precision``:
+    a precision, or one about the chains' means): at float32 the reference's (:func:`evenly_spaced_rows` of the
+    store) and, in every storage, each kept size's evenly spaced and last rows and the rows of its random
+    subsets, drawn again over chains of ``chain_lengths`` rows (the published
     draws' streams are the evaluation's; the union's size hardly varies with the draw)."""
     n = sum(chain_lengths)
     chains = np.repeat(np.arange(len(chain_lengths)), chain_lengths)

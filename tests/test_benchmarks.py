@@ -157,14 +157,18 @@ def test_floor_counts_one_gan_per_chain_as_that_many_gans(monkeypatch):
     assert one > 0 and floor.gan_step_flops(cfg, 6, chains=3) == 3 * one
 
 
-def test_floor_counts_each_stored_sample_the_yardstick_predicts_once_per_precision(monkeypatch):
+def test_floor_counts_each_stored_sample_the_yardstick_predicts_once_per_storage(monkeypatch):
     """Two chains of 10 rows: 4 reference rows at float32; at int8, 2 kept with no random subset are each
-    chain's centre and last row (4 rows); a size drawing the whole store takes every row."""
+    chain's centre and last row (4 rows); a size drawing the whole store takes every row; the same rows stored
+    about their chains' means are other networks, counted apart."""
     floor = _floor_module(monkeypatch)
     yardstick = {"reference": {"kl_samples": 4}, "kept": {"2 int8": {"k": 2, "precision": "int8", "subsets": 0}}}
     assert floor.yardstick_rows(yardstick, [10, 10]) == {"float32": 4, "int8": 4}
     yardstick["kept"]["20"] = {"k": 20, "precision": "float32", "subsets": 1}
     assert floor.yardstick_rows(yardstick, [10, 10]) == {"float32": 20, "int8": 4}
+    around = "int8 around chain means at int8"
+    yardstick["kept"]["2 " + around] = {"k": 2, "precision": around, "subsets": 0}
+    assert floor.yardstick_rows(yardstick, [10, 10]) == {"float32": 20, "int8": 4, around: 4}
 
 
 def test_floor_record_sums_its_parts_at_the_machine_rates(monkeypatch):
