@@ -503,6 +503,29 @@ def test_online_distillation_on_digits(tmp_path):
     assert apd_acc >= 0.97 * sgld_acc
 
 
+def test_online_distillation_runs_without_a_store_draws_its_own_stream_and_is_reused(tmp_path, capsys):
+    """Online distillation on the CPU from the command line, the tiny pipeline's chains feeding a buffer of 60
+    between GAN rounds: no store is written, the generator holds more samples than the buffer's warm-up (the
+    chains went on between rounds), a second run reuses it, and a run in another folder trains the same
+    generator to the bit (its chains, batches and GAN draw from the named streams alone)."""
+    raw = json.loads(json.dumps(TINY))
+    raw["distill"] |= {"mode": "online", "align": "none", "buffer_size": 60, "t_sgld": 10, "t_gan": 20}
+    config = tmp_path / "tiny.toml"
+    config.write_text(toml(raw))
+    generators = []
+    for root in (tmp_path / "a", tmp_path / "b"):
+        assert main(["distill", "--config", str(config), "--artifacts", str(root), "--quiet"]) == 0
+        assert not (root / "tiny" / "samples.h5").exists()
+        summary = json.loads((root / "tiny" / "generator.json").read_text())
+        assert summary["sgld_samples_seen"] >= 60 + 10 * (TINY["distill"]["steps"] // 20 - 1)
+        generators.append(torch.load(root / "tiny" / "generator.pt", weights_only=True))
+    assert generators[0].keys() == generators[1].keys()
+    assert all(torch.equal(generators[0][name], generators[1][name]) for name in generators[0])
+    capsys.readouterr()
+    assert main(["distill", "--config", str(config), "--artifacts", str(tmp_path / "a")]) == 0
+    assert "reusing" in capsys.readouterr().err
+
+
 @pytest.mark.cuda
 def test_tiny_pipeline_runs_on_cuda(tmp_path):
     """Every stage on a CUDA device, every random draw into a device tensor from a generator on that
