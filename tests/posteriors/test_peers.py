@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -138,8 +140,9 @@ def test_kept_samples_draws(store):
 # ------------------------------------------------------------------------------------------ Stein thinning
 
 
-@pytest.mark.parametrize("preconditioner", ["med", "sclmed"])
+@pytest.mark.parametrize("preconditioner", ["med", "sclmed", "id", "2.5"])
 def test_stein_thin_equals_the_package(preconditioner):
+    """Every isotropic preconditioner the package has: the medians, the identity and a squared length scale."""
     thinning = pytest.importorskip("stein_thinning.thinning")
     rng = np.random.default_rng(0)
     x = rng.standard_normal((80, 4)) * [1.0, 2.0, 0.5, 1.0] + 0.3
@@ -147,6 +150,14 @@ def test_stein_thin_equals_the_package(preconditioner):
     ours = stein_thin(x, gradient, 25, preconditioner, repeats=True)
     theirs = thinning.thin(x, gradient, 25, preconditioner=preconditioner)
     assert ours.tolist() == theirs.tolist()
+
+
+@pytest.mark.parametrize(("preconditioner", "message"), [
+    ("smpcov", "the package's 'smpcov' needs a d×d matrix"), ("0", "must be positive, got 0.0")])
+def test_stein_thin_refuses_a_preconditioner_it_does_not_have(preconditioner, message):
+    x = np.random.default_rng(0).standard_normal((20, 3))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        stein_thin(x, -x, 5, preconditioner)
 
 
 def test_stein_thin_leaves_out_far_outliers():
