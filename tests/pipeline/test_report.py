@@ -13,6 +13,7 @@ import pytest
 
 from apd.config import PipelineConfig
 from apd.errors import ArtifactError
+from apd.pipeline.comparison_tables import yardstick_table
 from apd.pipeline.figures import write_figures
 from apd.pipeline.report import run_report, write_report
 from apd.pipeline.runtime import RunContext
@@ -157,6 +158,26 @@ def test_absent_sections_are_left_out():
     for title in ("## Storage", "## Mixtures", "## Fidelity", "## Adversarial", "## Timing"):
         assert title not in markdown
     assert "## Accuracy and calibration" in markdown and "### Score: BALD" in markdown
+
+
+def test_a_yardstick_written_before_percentile_ranks_gives_the_subsets_mean_and_std():
+    """Results whose kept samples hold no percentile ranks (no "last" selection, written before them) are set
+    out as they were: the method, the evenly spaced samples and the random subsets' mean ± std, per summary."""
+    results = full_results()
+    kept = {"k": 3, "subsets": 50, "evenly_spaced": {"bald_gap": 1.5, "nll_gap": 0.012, "kl": 0.0203},
+            "random": {"bald_gap": {"mean": 2.25, "std": 0.5}, "nll_gap": {"mean": 0.031, "std": 0.004},
+                       "kl": {"mean": 0.0412, "std": 0.0051}}}
+    results["yardstick"] = {"kept": {"3": kept}, "equal_storage": {"apd": {"in_sgld_samples": 2.4, "k": 3}},
+                            "reference": {"kl_samples": 200}}
+    results["quality"] = {"apd": {"bald_gap": 0.75, "nll_gap": 0.021, "kl": 0.0302}}
+    table = yardstick_table(results)
+    assert table.rows == [["apd", 2.4, "3", 0.75, 1.5, 2.25, 0.5, 0.021, 0.012, 0.031, 0.004, 0.0302, 0.0203,
+                           0.0412, 0.0051]]
+    row = next(line for line in table.markdown.splitlines() if line.startswith("| APD"))
+    assert [cell.strip() for cell in row.strip("|").split("|")] == [
+        "APD", "2.4", "3", "+0.8", "+1.5", "+2.2 ±0.5", "+0.021", "+0.012", "+0.031 ±0.004", "0.0302", "0.0203",
+        "0.0412 ± 0.0051"]
+    assert "over 50 random subsets" in table.markdown and "SGLD's predictive over 200 stored samples" in table.markdown
 
 
 def test_csvs_round_trip(full_report):
