@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from apd.cli import main
 from apd.docs import documents, render_docs, render_document, render_table
 from apd.errors import ArtifactError
 from apd.reproduce import differences, where_they_part
@@ -168,9 +169,25 @@ def test_reproduce_says_whether_the_samples_or_the_machine_part_the_runs():
     assert where_they_part(older, other)[1].startswith("machine: cores ? → 2; cpu ? → Xeon")
 
 
-def test_publish_copies_results_and_manifests_but_no_samples_or_weights(tiny_pipeline, tmp_path, monkeypatch):
-    from apd.cli import main
+def test_apd_reproduce_runs_the_pipeline_afresh_and_matches_its_own_results(tiny_pipeline, tmp_path, capsys):
+    """`apd reproduce` against the tiny pipeline's results: a run afresh in ARTIFACTS/reproduce, on the same
+    machine, matches every table cell (exit 0) from the same samples; one cell changed in the committed file is
+    named (exit 1)."""
+    root, config = tiny_pipeline
+    committed = root / "tiny" / "eval" / "results.json"
+    args = ["reproduce", "--config", str(config), "--artifacts", str(tmp_path), "--quiet"]
+    assert main([*args, "--committed", str(committed)]) == 0
+    assert (tmp_path / "reproduce" / "tiny" / "eval" / "results.json").is_file()
+    assert f"every table cell matches {committed}" in capsys.readouterr().out
+    changed = json.loads(committed.read_text())
+    changed["accuracy"]["sgld"]["acc"]["mean"] = 0.5
+    (tmp_path / "changed.json").write_text(json.dumps(changed))
+    assert main([*args, "--committed", str(tmp_path / "changed.json")]) == 1
+    out = capsys.readouterr().out
+    assert "1 table cells differ" in out and "samples: the same as the committed ones" in out
 
+
+def test_publish_copies_results_and_manifests_but_no_samples_or_weights(tiny_pipeline, tmp_path, monkeypatch):
     root, config = tiny_pipeline
     monkeypatch.chdir(tmp_path)
     assert main(["report", "--publish", "--config", str(config), "--artifacts", str(root), "--quiet"]) == 0
@@ -217,8 +234,6 @@ def test_publishing_an_evaluation_without_figures_is_one_clear_error(tmp_path):
 
 
 def test_publish_before_sampling_is_one_clear_error(tmp_path, monkeypatch, capsys):
-    from apd.cli import main
-
     monkeypatch.chdir(tmp_path)
     assert main(["report", "--publish", "--config", str(ROOT / "pipelines" / "digits.toml"),
                  "--artifacts", str(tmp_path / "none"), "--quiet"]) == 2
