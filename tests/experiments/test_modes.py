@@ -6,10 +6,11 @@ import json
 
 import torch
 
+from apd.cli import main
 from apd.distillation.alignment import permute
 from apd.experiments.modes import PATH_POINTS, mode_path, single_networks
 from apd.nets import ParamSpec, mlp, predict_probs
-from tests.tiny_pipeline import run_experiment_on_copy
+from tests.tiny_pipeline import copy_samples_as_two_chains, run_experiment_on_copy
 
 SIZES = [5, 6, 4, 3]
 SPEC = ParamSpec.from_module(mlp(SIZES))
@@ -62,3 +63,22 @@ def test_the_chains_means_over_aligned_samples_are_reported_when_the_pipeline_al
     results = json.loads((out / "modes.json").read_text())
     assert results["align"] == "permutation" and len(results["aligned_chain_means"]["accuracy"]) == 1
     assert "| mean of chain 0, samples aligned (permutation) |" in (out / "modes.md").read_text()
+
+
+def test_on_two_chains_the_experiment_walks_between_their_means_and_judges_apds_networks(tiny_pipeline, tmp_path):
+    """Two chains and a generator distilled from them: the path runs from the first chain's mean to the
+    second's (as stored, aligned by weights and by activations), APD's networks are judged one by one beside
+    SGLD's, and the figure draws both."""
+    root, config = tiny_pipeline
+    copy_samples_as_two_chains(root, tmp_path)
+    args = ["--config", str(config), "--artifacts", str(tmp_path), "--quiet"]
+    assert main(["distill", *args]) == 0
+    assert main(["experiment", "modes", *args, "--option", "networks=10"]) == 0
+    results = json.loads((tmp_path / "tiny" / "experiments" / "modes.json").read_text())
+    path, means = results["path"], results["chain_means"]["accuracy"]
+    assert results["chains"] == [0, 1] and path["t"] == list(PATH_POINTS)
+    assert [path["as_stored"]["accuracy"][0], path["as_stored"]["accuracy"][-1]] == means
+    assert all(len(path[kind]["accuracy"]) == len(PATH_POINTS) for kind in ("aligned", "activations"))
+    apd = results["apd"]
+    assert len(apd["values"]) == 10 and apd["min"] <= apd["mean"] <= apd["max"] <= 1
+    assert (tmp_path / "tiny" / "experiments" / "modes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
