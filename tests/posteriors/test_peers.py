@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from apd.config import BaselineConfig
+from apd.errors import DivergenceError
 from apd.nets import ParamSpec, gradient_blocks, mlp, network, predict_probs
 from apd.posteriors import SGLDSamples
 from apd.posteriors.ensemble import DeepEnsemble, train_deep_ensemble
@@ -295,6 +297,17 @@ def test_choose_swag_lr_picks_the_lowest_validation_nll():
     assert set(choice.val_nll) == {0.01, 0.3} and all(np.isfinite(list(choice.val_nll.values())))
     assert choice.lr == min(choice.val_nll, key=choice.val_nll.get)
     assert isinstance(choice.posterior, SWAGPosterior)
+
+
+def test_a_diverging_swag_learning_rate_counts_as_infinite_nll_and_all_diverging_is_one_error():
+    x, y = toy_data(60, 0)
+    x_val, y_val = toy_data(30, 1)
+    torch.manual_seed(0)
+    net = mlp(SIZES)
+    choice = choose_swag_lr(net, x, y, x_val, y_val, [0.01, 1e30], epochs=3, rank=3, samples=10, batch_size=10)
+    assert choice.lr == 0.01 and choice.val_nll[1e30] == math.inf and math.isfinite(choice.val_nll[0.01])
+    with pytest.raises(DivergenceError, match=re.escape("diverged at every learning rate in [1e+30, 1e+35]")):
+        choose_swag_lr(net, x, y, x_val, y_val, [1e30, 1e35], epochs=3, rank=3, samples=10, batch_size=10)
 
 
 # ------------------------------------------------------------------------------------------ deep ensemble
