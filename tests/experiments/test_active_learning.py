@@ -35,7 +35,7 @@ OPTIONS = ["seeds=1", "rounds=2", "acquire=3", "pool_size=60", "test_size=60", "
            "train_steps=10", "mc_passes=3", "workers=1"]
 
 
-def run(root, stop_after_round: int | None = None, monkeypatch=None) -> int:
+def run(root, stop_after_round: int | None = None, monkeypatch=None, workers: int = 1) -> int:
     config = root / "tiny.toml"
     config.write_text(CONFIG)
     if stop_after_round is not None:
@@ -44,7 +44,15 @@ def run(root, stop_after_round: int | None = None, monkeypatch=None) -> int:
                 raise KeyboardInterrupt
         monkeypatch.setattr(active, "round_done", stop)
     args = ["experiment", "active-learning", "--config", str(config), "--artifacts", str(root), "--quiet"]
-    return main(args + [arg for option in OPTIONS for arg in ("--option", option)])
+    options = [option if not option.startswith("workers=") else f"workers={workers}" for option in OPTIONS]
+    return main(args + [arg for option in options for arg in ("--option", option)])
+
+
+def outcome(root) -> tuple[list, dict]:
+    """A finished study's curves and each run's labelled examples, in order."""
+    results = json.loads((root / "tiny-active" / "experiments" / "active_learning.json").read_text())
+    state = json.loads((root / "tiny-active" / "experiments" / "active_learning" / "state.json").read_text())
+    return results["curves"], {name: run["labelled"] for name, run in state["runs"].items()}
 
 
 def test_acquire_takes_the_best_scores_out_of_the_pool():
@@ -143,12 +151,13 @@ def test_resumed_run_equals_an_uninterrupted_one(uninterrupted, tmp_path, monkey
     assert not (tmp_path / "tiny-active" / "experiments" / "active_learning.json").exists()
     monkeypatch.undo()
     assert run(tmp_path) == 0
+    assert outcome(tmp_path) == outcome(uninterrupted)
 
-    def outcome(root):
-        results = json.loads((root / "tiny-active" / "experiments" / "active_learning.json").read_text())
-        state = json.loads((root / "tiny-active" / "experiments" / "active_learning" / "state.json").read_text())
-        return results["curves"], {name: run["labelled"] for name, run in state["runs"].items()}
 
+def test_models_trained_on_worker_processes_equal_those_trained_in_turn(uninterrupted, tmp_path):
+    """Two worker processes (spawned, each model of a round on one of them, merged in a fixed order) give
+    the curves and acquisitions of one process training the models in turn."""
+    assert run(tmp_path, workers=2) == 0
     assert outcome(tmp_path) == outcome(uninterrupted)
 
 
