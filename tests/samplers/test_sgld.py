@@ -354,6 +354,63 @@ def test_prefetch_modes_agree_across_add_param_group() -> None:
     assert torch.equal(finals[0], finals[1])
 
 
+def _steps_by_closure(given: bool) -> tuple[Tensor, list[float]]:
+    """Five SGLD steps on one minibatch, the closure handed to ``step`` or called before it: the weights after
+    them and the losses."""
+    net, x, y = _small_problem()
+    opt = SGLD(net.parameters(), lr=0.05, num_data=64, seed=2)
+
+    def closure() -> Tensor:
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(net(x[:16]), y[:16])
+        loss.backward()
+        return loss
+
+    losses = []
+    for _ in range(5):
+        if given:
+            losses.append(opt.step(closure).item())
+        else:
+            losses.append(closure().item())
+            assert opt.step() is None
+    return _flat(net), losses
+
+
+def test_a_step_given_a_closure_is_the_step_after_its_backward_and_returns_its_loss() -> None:
+    """torch.optim's closure convention: ``step(closure)`` evaluates the closure with gradients on, then
+    updates, as calling it first and then ``step()`` does."""
+    (after_call, called), (after_given, given) = _steps_by_closure(False), _steps_by_closure(True)
+    assert torch.equal(after_call, after_given) and called == given and len(set(given)) == 5
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_a_state_loaded_into_an_optimizer_that_stepped_on_repeats_the_steps_after_it(prefetch: bool) -> None:
+    """Loading a state dict into the optimizer that made it, after further steps (a draw prefetched, or
+    not), rewinds its noise to that state: the same steps again make the same updates."""
+    net, x, y = _small_problem()
+    opt = SGLD(net.parameters(), lr=0.05, num_data=64, seed=4, prefetch_noise=prefetch)
+    _train(net, opt, x, y, range(30, 33))  # noise on
+    saved = io.BytesIO()
+    torch.save({"net": net.state_dict(), "opt": opt.state_dict()}, saved)
+    _train(net, opt, x, y, range(33, 36))
+    first = _flat(net)
+    saved.seek(0)
+    checkpoint = torch.load(saved, weights_only=True)
+    net.load_state_dict(checkpoint["net"])
+    opt.load_state_dict(checkpoint["opt"])
+    _train(net, opt, x, y, range(33, 36))
+    assert torch.equal(_flat(net), first)
+
+
+def test_a_parameter_group_without_gradients_is_left_as_it_is() -> None:
+    net, x, y = _small_problem()
+    frozen = nn.Parameter(torch.ones(5))
+    opt = SGLD([{"params": list(net.parameters())}, {"params": [frozen]}], lr=0.05, num_data=64, seed=1)
+    _train(net, opt, x, y, range(30, 33))  # noise on: a group with gradients moves, one without stays
+    assert frozen.grad is None and torch.equal(frozen.detach(), torch.ones(5))
+    assert not torch.equal(_flat(net), _flat(_small_problem()[0]))
+
+
 # ---------------------------------------------------------------------------------------------- validation
 
 
