@@ -387,7 +387,8 @@ def yardstick(ctx: RunContext, methods: dict[str, Posterior], inputs: Evaluation
     ``around_means``). The kept samples' predictions come from ``stored``, the sets judged one storage after
     another (float32's first: :meth:`StoredPredictions.one_storage_at_a_time`), so that every storage's rows
     fit where the one before's were kept (a row past its ``kept_bytes`` is predicted again for every subset
-    that draws it); a progress bar counts the sets judged. Each set judged is kept in
+    that draws it); a progress bar counts the sets judged, and one beneath it the samples a set has predicted
+    (``stored``'s, made with ``ctx.progress``). Each set judged is kept in
     ``finished``, and one found there (an interrupted run judged it under the same configuration, inputs and
     machine: :mod:`apd.pipeline.finished_parts`) is taken, not judged again, its seed stream set where judging
     it left it."""
