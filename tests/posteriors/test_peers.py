@@ -288,11 +288,14 @@ def test_swag_draws_and_predictions():
     assert_probs(swag.predict_probs(x, 7, torch.Generator().manual_seed(0)), 7, 60)
 
 
-def test_choose_swag_lr_picks_the_lowest_validation_nll():
-    x, y = toy_data(60, 0)
-    x_val, y_val = toy_data(30, 1)
+def _swag_choice_problem() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A network to continue, its training data and validation data."""
     torch.manual_seed(0)
-    net = mlp(SIZES)
+    return mlp(SIZES), *toy_data(60, 0), *toy_data(30, 1)
+
+
+def test_choose_swag_lr_picks_the_lowest_validation_nll():
+    net, x, y, x_val, y_val = _swag_choice_problem()
     choice = choose_swag_lr(net, x, y, x_val, y_val, [0.01, 0.3], epochs=3, rank=3, samples=10, batch_size=10)
     assert set(choice.val_nll) == {0.01, 0.3} and all(np.isfinite(list(choice.val_nll.values())))
     assert choice.lr == min(choice.val_nll, key=choice.val_nll.get)
@@ -300,10 +303,7 @@ def test_choose_swag_lr_picks_the_lowest_validation_nll():
 
 
 def test_a_diverging_swag_learning_rate_counts_as_infinite_nll_and_all_diverging_is_one_error():
-    x, y = toy_data(60, 0)
-    x_val, y_val = toy_data(30, 1)
-    torch.manual_seed(0)
-    net = mlp(SIZES)
+    net, x, y, x_val, y_val = _swag_choice_problem()
     choice = choose_swag_lr(net, x, y, x_val, y_val, [0.01, 1e30], epochs=3, rank=3, samples=10, batch_size=10)
     assert choice.lr == 0.01 and choice.val_nll[1e30] == math.inf and math.isfinite(choice.val_nll[0.01])
     with pytest.raises(DivergenceError, match=re.escape("diverged at every learning rate in [1e+30, 1e+35]")):
