@@ -108,9 +108,11 @@ VARIANTS = {
     "distill": ("distill", ["--set", "distill.steps=160"]),
     "evaluate": ("evaluate", ["--set", "evaluate.runs=3"]),
 }
-# Files that are never complete artifacts: the lock and work in progress.
+# Files that are never complete artifacts: the lock and work in progress, in folders of work in progress too (a
+# stage's folder built under a partial name, eval.partial, and the parts a resumable run keeps for the next one:
+# eval.kept.partial, experiments/STUDY.partial).
 WORK_FILE = re.compile(r"(^\.lock$|\.partial(\.|$)|\.ckpt\.pt$|\.tmp(\.|$)|\.rebuild$|\.probe\.h5$)")
-WORK_DIR = re.compile(r"^(eval\.partial|eval\.old|eval\.report.*)$")
+WORK_DIR = re.compile(r"^(.+\.partial|eval\.old|eval\.report.*)$")
 # A warning the run printed before it failed or was stopped (e.g. on the convergence of a published store):
 # a notice of work done, not a second line of the failure.
 WARNING_LINE = re.compile(r"^(worker \d+/\d+: )?warning: ")
@@ -1005,8 +1007,9 @@ def _disk_frontier(env: Env) -> None:
     before = snapshot(out)
     env.check(env.run("experiment", "frontier", *FRONTIER, "--option", "subsets=201", root=root), 2, has="No space")
     env.same(before, out)
-    if sorted(p.name for p in out.iterdir()) != ["frontier.json", "frontier.md", "frontier.png"]:
-        env.fail(f"left in experiments/: {sorted(p.name for p in out.iterdir())}")
+    outputs = sorted(p.name for p in out.iterdir() if not is_work(Path(p.name)))  # the parts it keeps to resume aside
+    if outputs != ["frontier.json", "frontier.md", "frontier.png"]:
+        env.fail(f"left in experiments/: {outputs}")
 
 
 def docs_project(env: Env, changes: dict[str, Callable[[dict], object] | str]) -> Path:
@@ -1279,10 +1282,11 @@ def _kill_force(env: Env) -> None:
     env.same(before)
 
 
-def _stop_workers_run(env: Env, sig: int, event: str, seconds: float) -> Proc:
-    """``sample --force`` on two workers, sent ``sig`` ``seconds`` after ``event`` ("start", or "workers": its
-    first worker process appeared); returns the ended run once no worker it started is running (5 s at most)."""
-    proc = env.start("sample", "--force", "--set", "sgld.workers=2")
+def _stop_workers_run(env: Env, sig: int, event: str, seconds: float, *extra: str) -> Proc:
+    """``sample --force`` on two workers (with ``extra`` arguments), sent ``sig`` ``seconds`` after ``event``
+    ("start", or "workers": its first worker process appeared); returns the ended run once no worker it started
+    is running (5 s at most)."""
+    proc = env.start("sample", "--force", "--set", "sgld.workers=2", *extra)
     workers: set[int] = set()
     if event == "workers" and not wait_until(proc, lambda: bool(workers.update(_children(proc.pid)) or workers)):
         env.fail(f"no worker ever started (exit {proc.poll()}: {_last(proc.stderr)})")
@@ -1319,13 +1323,18 @@ for _sig, _event, _seconds in WORKER_STOPS:
         env.valid()
         env.problems += store_problems(env.path("samples.h5"))
 
+KILLED_ITERATIONS = 30000  # SGLD iterations of a run to kill: many seconds on any machine, so it is cut mid-run
+
 for _seconds in (0.3, 3.0):
     @case(f"kill9-sample-workers-{_seconds:g}s", "interrupt",
-          f"sample --force on two workers killed (SIGKILL) {_seconds:g} s after its workers started",
-          "no worker outlives it; nothing published")
+          f"sample --force of {KILLED_ITERATIONS:,} iterations on two workers killed (SIGKILL) {_seconds:g} s "
+          "after its workers started", "no worker outlives it; nothing published")
     def _kill_workers_parent(env: Env, seconds=_seconds) -> None:
         before = snapshot(env.dir)
-        _stop_workers_run(env, signal.SIGKILL, "workers", seconds)
+        proc = _stop_workers_run(env, signal.SIGKILL, "workers", seconds,
+                                 "--set", f"sgld.iterations={KILLED_ITERATIONS}")
+        if proc.rc == 0:
+            env.fail(f"the run ended before the kill {seconds:g} s in: nothing was cut short")
         env.same(before)
 
 
