@@ -485,8 +485,8 @@ def test_online_distillation_on_digits(tmp_path):
     from apd.pipeline.distill import run_distill
     from apd.pipeline.sample import sample_sgld
 
-    overrides = ["distill.mode=online", "distill.align=none", "distill.buffer_size=500", "distill.t_sgld=10",
-                 "distill.t_gan=20", "distill.steps=3000"]
+    overrides = ["distill.mode=online", "distill.align=none", "distill.mode_embedding=0", "distill.buffer_size=500",
+                 "distill.t_sgld=10", "distill.t_gan=20", "distill.steps=3000"]  # online: no chains to tell apart
     ctx = RunContext(cfg=load_config("pipelines/digits.toml", overrides), artifacts_root=tmp_path, quiet=True)
     run_distill(ctx)
     assert not (tmp_path / "digits" / "samples.h5").exists()  # online needs no store
