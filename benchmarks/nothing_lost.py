@@ -1323,7 +1323,7 @@ for _sig, _event, _seconds in WORKER_STOPS:
         env.valid()
         env.problems += store_problems(env.path("samples.h5"))
 
-KILLED_ITERATIONS = 30000  # SGLD iterations of a run to kill: it outlasts the kill at 3 s (a run that does not fails)
+KILLED_ITERATIONS = 30000  # SGLD iterations of a run to kill: more than 3 s (a run that ends first fails the case)
 
 for _seconds in (0.3, 3.0):
     @case(f"kill9-sample-workers-{_seconds:g}s", "interrupt",
