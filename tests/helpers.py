@@ -78,3 +78,22 @@ class _StrayTensors(TorchFunctionMode):
                 raise AssertionError(f"{getattr(func, '__name__', func)} made a tensor on {t.device}, not "
                                      f"{self.device}, at {caller.filename}:{caller.lineno}")
         return out
+
+
+class RecordedBar:
+    """A progress bar that records what it was made with and how far it was moved."""
+
+    made: list[RecordedBar] = []
+
+    def __init__(self, total: int, desc: str, unit: str) -> None:
+        self.total, self.desc, self.unit, self.n = total, desc, unit, 0
+        RecordedBar.made.append(self)
+
+    def __enter__(self) -> RecordedBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, n: int) -> None:
+        self.n += n

@@ -80,12 +80,13 @@ class StoredPredictions:
     """p_s(y | x) [N, C] of the rows s of ``store`` on the inputs ``x`` [N, ...], computed on ``device``, kept
     up to ``kept_bytes`` (by default :data:`KEPT_SHARE` of the device's available memory; module docstring).
     ``progress`` makes the bar (tqdm's arguments) that counts the networks of each prediction of more than one
-    block (fcNN1's 9,972 samples take minutes on a CPU); by default none is shown."""
+    block (fcNN1's 9,972 samples take minutes on a CPU), and the bars of those who read them many blocks at a
+    time (:func:`~apd.evaluation.yardstick.reference_sums`); by default none is shown."""
 
     def __init__(self, store: SampleStore | StoreRows, x: Tensor, device: torch.device | str,
                  kept_bytes: int | None = None, progress: Callable[..., tqdm] | None = None) -> None:
         self.store, self.device = store, torch.device(device)
-        self._progress = NO_BAR if progress is None else progress
+        self.progress = NO_BAR if progress is None else progress
         self.kept_bytes = int(KEPT_SHARE * available_bytes(self.device)) if kept_bytes is None else kept_bytes
         self.x = x.to(self.device)
         self._kept: dict[str, dict[int, Tensor]] = {}  # by storage_key
@@ -186,7 +187,7 @@ class StoredPredictions:
         the blocks that do not fit are returned, or with ``keep_only`` not predicted."""
         kept, fresh = self._kept[storage_key(storage)], {}
         blocks = range(0, len(missing), READ_ROWS)
-        counted = self._progress if len(blocks) > 1 else NO_BAR  # a subset's few rows: too quick for a bar
+        counted = self.progress if len(blocks) > 1 else NO_BAR  # a subset's few rows: too quick for a bar
         with counted(total=len(missing), desc=f"predicting stored samples ({storage_key(storage)})",
                      unit="network") as bar:
             for start in blocks:

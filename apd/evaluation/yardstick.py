@@ -50,7 +50,7 @@ from apd.distillation.selection import PROBABILITY_FLOOR
 from apd.evaluation.kept_storage import KeptStorage, kept_worth, storage_key
 from apd.evaluation.protocol import EvaluationInputs, Judgement, judge_probs
 from apd.evaluation.stability import IN_SET, ChainSums, chain_sums
-from apd.evaluation.stored import MemberBuffers, StoredPredictions
+from apd.evaluation.stored import NO_BAR, MemberBuffers, StoredPredictions
 from apd.metrics import Stat, auroc, mean_of
 from apd.posteriors.kept import evenly_spaced_rows, last_rows, random_rows
 
@@ -95,9 +95,18 @@ def reference_sums(stored: StoredPredictions, inputs: EvaluationInputs, limit: i
     """Per-chain sums (:class:`~apd.evaluation.stability.ChainSums`) on every set of ``inputs`` of the
     K = min(limit, len(store)) samples of :func:`~apd.posteriors.kept.evenly_spaced_rows` (all of them when the
     store is no larger), taken ``chunk`` at a time from ``stored`` (the store's predictions on
-    ``inputs.stacked()``): SGLD's reference, and the split-half stability of its numbers."""
+    ``inputs.stacked()``): SGLD's reference, and the split-half stability of its numbers. Taken in more than one
+    chunk, they move a bar of ``stored.progress`` (predicting fcNN1's takes most of a minute on a CPU)."""
     rows = evenly_spaced_rows(len(stored), min(limit, len(stored)))
-    return chain_sums(stored.members, rows, stored.store.chains[rows], inputs.parts(), chunk)
+    counted = stored.progress if len(rows) > chunk else NO_BAR
+    with counted(total=len(rows), desc="SGLD's reference", unit="network") as bar:
+
+        def members(part: np.ndarray) -> tuple[Tensor, Tensor]:
+            found = stored.members(part)
+            bar.update(len(part))
+            return found
+
+        return chain_sums(members, rows, stored.store.chains[rows], inputs.parts(), chunk)
 
 
 def reference_predictive(sums: ChainSums) -> tuple[dict, dict, int]:

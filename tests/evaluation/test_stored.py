@@ -16,6 +16,7 @@ from apd.nets import ParamSpec, mlp, network, predict_probs
 from apd.posteriors import GaussianMixture, KeptSamples, SGLDSamples
 from apd.samplers.store import SampleStore, StoreRows
 from apd.uncertainty import member_entropies
+from tests.helpers import RecordedBar
 from tests.tiny_pipeline import counted_predictions
 
 SPEC = ParamSpec.from_module(mlp([16, 12, 3]))
@@ -166,25 +167,6 @@ def test_prefetched_rows_are_predicted_in_blocks_and_only_while_they_fit(store, 
     assert calls == [4]  # the second block of 4 would pass 6 rows' bytes: not predicted
     small.probs(np.arange(6))
     assert calls == [4, 2]
-
-
-class RecordedBar:
-    """A progress bar that records what it was made with and how far it was moved."""
-
-    made: list[RecordedBar] = []
-
-    def __init__(self, total: int, desc: str, unit: str) -> None:
-        self.total, self.desc, self.unit, self.n = total, desc, unit, 0
-        RecordedBar.made.append(self)
-
-    def __enter__(self) -> RecordedBar:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def update(self, n: int) -> None:
-        self.n += n
 
 
 def test_a_prediction_of_several_blocks_counts_its_networks_on_a_bar(store, monkeypatch):

@@ -37,6 +37,7 @@ from apd.metrics import mean_of, nll, std_of
 from apd.nets import ParamSpec, mlp, predict_probs
 from apd.samplers.store import SampleStore
 from apd.uncertainty import bald
+from tests.helpers import RecordedBar
 
 SPEC = ParamSpec.from_module(mlp([3, 5, 2]))
 
@@ -186,6 +187,23 @@ def store(tmp_path):
             s.append_many(torch.randn(6, SPEC.numel, generator=g), steps=np.arange(6), chains=chain)
     with SampleStore.open(tmp_path / "s.h5") as s:
         yield s
+
+
+def test_the_reference_taken_in_several_chunks_counts_its_samples_on_a_bar(store, monkeypatch):
+    """Twelve samples five at a time move one bar to 12 (their own predictions, a block each, make none) and sum
+    as they do without it; taken in one chunk they make no bar."""
+    g = torch.Generator().manual_seed(1)
+    inputs = EvaluationInputs(torch.randn(20, 3, generator=g), torch.randint(2, (20,), generator=g),
+                              torch.randn(15, 3, generator=g), {"far": 4 * torch.randn(15, 3, generator=g)})
+    monkeypatch.setattr(RecordedBar, "made", [])
+    counted = reference_sums(StoredPredictions(store, inputs.stacked("cpu"), "cpu", progress=RecordedBar), inputs,
+                             limit=100, chunk=5)
+    assert [(bar.desc, bar.total, bar.n) for bar in RecordedBar.made] == [("SGLD's reference", 12, 12)]
+    plain = reference_sums(StoredPredictions(store, inputs.stacked("cpu"), "cpu"), inputs, limit=100, chunk=5)
+    assert all(torch.equal(counted.probs[name], plain.probs[name]) for name in plain.probs)
+    reference_sums(StoredPredictions(store, inputs.stacked("cpu"), "cpu", progress=RecordedBar), inputs, limit=100,
+                   chunk=20)
+    assert len(RecordedBar.made) == 1
 
 
 def test_every_sample_kept_is_the_reference_itself(store):
