@@ -68,6 +68,21 @@ def test_mnist_directory_split_and_normalisation(tmp_path):
     assert torch.bincount(data.y_val).tolist() == [10] * 10
 
 
+def test_an_idx_datasets_test_size_keeps_a_seeded_subset_of_the_official_test_set_in_its_order(tmp_path):
+    write_mnist_like(tmp_path / "mnist")
+
+    def test_split(seed: int, test_size: int) -> torch.Tensor:
+        cfg = DataConfig(dataset="mnist", data_dir=str(tmp_path / "mnist"), val_size=100, test_size=test_size)
+        return load_dataset(cfg, seed=seed).x_test
+
+    official, kept = test_split(0, 0), test_split(0, 20)  # 0: the whole official test set
+    rows = [next(i for i in range(50) if torch.equal(official[i], image)) for image in kept]
+    assert len(rows) == 20 == len(set(rows)) and rows == sorted(rows)  # official images, in their order
+    assert torch.equal(test_split(0, 20), kept) and not torch.equal(test_split(1, 20), kept)
+    with pytest.raises(DataError, match="test_size 51 exceeds 50"):
+        test_split(0, 51)
+
+
 @pytest.mark.parametrize(("stem", "row", "label", "message"), [
     ("train-labels-idx1-ubyte", 0, 250, "training labels .* must be the classes 0 … C − 1"),
     ("t10k-labels-idx1-ubyte", 3, 250, "a test label .* is 250, not one of the training labels' classes 0 … 9"),
