@@ -657,6 +657,10 @@ def test_info_describes_a_hand_edited_sample_manifest_in_one_line(art, capsys):
         manifest.write_text(json.dumps({**json.loads(original), "diagnostics": {"warning": 1}}))
         assert main(art.argv("info")) == 0
         assert "warning: 1" in capsys.readouterr().out
+        manifest.write_text("{")  # not JSON at all
+        assert main(art.argv("info")) == 0
+        lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("sgld ")]
+        assert len(lines) == 1 and f"{manifest}: not valid JSON" in lines[0]
     finally:
         manifest.write_bytes(original)
 
