@@ -107,6 +107,18 @@ def test_evaluate_without_generator_names_the_stage(tmp_path, capsys):
     assert "run `apd sample" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("methods", "message"), [
+    ('["sgld", "bogus"]', "'evaluate.methods' has unknown method 'bogus' (choose from sgd, "),
+    ('["apd", "kept"]', "'evaluate.methods' must include 'sgld', the reference every method is compared with")])
+def test_evaluate_refuses_methods_it_cannot_compare_in_one_line(tmp_path, capsys, methods, message):
+    config = tmp_path / "p.toml"
+    config.write_text(toml(TINY))
+    argv = ["evaluate", "--config", str(config), "--artifacts", str(tmp_path), "--set", f"evaluate.methods={methods}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("settings", [{}, {"per_chain": True}, {"mode_embedding": 2},
                                       {"per_chain": True, "seeds": 2}])
 def test_interrupted_distillation_resumes_to_the_same_generator(pipeline, tmp_path, monkeypatch, caplog, settings):
