@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from apd.nets import ParamSpec, mlp, predict_probs
-from apd.posteriors.laplace import LaplaceGLM, LaplacePosterior, fit_kfac, fit_last_layer
+from apd.nets import ParamSpec, mlp, network, predict_probs
+from apd.posteriors.laplace import LaplaceGLM, LaplacePosterior, fit_kfac, fit_laplace, fit_last_layer
 from tests.helpers import assert_gaussian_moments, tensors_stay_on
 
 # asdl (imported by laplace-torch) still calls torch.jit.script
@@ -51,6 +52,26 @@ def kfac(trained) -> LaplacePosterior:
 def last_layer(trained) -> LaplacePosterior:
     net, x, y, x_val, y_val = trained
     return fit_last_layer(net, x, y, x_val, y_val, scales=SCALES, marglik_evals=50)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"subset": "subnetwork"}, "unsupported Laplace structure subnetwork/kron"),
+    ({"hessian": "diag"}, "unsupported Laplace structure all/diag"),
+    ({"prior": "diagonal"}, "prior must be 'layerwise' or 'scalar', got 'diagonal'"),
+    ({"scales": ()}, "scales must be positive"), ({"scales": (0.1, 0.0)}, "scales must be positive"),
+    ({"nll_tolerance": -0.01}, "nll_tolerance non-negative")])
+def test_a_laplace_it_does_not_fit_is_refused_before_any_work(trained, settings, message):
+    net, x, y, x_val, y_val = trained
+    with pytest.raises(ValueError, match=re.escape(message)):
+        fit_laplace(net, x, y, x_val, y_val, **settings)
+
+
+def test_a_convolutional_network_is_refused(trained):
+    _, _, y, _, y_val = trained
+    cnn = network([64, 8, 3], [2])  # 8 × 8 images: a convolution, then an MLP head
+    images = torch.randn(len(y), 64)
+    with pytest.raises(ValueError, match="defined for an MLP, not a convolutional network"):
+        fit_laplace(cnn, images, y, images[:len(y_val)], y_val)
 
 
 def test_members_are_flat_vectors_in_paramspec_order(trained, kfac, last_layer):
