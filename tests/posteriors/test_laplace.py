@@ -60,7 +60,7 @@ def last_layer(trained) -> LaplacePosterior:
     ({"prior": "diagonal"}, "prior must be 'layerwise' or 'scalar', got 'diagonal'"),
     ({"scales": ()}, "scales must be positive"), ({"scales": (0.1, 0.0)}, "scales must be positive"),
     ({"nll_tolerance": -0.01}, "nll_tolerance non-negative")])
-def test_a_laplace_it_does_not_fit_is_refused_before_any_work(trained, settings, message):
+def test_a_laplace_structure_prior_or_scale_it_does_not_have_is_refused(trained, settings, message):
     net, x, y, x_val, y_val = trained
     with pytest.raises(ValueError, match=re.escape(message)):
         fit_laplace(net, x, y, x_val, y_val, **settings)
