@@ -15,6 +15,18 @@ VENV := .venv
 PY := $(VENV)/bin/python
 APD := $(VENV)/bin/apd
 STAMP := $(VENV)/.installed
+# KERNELS=intel runs a stage with an Intel processor's CPU kernels on any x86 processor with AVX-512: MKL's
+# test of the vendor answered "Intel" (kernels/mkl_intel_cpu.c, built with cc and preloaded) and OpenBLAS's
+# SkylakeX kernels. On an AMD EPYC the published stores, sampled on an Intel Xeon, then come out bit for bit
+# (apd/pipeline/kernels.py; docs/results.md, "How the numbers are made, and how far they reproduce").
+KERNELS ?=
+ifeq ($(KERNELS),intel)
+MKL_INTEL := $(VENV)/mkl_intel_cpu.so
+APD := LD_PRELOAD=$(CURDIR)/$(MKL_INTEL) OPENBLAS_CORETYPE=SkylakeX $(APD)
+else ifneq ($(KERNELS),)
+$(error KERNELS=$(KERNELS): leave it out, or give KERNELS=intel)
+endif
+RUN := $(STAMP) $(MKL_INTEL)
 
 .PHONY: install sample distill evaluate report info experiment active docs publish reproduce test test-slow lint bench clean toy2d wheels bare-install
 
@@ -27,19 +39,24 @@ $(STAMP): pyproject.toml constraints.txt requirements-nodeps.txt
 
 install: $(STAMP)
 
-sample: $(STAMP)
+ifdef MKL_INTEL
+$(MKL_INTEL): kernels/mkl_intel_cpu.c $(STAMP)
+	cc -shared -fPIC -O2 -o $@ $<
+endif
+
+sample: $(RUN)
 	$(APD) sample --config $(PIPELINE) $(SGLD_ARGS) $(ARGS)
 
-distill: $(STAMP)
+distill: $(RUN)
 	$(APD) distill --config $(PIPELINE) $(SGLD_ARGS) $(ARGS)
 
-evaluate: $(STAMP)
+evaluate: $(RUN)
 	$(APD) evaluate --config $(PIPELINE) $(SGLD_ARGS) $(ARGS)
 
-report: $(STAMP)
+report: $(RUN)
 	$(APD) report --config $(PIPELINE) $(SGLD_ARGS) $(ARGS)
 
-info: $(STAMP)
+info: $(RUN)
 	$(APD) info --config $(PIPELINE) $(SGLD_ARGS) $(ARGS)
 
 docs: $(STAMP)
@@ -48,19 +65,19 @@ docs: $(STAMP)
 publish: $(STAMP)
 	$(APD) report --publish --config $(PIPELINE) $(ARGS)
 
-reproduce: $(STAMP)
+reproduce: $(RUN)
 	$(APD) reproduce --config $(PIPELINE) $(ARGS)
 
-experiment: $(STAMP)
+experiment: $(RUN)
 	$(APD) experiment $(EXPERIMENT) --config $(PIPELINE) $(SGLD_ARGS) $(ARGS)
 
-active: $(STAMP)
+active: $(RUN)
 	$(APD) experiment active-learning --config $(PIPELINE) $(ARGS)
 
 # Two Gaussian blobs in the plane: every method through the same stages, then each one's predictive and
 # BALD over the plane in artifacts/toy2d/eval/figures/toy2d.png.
 TOY2D := pipelines/toy2d.toml
-toy2d: $(STAMP)
+toy2d: $(RUN)
 	$(APD) sample --config $(TOY2D) $(ARGS)
 	$(APD) distill --config $(TOY2D) $(ARGS)
 	$(APD) evaluate --config $(TOY2D) $(ARGS)

@@ -169,9 +169,11 @@ def render_studies() -> str:
 def render_machine(results: dict) -> str:
     """One line: where and how fast the numbers were measured."""
     machine = results.get("machine", {})
+    # results made before the kernels were recorded have none
+    kernels = f", {machine['kernels']} kernels" if "kernels" in machine else ""
     measured = (f"Measured by `apd evaluate` on {machine.get('cpu', '?')} ({machine.get('cores', '?')} cores, "
                 f"{machine.get('threads', '?')} torch thread(s), torch {machine.get('torch', '?')}, device "
-                f"{machine.get('device', '?')})")
+                f"{machine.get('device', '?')}{kernels})")
     return f"{measured}; evaluation took {format_duration(results.get('timing', {}).get('total', 0.0))}."
 
 

@@ -7,7 +7,8 @@ tolerance: a number identical to the digits shown passes; across machines with o
 BLAS or a GPU, a value lying on a rounding boundary can still flip its last digit, and a sum taken in
 another order can move a trained generator further. Where cells differ, :func:`where_they_part` says whether
 the fresh store holds the committed samples (their digests, :mod:`apd.samplers.store_digest`) and how the
-machines differ, so that a difference is traced to sampling or to what follows it.
+machines differ, so that a difference is traced to sampling or to what follows it; where samples made with
+MKL's Intel kernels were not made again, it names ``KERNELS=intel`` (:mod:`apd.pipeline.kernels`).
 """
 
 from __future__ import annotations
@@ -67,7 +68,17 @@ def where_they_part(committed: dict, fresh: dict) -> list[str]:
                if old.get(key) != new.get(key)]
     lines.append("machine: " + ("; ".join(changed) if changed else "the committed results' processor, threads "
                                 "and torch"))
+    if ours != theirs and None not in (ours, theirs) and _intel_kernels(old) and not _intel_kernels(new):
+        lines.append("kernels: the committed samples were made with MKL's Intel kernels and these were not; "
+                     "`make reproduce KERNELS=intel` takes them on this processor (docs/results.md)")
     return lines
+
+
+def _intel_kernels(machine: dict) -> bool:
+    """Whether MKL took its Intel kernels on ``machine`` (those it takes on an Intel processor, where results made
+    before the kernels were recorded say nothing else; :mod:`apd.pipeline.kernels`)."""
+    kernels = machine.get("kernels")
+    return kernels.startswith("MKL Intel") if kernels else "Intel" in machine.get("cpu", "")
 
 
 def run_reproduce(ctx: RunContext, committed_path: Path) -> tuple[list[str], list[str]]:

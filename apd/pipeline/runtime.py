@@ -24,6 +24,7 @@ from apd.errors import ConfigError
 from apd.interrupts import raise_if_interrupted
 from apd.nets import network
 from apd.pipeline import seeds
+from apd.pipeline.kernels import cpu_kernels
 from apd.pipeline.layout import Layout
 
 log = logging.getLogger("apd")
@@ -170,7 +171,8 @@ class RunContext:
 
 
 def machine(device: torch.device) -> dict[str, object]:
-    """What a result was measured on: CPU model, cores, torch threads, torch version, device (and its name)."""
+    """What a result was measured on: CPU model, cores, torch threads, torch version, the CPU kernels MKL and
+    OpenBLAS take (:func:`~apd.pipeline.kernels.cpu_kernels`), device (and its name)."""
     model = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -180,7 +182,7 @@ def machine(device: torch.device) -> dict[str, object]:
     except OSError:
         pass
     info: dict[str, object] = {"cpu": model, "cores": os.cpu_count(), "threads": torch.get_num_threads(),
-                               "torch": torch.__version__, "device": str(device)}
+                               "torch": torch.__version__, "kernels": cpu_kernels(), "device": str(device)}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info

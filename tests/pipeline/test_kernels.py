@@ -1,0 +1,46 @@
+"""Which CPU kernels a run took (apd/pipeline/kernels.py), each told to a fresh process as `KERNELS=intel`
+tells it: OpenBLAS's by ``OPENBLAS_CORETYPE``, MKL's by a preloaded vendor test."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from apd.pipeline.kernels import mkl_kernels
+
+REPO = Path(__file__).resolve().parents[2]
+AVX512 = "avx512f" in Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else False
+
+
+def kernels_in_a_process(**environment: str) -> str:
+    """:func:`~apd.pipeline.kernels.cpu_kernels` as a fresh Python process with ``environment`` reports it."""
+    code = "from apd.pipeline.kernels import cpu_kernels; print(cpu_kernels())"
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **environment}, capture_output=True,
+                          text=True, check=True)
+    return done.stdout.strip()
+
+
+@pytest.mark.skipif(not AVX512, reason="OpenBLAS's SkylakeX kernels need AVX-512")
+def test_openblas_kernels_are_those_the_process_was_told():
+    assert kernels_in_a_process(OPENBLAS_CORETYPE="SkylakeX").endswith("OpenBLAS SkylakeX")
+    assert kernels_in_a_process(OPENBLAS_CORETYPE="Haswell").endswith("OpenBLAS Haswell")
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler to build the vendor test")
+@pytest.mark.skipif(mkl_kernels() == "none", reason="this torch has no MKL")
+@pytest.mark.parametrize(("answer", "reported"), [(None, "MKL Intel"), (0, "MKL non-Intel")])
+def test_mkl_kernels_are_those_its_preloaded_vendor_test_answers(tmp_path, answer, reported):
+    """The shipped vendor test (answering Intel), and one answering "not Intel", preloaded: the report is what
+    the test MKL calls answers, not what torch's own copy would say on this processor."""
+    source = REPO / "kernels" / "mkl_intel_cpu.c"
+    if answer is not None:
+        source = tmp_path / "answer.c"
+        source.write_text(f"int mkl_serv_intel_cpu_true(void) {{ return {answer}; }}\n")
+    library = tmp_path / "vendor_test.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    assert kernels_in_a_process(LD_PRELOAD=str(library)).startswith(f"{reported},")
