@@ -59,10 +59,10 @@ report: $(RUN)
 info: $(RUN)
 	$(APD) info --config $(PIPELINE) $(SGLD_ARGS) $(ARGS)
 
-docs: $(STAMP)
+docs: $(RUN)
 	$(APD) report --docs
 
-publish: $(STAMP)
+publish: $(RUN)
 	$(APD) report --publish --config $(PIPELINE) $(ARGS)
 
 reproduce: $(RUN)
