@@ -70,7 +70,7 @@ def where_they_part(committed: dict, fresh: dict) -> list[str]:
                                 "and torch"))
     if ours != theirs and None not in (ours, theirs) and _intel_kernels(old) and not _intel_kernels(new):
         lines.append("kernels: the committed samples were made with MKL's Intel kernels and these were not; "
-                     "`make reproduce KERNELS=intel` takes them on this processor (docs/results.md)")
+                     "`make reproduce KERNELS=intel` takes them on an x86 processor with AVX-512 (docs/results.md)")
     return lines
 
 

@@ -169,7 +169,6 @@ def test_reproduce_says_whether_the_samples_or_the_machine_part_the_runs():
     assert where_they_part(older, other)[1].startswith("machine: cores ? → 2; cpu ? → Xeon")
 
 
-
 def test_reproduce_names_the_intel_kernels_where_samples_made_with_them_were_not_made_again():
     """Samples made on an Intel processor (or recorded with MKL's Intel kernels) and not made again by a run
     without those kernels: the list names `KERNELS=intel`; with them, or with the same samples, it does not."""
@@ -184,6 +183,7 @@ def test_reproduce_names_the_intel_kernels_where_samples_made_with_them_were_not
     recorded = {**committed, "machine": {**amd, "kernels": "MKL Intel, OpenBLAS SkylakeX"}}
     assert "KERNELS=intel" in where_they_part(recorded, other_samples)[-1]
     assert len(where_they_part({**committed, "machine": amd}, other_samples)) == 2
+
 
 def test_apd_reproduce_runs_the_pipeline_afresh_and_matches_its_own_results(tiny_pipeline, tmp_path, capsys):
     """`apd reproduce` against the tiny pipeline's results: a run afresh in ARTIFACTS/reproduce, on the same
