@@ -89,6 +89,7 @@ from apd.experiments.precision import (
     GAPS,
     apd_bytes,
     chain_generators_storage,
+    gap_axis_label,
     judged_margins,
     largest_rank,
     require_subspace,
@@ -581,7 +582,7 @@ def draw_figure(results: dict, path: Path) -> None:
                       for name, line in zip(KEPT.values(), ("-", ":", "--"), strict=True)})
     style.update({name: (f"C{colour}", "-.", "D") for colour, name in enumerate(ceilings, start=len(sets) + 1)})
     figure, axes = new_figure(1, 3, panel=(5.2, 3.9))
-    for ax, (key, label) in zip(axes[0], GAPS.items(), strict=True):
+    for ax, key in zip(axes[0], GAPS, strict=True):
         for method, (colour, line, marker) in style.items():
             xs, ys, errors = [], [], []
             for point in results["points"]:
@@ -600,8 +601,7 @@ def draw_figure(results: dict, path: Path) -> None:
         budgets = [point["budget"] for point in results["points"]]
         ax.set_xticks(budgets, [f"{b:g}" for b in budgets])
         ax.minorticks_off()
-        unit = "nats" if key == "nll_gap" else "AUROC points"
-        ax.set(xlabel="storage (SGLD samples' worth)", ylabel=f"{label} to SGLD ({unit})")
+        ax.set(xlabel="storage (SGLD samples' worth)", ylabel=gap_axis_label(key))
     figure_legend(figure, loc="outside lower center", ncols=4)
     own = plan.stored_as().stored_otherwise()
     generators = f" ({', '.join(own)})" if own else ""

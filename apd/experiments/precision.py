@@ -104,6 +104,13 @@ log = logging.getLogger(__name__)
 GAPS = {"bald_gap": "worst BALD gap", "max_prob_gap": "worst max-prob gap", "nll_gap": "NLL gap"}
 
 
+def gap_axis_label(key: str) -> str:
+    """A figure's axis label for the gap ``key`` of :data:`GAPS`, its unit on a second line (one line runs past
+    a panel's height into the figure's title)."""
+    unit = "nats" if key == "nll_gap" else "AUROC points"
+    return f"{GAPS[key]} to SGLD\n({unit})"
+
+
 @dataclass
 class PrecisionPlan:
     """The budget and precisions compared (``--option KEY=VALUE``, e.g. ``--option budget=4``)."""
@@ -526,7 +533,7 @@ def draw_figure(results: dict, path: Path) -> None:
     rows = results["rows"]
     x = np.arange(len(rows))
     width = 0.16
-    for ax, (key, label) in zip(axes[0], GAPS.items(), strict=True):
+    for ax, key in zip(axes[0], GAPS, strict=True):
         methods = ["APD", "APD, one generator per chain", "SGLD coordinates", "kept, evenly spaced",
                    "kept, random subsets"]
         for i, method in enumerate(methods):
@@ -538,8 +545,7 @@ def draw_figure(results: dict, path: Path) -> None:
                    color=f"C{i}", capsize=3)
         ax.axhline(0, color="grey", linewidth=0.8)
         ax.set_xticks(x, [f"{row['precision']}\nk={row['k']}" for row in rows])
-        unit = "nats" if key == "nll_gap" else "AUROC points"
-        ax.set(ylabel=f"{label} to SGLD ({unit})", title=f"{results['pipeline']}, {results['budget']:g} samples' worth")
+        ax.set(ylabel=gap_axis_label(key), title=f"{results['pipeline']}, {results['budget']:g} samples' worth")
     figure_legend(figure)
     save_figure(figure, path)
 
