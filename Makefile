@@ -19,8 +19,13 @@ STAMP := $(VENV)/.installed
 # test of the vendor answered "Intel" (kernels/mkl_intel_cpu.c, built with cc and preloaded) and OpenBLAS's
 # SkylakeX kernels. On an AMD EPYC the published stores, sampled on an Intel Xeon, then come out bit for bit
 # (apd/pipeline/kernels.py; docs/results.md, "How the numbers are made, and how far they reproduce").
+# Refused where the processor lists no AVX-512 (OpenBLAS's SkylakeX kernels would not run there).
 KERNELS ?=
+CPUINFO ?= /proc/cpuinfo
 ifeq ($(KERNELS),intel)
+ifeq ($(shell grep -qw avx512f $(CPUINFO) 2>/dev/null && echo yes),)
+$(error KERNELS=intel needs an x86 processor with AVX-512 (no avx512f in $(CPUINFO)): leave KERNELS out)
+endif
 MKL_INTEL := $(VENV)/mkl_intel_cpu.so
 APD := LD_PRELOAD=$(CURDIR)/$(MKL_INTEL) OPENBLAS_CORETYPE=SkylakeX $(APD)
 else ifneq ($(KERNELS),)
