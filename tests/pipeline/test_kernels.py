@@ -46,21 +46,32 @@ def test_mkl_kernels_are_those_its_preloaded_vendor_test_answers(tmp_path, answe
     assert kernels_in_a_process(LD_PRELOAD=str(library)).startswith(f"{reported},")
 
 
-@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+NEEDS_MAKE = pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+
+
+def make_info(tmp_path: Path, kernels: str, cpu_flags: str) -> subprocess.CompletedProcess:
+    """``make -n info KERNELS=kernels`` (nothing built or run) on a processor whose flags line is ``cpu_flags``."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"flags\t\t: {cpu_flags}\n")
+    return subprocess.run(["make", "-n", "-C", str(REPO), "info", f"CPUINFO={cpuinfo}", f"KERNELS={kernels}"],
+                          capture_output=True, text=True)
+
+
+@NEEDS_MAKE
 @pytest.mark.parametrize(("kernels", "cpu_flags", "refusal"), [
     ("intel", "fpu avx2", "KERNELS=intel needs an x86 processor with AVX-512"),
     ("amd", "fpu avx2 avx512f", "KERNELS=amd: leave it out, or give KERNELS=intel"),
 ])
 def test_make_refuses_kernels_it_cannot_give(tmp_path, kernels, cpu_flags, refusal):
     """`make … KERNELS=…` is one line and exit code 2 for a value it does not know, and for KERNELS=intel on a
-    processor that lists no AVX-512 (read from ``CPUINFO``); with AVX-512 listed it preloads the vendor test
-    and names OpenBLAS's SkylakeX kernels (``make -n``: nothing is built or run)."""
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text(f"flags\t\t: {cpu_flags}\n")
-    make = ["make", "-n", "-C", str(REPO), "info", f"CPUINFO={cpuinfo}"]
-    refused = subprocess.run([*make, f"KERNELS={kernels}"], capture_output=True, text=True)
+    processor that lists no AVX-512 (read from ``CPUINFO``)."""
+    refused = make_info(tmp_path, kernels, cpu_flags)
     assert refused.returncode == 2
     assert refusal in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
-    cpuinfo.write_text("flags\t\t: fpu avx2 avx512f\n")
-    taken = subprocess.run([*make, "KERNELS=intel"], capture_output=True, text=True, check=True)
+
+
+@NEEDS_MAKE
+def test_make_takes_the_intel_kernels_where_avx512_is_listed(tmp_path):
+    taken = make_info(tmp_path, "intel", "fpu avx2 avx512f")
+    assert taken.returncode == 0, taken.stderr
     assert "LD_PRELOAD=" in taken.stdout and "OPENBLAS_CORETYPE=SkylakeX" in taken.stdout
